@@ -1,0 +1,312 @@
+//! RabbitMQ: connecting, declaring the topology, publishing with confirms, and a supervisor that
+//! keeps one live connection (reconnecting with bounded exponential backoff) for the process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::StreamExt;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event, ExchangeKind};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use fleet_protocol::envelope::{Envelope, CONTENT_TYPE, ENVELOPE_VERSION, VERSION_HEADER};
+use fleet_protocol::topology::{ArgValue, ExchangeType, Topology};
+
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("broker unavailable")]
+    Unavailable,
+    #[error("broker error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("broker did not confirm within {0:?}")]
+    ConfirmTimeout(Duration),
+    #[error("broker refused the message (nack)")]
+    Nacked,
+    #[error("message was unroutable: is the topology declared?")]
+    Unroutable,
+    #[error("topology mismatch on {name}: {source}")]
+    Topology { name: String, source: lapin::Error },
+}
+
+/// Opens a connection (heartbeat from the URL, default 10 s) with lapin's own recovery off: the
+/// supervisor below owns reconnection, so there is exactly one recovery mechanism.
+pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
+    let url = with_default_heartbeat(url);
+    Ok(Connection::connect(&url, ConnectionProperties::default()).await?)
+}
+
+fn with_default_heartbeat(url: &str) -> String {
+    if url.contains("heartbeat=") {
+        url.to_string()
+    } else if url.contains('?') {
+        format!("{url}&heartbeat=10")
+    } else {
+        format!("{url}?heartbeat=10")
+    }
+}
+
+fn field_table(args: &[(&'static str, ArgValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in args {
+        let value = match v {
+            ArgValue::Str(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
+            ArgValue::Int(i) => AMQPValue::LongLongInt(*i),
+        };
+        table.insert(ShortString::from(*k), value);
+    }
+    table
+}
+
+/// Declares every exchange, queue and binding; idempotent when the topology already exists.
+pub async fn declare_topology(channel: &Channel, topology: &Topology) -> Result<(), BrokerError> {
+    for ex in topology.exchanges() {
+        let kind = match ex.kind {
+            ExchangeType::Direct => ExchangeKind::Direct,
+            ExchangeType::Fanout => ExchangeKind::Fanout,
+        };
+        let options = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        channel
+            .exchange_declare(ex.name.as_str().into(), kind, options, FieldTable::default())
+            .await
+            .map_err(|source| BrokerError::Topology { name: ex.name.clone(), source })?;
+    }
+    for q in topology.queues() {
+        let options = QueueDeclareOptions { durable: true, ..Default::default() };
+        channel
+            .queue_declare(q.name.as_str().into(), options, field_table(&q.arguments))
+            .await
+            .map_err(|source| BrokerError::Topology { name: q.name.clone(), source })?;
+        for (exchange, key) in &q.bindings {
+            channel
+                .queue_bind(
+                    q.name.as_str().into(),
+                    exchange.as_str().into(),
+                    key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|source| BrokerError::Topology { name: q.name.clone(), source })?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes on a confirm-mode channel; every publish waits for the broker's confirm (bounded).
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+    timeout: Duration,
+}
+
+impl Publisher {
+    pub async fn open(connection: &Connection, timeout: Duration) -> Result<Self, BrokerError> {
+        let channel = connection.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(Publisher { channel, timeout })
+    }
+
+    /// Publishes `body` as mandatory and persistent and returns once the broker confirmed it.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let publish = async {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    body,
+                    properties,
+                )
+                .await?;
+            match confirm.await? {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable),
+                Confirmation::Nack(_) => Err(BrokerError::Nacked),
+                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+            }
+        };
+        tokio::time::timeout(self.timeout, publish).await.map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+    }
+
+    /// Publishes a job envelope to the work queue of its kind.
+    pub async fn publish_job(
+        &self,
+        topology: &Topology,
+        envelope: &Envelope,
+        headers: FieldTable,
+    ) -> Result<(), BrokerError> {
+        let body = envelope.to_bytes();
+        self.publish(&topology.jobs_exchange(), envelope.kind().as_str(), &body, job_properties(envelope, headers))
+            .await
+    }
+
+    /// Parks a job envelope in a delay queue (through the default exchange).
+    pub async fn publish_delayed(
+        &self,
+        queue: &str,
+        envelope: &Envelope,
+        headers: FieldTable,
+    ) -> Result<(), BrokerError> {
+        self.publish("", queue, &envelope.to_bytes(), job_properties(envelope, headers)).await
+    }
+}
+
+/// AMQP properties of a job message: persistent JSON, id = execution id, type = kind.
+pub fn job_properties(envelope: &Envelope, mut headers: FieldTable) -> BasicProperties {
+    headers.insert(VERSION_HEADER.into(), AMQPValue::LongLongInt(ENVELOPE_VERSION as i64));
+    BasicProperties::default()
+        .with_content_type(CONTENT_TYPE.into())
+        .with_delivery_mode(2)
+        .with_message_id(envelope.execution_id.as_str().into())
+        .with_type(envelope.kind().as_str().into())
+        .with_timestamp((envelope.enqueued_at_ms / 1000) as u64)
+        .with_headers(headers)
+}
+
+/// A live connection and its confirm-mode publisher.
+#[derive(Clone)]
+pub struct Live {
+    pub connection: Arc<Connection>,
+    pub publisher: Publisher,
+}
+
+/// The process's view of the broker: the current live connection, if any.
+#[derive(Clone)]
+pub struct BrokerLink {
+    rx: watch::Receiver<Option<Live>>,
+}
+
+impl BrokerLink {
+    pub fn current(&self) -> Option<Live> {
+        self.rx.borrow().clone()
+    }
+
+    pub fn publisher(&self) -> Result<Publisher, BrokerError> {
+        self.current().map(|l| l.publisher).ok_or(BrokerError::Unavailable)
+    }
+
+    /// Waits until a live connection exists (or `cancel` fires).
+    pub async fn wait_live(&mut self, cancel: &CancellationToken) -> Option<Live> {
+        loop {
+            if let Some(live) = self.current() {
+                return Some(live);
+            }
+            tokio::select! {
+                changed = self.rx.changed() => if changed.is_err() { return None },
+                _ = cancel.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Resolves when the connection `live` came from is gone.
+    pub async fn lost(&mut self, live: &Live) {
+        loop {
+            match &*self.rx.borrow_and_update() {
+                Some(now) if Arc::ptr_eq(&now.connection, &live.connection) => {}
+                _ => return,
+            }
+            if self.rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Keeps one live, topology-declared connection until `cancel` fires. The returned future must be
+/// awaited by its owner (it closes the connection on shutdown).
+pub fn supervise(
+    url: String,
+    topology: Topology,
+    publish_timeout: Duration,
+    metrics: Metrics,
+    cancel: CancellationToken,
+) -> (BrokerLink, impl std::future::Future<Output = ()>) {
+    let (tx, rx) = watch::channel(None::<Live>);
+    let task = async move {
+        let backoff = || {
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(5))
+                .with_jitter()
+                .without_max_times()
+                .build()
+        };
+        let mut delays = backoff();
+        while !cancel.is_cancelled() {
+            match open_live(&url, &topology, publish_timeout).await {
+                Ok(live) => {
+                    delays = backoff();
+                    metrics.amqp_reconnects.inc();
+                    metrics.broker_connected.set(1);
+                    tracing::info!("broker connected, topology declared");
+                    let events = live.connection.events_listener();
+                    tx.send_replace(Some(live.clone()));
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        why = connection_lost(&live.connection, events) => {
+                            metrics.amqp_errors.inc();
+                            tracing::warn!(%why, "broker connection lost; reconnecting");
+                        }
+                    }
+                    tx.send_replace(None);
+                    metrics.broker_connected.set(0);
+                    if cancel.is_cancelled() {
+                        let _ = live.connection.close(200, "shutdown".into()).await;
+                    }
+                }
+                Err(e) => {
+                    metrics.amqp_errors.inc();
+                    let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker connect failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = cancel.cancelled() => {}
+                    }
+                }
+            }
+        }
+    };
+    (BrokerLink { rx }, task)
+}
+
+async fn open_live(url: &str, topology: &Topology, publish_timeout: Duration) -> Result<Live, BrokerError> {
+    let connection = connect(url).await?;
+    let channel = connection.create_channel().await?;
+    declare_topology(&channel, topology).await?;
+    let _ = channel.close(200, "declared".into()).await;
+    let publisher = Publisher::open(&connection, publish_timeout).await?;
+    Ok(Live { connection: Arc::new(connection), publisher })
+}
+
+async fn connection_lost(connection: &Connection, events: impl futures::Stream<Item = Event> + Unpin) -> String {
+    let mut events = events;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Event::Error(e)) => return e.to_string(),
+                Some(_) => {}
+                None => return "event stream ended".into(),
+            },
+            _ = tick.tick() => {
+                if !connection.status().connected() {
+                    return "connection no longer connected".into();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Typed configuration from the environment (and an optional `FLEET_CONFIG_FILE` of `KEY=VALUE`
+//! lines that the environment overrides), loaded once at start. A bad or missing setting is an
+//! error that names the setting.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use fleet_protocol::keys::Keys;
+use fleet_protocol::retry::RetryPolicy;
+use fleet_protocol::secrets::SecretsKey;
+use fleet_protocol::topology::Topology;
+
+/// A setting that is missing or cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration error: {setting}: {problem}")]
+pub struct ConfigError {
+    pub setting: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: &str, problem: impl Into<String>) -> Self {
+        ConfigError { setting: setting.to_string(), problem: problem.into() }
+    }
+}
+
+/// Where settings come from: the environment over an optional file.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    values: HashMap<String, String>,
+}
+
+impl Source {
+    /// The process environment, over `FLEET_CONFIG_FILE` if set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut values = HashMap::new();
+        if let Ok(path) = std::env::var("FLEET_CONFIG_FILE") {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ConfigError::new("FLEET_CONFIG_FILE", format!("cannot read {path}: {e}")))?;
+            values.extend(parse_env_file(&text));
+        }
+        values.extend(std::env::vars());
+        Ok(Source { values })
+    }
+
+    /// Settings from explicit pairs (for tests).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Source { values: pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    /// The raw value, with blank values treated as unset.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(|s| s.trim()).filter(|s| !s.is_empty())
+    }
+
+    pub fn string(&self, name: &str, default: &str) -> String {
+        self.get(name).unwrap_or(default).to_string()
+    }
+
+    pub fn required(&self, name: &str) -> Result<&str, ConfigError> {
+        self.get(name).ok_or_else(|| ConfigError::new(name, "is required but not set"))
+    }
+
+    pub fn parse<T: FromStr>(&self, name: &str, default: T) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.get(name) {
+            None => Ok(default),
+            Some(raw) => raw.parse().map_err(|e| ConfigError::new(name, format!("cannot parse {raw:?}: {e}"))),
+        }
+    }
+
+    pub fn flag(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(name).map(str::to_ascii_lowercase).as_deref() {
+            None => Ok(default),
+            Some("1" | "true" | "yes" | "on") => Ok(true),
+            Some("0" | "false" | "no" | "off") => Ok(false),
+            Some(other) => Err(ConfigError::new(name, format!("must be true or false, got {other:?}"))),
+        }
+    }
+
+    /// A duration in seconds (fractions allowed: `0.25`).
+    pub fn seconds(&self, name: &str, default: Duration) -> Result<Duration, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(raw) => parse_seconds(raw).map_err(|p| ConfigError::new(name, p)),
+        }
+    }
+}
+
+fn parse_seconds(raw: &str) -> Result<Duration, String> {
+    let secs: f64 = raw.parse().map_err(|_| format!("must be a number of seconds, got {raw:?}"))?;
+    if !(0.0..=86_400.0 * 365.0).contains(&secs) || !secs.is_finite() {
+        return Err(format!("must be between 0 and one year of seconds, got {raw:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_env_file(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+        .collect()
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Settings every fleet process shares.
+#[derive(Debug, Clone)]
+pub struct CommonConfig {
+    pub amqp_url: String,
+    pub redis_url: String,
+    pub topology: Topology,
+    pub keys: Keys,
+    pub retry: RetryPolicy,
+    pub log_format: LogFormat,
+    /// Bound on one Redis command, and on connecting to Redis.
+    pub redis_timeout: Duration,
+    /// Bound on one publish and its broker confirm.
+    pub publish_timeout: Duration,
+}
+
+impl CommonConfig {
+    pub fn load(src: &Source) -> Result<Self, ConfigError> {
+        let amqp_url = src.string("FLEET_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+        if !amqp_url.starts_with("amqp://") && !amqp_url.starts_with("amqps://") {
+            return Err(ConfigError::new("FLEET_AMQP_URL", "must start with amqp:// or amqps://"));
+        }
+        let redis_url = src.string("FLEET_REDIS_URL", "redis://127.0.0.1:6379/0");
+        if redis::Client::open(redis_url.as_str()).is_err() {
+            return Err(ConfigError::new("FLEET_REDIS_URL", "is not a valid redis:// URL"));
+        }
+        let prefix = src.string("FLEET_TOPOLOGY_PREFIX", "fleet");
+        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return Err(ConfigError::new("FLEET_TOPOLOGY_PREFIX", "may hold only letters, digits, '.', '_' and '-'"));
+        }
+        let retry = match src.get("FLEET_RETRY_DELAYS") {
+            None => RetryPolicy::default(),
+            Some(raw) => {
+                let delays = raw
+                    .split(',')
+                    .map(|s| parse_seconds(s.trim()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|p| ConfigError::new("FLEET_RETRY_DELAYS", p))?;
+                RetryPolicy::new(delays).map_err(|p| ConfigError::new("FLEET_RETRY_DELAYS", p))?
+            }
+        };
+        let log_format = match src.string("FLEET_LOG_FORMAT", "text").as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => return Err(ConfigError::new("FLEET_LOG_FORMAT", format!("must be text or json, got {other:?}"))),
+        };
+        Ok(CommonConfig {
+            amqp_url,
+            redis_url,
+            topology: Topology::new(prefix, retry.delays().to_vec()),
+            keys: Keys::new(src.string("FLEET_REDIS_KEY_PREFIX", "")),
+            retry,
+            log_format,
+            redis_timeout: src.seconds("FLEET_REDIS_TIMEOUT", Duration::from_secs(2))?,
+            publish_timeout: src.seconds("FLEET_PUBLISH_TIMEOUT", Duration::from_secs(5))?,
+        })
+    }
+}
+
+/// `FLEET_SECRETS_KEY`: required by every process that stores or uses a secret.
+pub fn secrets_key(src: &Source) -> Result<SecretsKey, ConfigError> {
+    SecretsKey::parse(src.required("FLEET_SECRETS_KEY")?).map_err(|e| ConfigError::new("FLEET_SECRETS_KEY", e.to_string()))
+}
+
+/// An HTTP listen address setting.
+pub fn socket_addr(src: &Source, name: &str, default: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    src.parse(name, default.parse().expect("default addresses parse"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_specs() {
+        let c = CommonConfig::load(&Source::default()).unwrap();
+        assert_eq!(c.amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(c.redis_url, "redis://127.0.0.1:6379/0");
+        assert_eq!(c.retry.max_attempts(), 6);
+        assert_eq!(c.topology.jobs_exchange(), "fleet.jobs");
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let bad = |k, v| CommonConfig::load(&Source::from_pairs([(k, v)])).unwrap_err().setting;
+        assert_eq!(bad("FLEET_AMQP_URL", "http://x"), "FLEET_AMQP_URL");
+        assert_eq!(bad("FLEET_REDIS_URL", "nope"), "FLEET_REDIS_URL");
+        assert_eq!(bad("FLEET_RETRY_DELAYS", "1,x"), "FLEET_RETRY_DELAYS");
+        assert_eq!(bad("FLEET_RETRY_DELAYS", "2,1"), "FLEET_RETRY_DELAYS");
+        assert_eq!(bad("FLEET_LOG_FORMAT", "xml"), "FLEET_LOG_FORMAT");
+        assert_eq!(bad("FLEET_TOPOLOGY_PREFIX", "a b"), "FLEET_TOPOLOGY_PREFIX");
+        let e = secrets_key(&Source::default()).unwrap_err();
+        assert_eq!(e.to_string(), "configuration error: FLEET_SECRETS_KEY: is required but not set");
+    }
+
+    #[test]
+    fn fractional_delays_for_fast_tests() {
+        let c = CommonConfig::load(&Source::from_pairs([("FLEET_RETRY_DELAYS", "0.1, 0.2")])).unwrap();
+        assert_eq!(c.retry.delays(), [Duration::from_millis(100), Duration::from_millis(200)]);
+    }
+
+    #[test]
+    fn env_files_are_key_value_lines() {
+        let pairs = parse_env_file("# comment\nFLEET_A=1\n\nFLEET_B = \"two\"\n");
+        assert_eq!(pairs, vec![("FLEET_A".into(), "1".into()), ("FLEET_B".into(), "two".into())]);
+    }
+}

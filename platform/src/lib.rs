@@ -1,0 +1,18 @@
+//! The fleet's shared edges: configuration, the RabbitMQ and Redis adapters, metrics, logging and
+//! shutdown. Decisions live in `fleet-protocol`; this crate only moves bytes.
+
+pub mod broker;
+pub mod config;
+pub mod metrics;
+pub mod ops;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;
+
+/// Milliseconds since the Unix epoch, from the system clock.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,143 @@
+//! Prometheus metrics (tikv's `prometheus` crate, text exposition). Every name starts with `fleet_`,
+//! carries its unit, and every label has a bounded set of values: never an id or a URL.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Buckets from 1 ms to 2 min: callbacks are fast, but retries stretch end-to-end latency to 31 s+.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// All of the fleet's metrics; each process updates the ones that concern it.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub jobs_published: IntCounterVec,
+    pub jobs_started: IntCounterVec,
+    pub jobs_finished: IntCounterVec,
+    pub attempt_duration: HistogramVec,
+    pub job_latency: HistogramVec,
+    pub callback_responses: IntCounterVec,
+    pub jobs_in_flight: IntGaugeVec,
+    pub queue_messages: IntGaugeVec,
+    pub queue_consumers: IntGaugeVec,
+    pub idempotency_hits: IntCounterVec,
+    pub retries_scheduled: IntCounterVec,
+    pub dead_letters: IntCounterVec,
+    pub amqp_reconnects: IntCounter,
+    pub amqp_errors: IntCounter,
+    pub redis_errors: IntCounter,
+    pub broker_connected: IntGauge,
+    pub http_requests: IntCounterVec,
+    pub http_request_duration: HistogramVec,
+}
+
+impl Metrics {
+    /// Registers every metric; `process` is `dispatcher`, `worker` or `fleetctl`.
+    pub fn new(process: &str) -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels)
+                .expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let single_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let build_info = gauge("fleet_build_info", "Build metadata of this process (always 1).", &["version", "process"]);
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), process]).set(1);
+        let broker_connected = IntGauge::new("fleet_broker_connected", "1 while the process holds a live broker connection.")
+            .expect("valid metric");
+        registry.register(Box::new(broker_connected.clone())).expect("unique metric");
+        Metrics {
+            jobs_published: counter("fleet_jobs_published_total", "Jobs published and confirmed by the broker.", &["kind"]),
+            jobs_started: counter("fleet_jobs_started_total", "Job attempts started by workers.", &["kind"]),
+            jobs_finished: counter(
+                "fleet_jobs_finished_total",
+                "Job attempts finished, by outcome (success, retry, dead_letter, duplicate, permanent, deferred).",
+                &["kind", "outcome"],
+            ),
+            attempt_duration: histogram("fleet_attempt_duration_seconds", "Duration of one job attempt.", &["kind"]),
+            job_latency: histogram(
+                "fleet_job_latency_seconds",
+                "From acceptance by the dispatcher to the job's final outcome.",
+                &["kind", "outcome"],
+            ),
+            callback_responses: counter(
+                "fleet_callback_responses_total",
+                "Answers from tool owners: status class, or timeout/network/too_large/refused.",
+                &["kind", "class"],
+            ),
+            jobs_in_flight: gauge("fleet_jobs_in_flight", "Jobs a worker holds right now.", &["kind"]),
+            queue_messages: gauge("fleet_queue_messages", "Messages ready in each fleet queue.", &["queue"]),
+            queue_consumers: gauge("fleet_queue_consumers", "Consumers on each fleet queue.", &["queue"]),
+            idempotency_hits: counter(
+                "fleet_idempotency_hits_total",
+                "Deliveries whose execution had already succeeded, so nothing ran again.",
+                &["kind"],
+            ),
+            retries_scheduled: counter(
+                "fleet_retries_scheduled_total",
+                "Retries parked on a delay queue, by the attempt they will be.",
+                &["kind", "attempt"],
+            ),
+            dead_letters: counter("fleet_dead_letters_total", "Jobs sent to the dead-letter queue.", &["kind", "reason"]),
+            amqp_reconnects: single_counter("fleet_amqp_reconnects_total", "Broker connections (re)established."),
+            amqp_errors: single_counter("fleet_amqp_errors_total", "Broker connection or channel errors."),
+            redis_errors: single_counter("fleet_redis_errors_total", "Failed Redis commands."),
+            broker_connected,
+            http_requests: counter(
+                "fleet_http_requests_total",
+                "API requests by route template, method and status class.",
+                &["route", "method", "class"],
+            ),
+            http_request_duration: histogram("fleet_http_request_duration_seconds", "API request duration.", &["route"]),
+            registry,
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_prefixed_and_unit_suffixed() {
+        let m = Metrics::new("test");
+        m.jobs_finished.with_label_values(&["tool_call", "success"]).inc();
+        m.attempt_duration.with_label_values(&["tool_call"]).observe(0.01);
+        let text = m.render();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let name = line.split_whitespace().nth(2).unwrap();
+            assert!(name.starts_with("fleet_"), "{name}");
+            let kind = line.split_whitespace().nth(3).unwrap();
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "{name}");
+            }
+        }
+        assert!(text.contains("fleet_jobs_finished_total{kind=\"tool_call\",outcome=\"success\"} 1"));
+        assert!(text.contains("fleet_build_info{process=\"test\""));
+    }
+}

@@ -1,0 +1,526 @@
+//! Redis: the tool registry, execution records, idempotency claims (leases with fencing tokens),
+//! client `Idempotency-Key` reservations and dead-letter records.
+//!
+//! Each Lua script touches exactly one key, so every operation works on Redis Cluster as well.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_protocol::execution::{field, AttemptRecord, ExecutionStatus};
+use fleet_protocol::keys::Keys;
+use fleet_protocol::IDEMPOTENCY_TTL_SECS;
+
+use crate::metrics::Metrics;
+
+/// Dead-letter records outlive execution records: an operator may look at them weeks later.
+const DEAD_LETTER_TTL_SECS: u64 = 30 * 24 * 60 * 60;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis unavailable: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("stored value is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A registered tool as stored: the secret only as ciphertext.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredTool {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    pub callback_url: String,
+    pub secret_ciphertext: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// The outcome of trying to claim an execution before running it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// This worker holds the lease; `token` fences its later writes.
+    Acquired { token: u64 },
+    /// The execution already succeeded; here is its result. Nothing may run again.
+    AlreadyDone { result: Value },
+    /// Another worker holds a live lease for `remaining`.
+    Busy { remaining: Duration },
+}
+
+/// What `reserve_request` found for a client's `Idempotency-Key`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reservation {
+    /// First use: the caller must publish and then `confirm_request` (or `release_request`).
+    New,
+    /// A previous request with this key was accepted as this execution.
+    Existing(String),
+    /// A request with this key is being accepted right now.
+    InProgress,
+}
+
+/// An execution record as read back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecutionView {
+    pub execution_id: String,
+    pub kind: String,
+    pub status: ExecutionStatus,
+    pub tool_name: Option<String>,
+    pub room_id: Option<String>,
+    pub assistant_id: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub result: Option<Value>,
+    pub last_error: Option<String>,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// The fields a new execution record starts with.
+pub struct NewExecution<'a> {
+    pub execution_id: &'a str,
+    pub kind: &'a str,
+    pub tool_name: Option<&'a str>,
+    pub room_id: Option<&'a str>,
+    pub assistant_id: Option<&'a str>,
+    pub now_ms: i64,
+}
+
+const CLAIM_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local raw = redis.call('GET', KEYS[1])
+local token = 0
+if raw then
+  local v = cjson.decode(raw)
+  if v.state == 'done' then return {'done', raw} end
+  if v.state == 'claimed' and tonumber(v.lease_until) > now then
+    return {'busy', tostring(tonumber(v.lease_until) - now)}
+  end
+  token = tonumber(v.token) or 0
+end
+token = token + 1
+redis.call('SET', KEYS[1], cjson.encode({state = 'claimed', token = token, owner = ARGV[1],
+  lease_until = now + tonumber(ARGV[2])}), 'EX', ARGV[3])
+return {'claimed', tostring(token)}
+"#;
+
+const RENEW_LUA: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local v = cjson.decode(raw)
+if v.state ~= 'claimed' or tonumber(v.token) ~= tonumber(ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+v.lease_until = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], cjson.encode(v), 'EX', ARGV[3])
+return 1
+"#;
+
+// The result is spliced in as text, never decoded by Lua, so its numbers keep full precision.
+const COMPLETE_LUA: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local v = cjson.decode(raw)
+if v.state ~= 'claimed' or tonumber(v.token) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], '{"state":"done","token":' .. ARGV[1] .. ',"result":' .. ARGV[2] .. '}', 'EX', ARGV[3])
+return 1
+"#;
+
+const RELEASE_LUA: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local v = cjson.decode(raw)
+if v.state ~= 'claimed' or tonumber(v.token) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], cjson.encode({state = ARGV[2], token = v.token}), 'EX', ARGV[3])
+return 1
+"#;
+
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    keys: Keys,
+    metrics: Metrics,
+    claim: Script,
+    renew: Script,
+    complete: Script,
+    release: Script,
+}
+
+impl Store {
+    /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
+    pub fn open(url: &str, keys: Keys, timeout: Duration, metrics: Metrics) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Store {
+            conn,
+            keys,
+            metrics,
+            claim: Script::new(CLAIM_LUA),
+            renew: Script::new(RENEW_LUA),
+            complete: Script::new(COMPLETE_LUA),
+            release: Script::new(RELEASE_LUA),
+        })
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn count<T>(&self, r: Result<T, redis::RedisError>) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            self.metrics.redis_errors.inc();
+            StoreError::Redis(e)
+        })
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let pong: Result<String, _> = redis::cmd("PING").query_async(&mut self.conn()).await;
+        self.count(pong).map(|_| ())
+    }
+
+    /// Redis's `maxmemory-policy`, to warn when it may evict idempotency keys.
+    pub async fn maxmemory_policy(&self) -> Result<String, StoreError> {
+        let r: Result<Vec<String>, _> =
+            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut self.conn()).await;
+        Ok(self.count(r)?.get(1).cloned().unwrap_or_default())
+    }
+
+    // ---- tool registry ----
+
+    /// Creates or replaces a tool; returns whether it is new.
+    pub async fn put_tool(&self, tool: &StoredTool) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(tool).expect("a tool serialises");
+        let r: Result<(Option<String>,), _> = redis::pipe()
+            .atomic()
+            .cmd("GET").arg(self.keys.tool(&tool.name))
+            .cmd("SET").arg(self.keys.tool(&tool.name)).arg(json).ignore()
+            .cmd("ZADD").arg(self.keys.tools_index()).arg(0).arg(&tool.name).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.0.is_none())
+    }
+
+    pub async fn get_tool(&self, name: &str) -> Result<Option<StoredTool>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().get(self.keys.tool(name)).await;
+        self.count(raw)?
+            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("tool {name}: {e}"))))
+            .transpose()
+    }
+
+    /// Tools in name order after `after`, at most `limit`.
+    pub async fn list_tools(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredTool>, StoreError> {
+        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
+        let names: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.keys.tools_index())
+            .arg(min)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await;
+        let mut tools = Vec::new();
+        for name in self.count(names)? {
+            if let Some(tool) = self.get_tool(&name).await? {
+                tools.push(tool);
+            }
+        }
+        Ok(tools)
+    }
+
+    pub async fn delete_tool(&self, name: &str) -> Result<bool, StoreError> {
+        let r: Result<(i64, i64), _> = redis::pipe()
+            .atomic()
+            .del(self.keys.tool(name))
+            .zrem(self.keys.tools_index(), name)
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.0 > 0)
+    }
+
+    // ---- execution records ----
+
+    pub async fn create_execution(&self, e: &NewExecution<'_>) -> Result<(), StoreError> {
+        let key = self.keys.execution(e.execution_id);
+        let mut fields = vec![
+            (field::KIND, e.kind.to_string()),
+            (field::STATUS, ExecutionStatus::Queued.as_str().to_string()),
+            (field::CREATED_AT_MS, e.now_ms.to_string()),
+            (field::UPDATED_AT_MS, e.now_ms.to_string()),
+            (field::ATTEMPTS, "0".to_string()),
+        ];
+        for (name, value) in [(field::TOOL_NAME, e.tool_name), (field::ROOM_ID, e.room_id), (field::ASSISTANT_ID, e.assistant_id)] {
+            if let Some(v) = value {
+                fields.push((name, v.to_string()));
+            }
+        }
+        let r: Result<(), _> = redis::pipe()
+            .atomic()
+            .hset_multiple(&key, &fields).ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    /// Removes a record whose job was never accepted (the publish failed).
+    pub async fn delete_execution(&self, execution_id: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = redis::pipe()
+            .del(self.keys.execution(execution_id)).ignore()
+            .del(self.keys.attempts(execution_id)).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    /// Sets the status (and, if given, the attempt count) of an execution.
+    pub async fn set_status(
+        &self,
+        execution_id: &str,
+        status: ExecutionStatus,
+        attempt: Option<u32>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let key = self.keys.execution(execution_id);
+        let mut fields = vec![(field::STATUS, status.as_str().to_string()), (field::UPDATED_AT_MS, now_ms.to_string())];
+        if let Some(a) = attempt {
+            fields.push((field::ATTEMPTS, a.to_string()));
+        }
+        let r: Result<(), _> = redis::pipe()
+            .hset_multiple(&key, &fields).ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    /// Appends an attempt to the history and sets the execution's status (and result or last error).
+    pub async fn record_attempt(
+        &self,
+        execution_id: &str,
+        attempt: &AttemptRecord,
+        status: ExecutionStatus,
+        result: Option<&Value>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let key = self.keys.execution(execution_id);
+        let attempts_key = self.keys.attempts(execution_id);
+        let mut fields = vec![
+            (field::STATUS, status.as_str().to_string()),
+            (field::UPDATED_AT_MS, now_ms.to_string()),
+            (field::ATTEMPTS, attempt.attempt.to_string()),
+        ];
+        if let Some(error) = &attempt.error {
+            fields.push((field::LAST_ERROR, error.clone()));
+        }
+        if let Some(result) = result {
+            fields.push((field::RESULT, result.to_string()));
+        }
+        let r: Result<(), _> = redis::pipe()
+            .rpush(&attempts_key, serde_json::to_string(attempt).expect("an attempt serialises")).ignore()
+            .expire(&attempts_key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .hset_multiple(&key, &fields).ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    /// Marks an execution succeeded with `result` without a new attempt (repair after a crash
+    /// between the fenced result write and the record update).
+    pub async fn mark_succeeded(&self, execution_id: &str, result: &Value, now_ms: i64) -> Result<(), StoreError> {
+        let key = self.keys.execution(execution_id);
+        let fields = [
+            (field::STATUS, ExecutionStatus::Succeeded.as_str().to_string()),
+            (field::UPDATED_AT_MS, now_ms.to_string()),
+            (field::RESULT, result.to_string()),
+        ];
+        let r: Result<(), _> = redis::pipe().hset_multiple(&key, &fields).ignore().query_async(&mut self.conn()).await;
+        self.count(r)
+    }
+
+    pub async fn get_execution(&self, execution_id: &str) -> Result<Option<ExecutionView>, StoreError> {
+        let r: Result<(std::collections::HashMap<String, String>, Vec<String>), _> = redis::pipe()
+            .hgetall(self.keys.execution(execution_id))
+            .lrange(self.keys.attempts(execution_id), 0, -1)
+            .query_async(&mut self.conn())
+            .await;
+        let (hash, attempts) = self.count(r)?;
+        if hash.is_empty() {
+            return Ok(None);
+        }
+        let corrupt = |what: &str| StoreError::Corrupt(format!("execution {execution_id}: {what}"));
+        let num = |name: &str| hash.get(name).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let status = hash
+            .get(field::STATUS)
+            .and_then(|s| ExecutionStatus::parse(s))
+            .ok_or_else(|| corrupt("status"))?;
+        let result = match hash.get(field::RESULT) {
+            Some(raw) => Some(serde_json::from_str(raw).map_err(|_| corrupt("result"))?),
+            None => None,
+        };
+        let attempts = attempts
+            .iter()
+            .map(|a| serde_json::from_str(a).map_err(|_| corrupt("attempt")))
+            .collect::<Result<Vec<AttemptRecord>, _>>()?;
+        Ok(Some(ExecutionView {
+            execution_id: execution_id.to_string(),
+            kind: hash.get(field::KIND).cloned().unwrap_or_default(),
+            status,
+            tool_name: hash.get(field::TOOL_NAME).cloned(),
+            room_id: hash.get(field::ROOM_ID).cloned(),
+            assistant_id: hash.get(field::ASSISTANT_ID).cloned(),
+            created_at_ms: num(field::CREATED_AT_MS),
+            updated_at_ms: num(field::UPDATED_AT_MS),
+            result,
+            last_error: hash.get(field::LAST_ERROR).cloned(),
+            attempts,
+        }))
+    }
+
+    // ---- idempotency claims ----
+
+    /// Claims `execution_id` for `owner` with a lease of `lease`, atomically.
+    pub async fn claim(&self, execution_id: &str, owner: &str, lease: Duration) -> Result<Claim, StoreError> {
+        let r: Result<(String, String), _> = self
+            .claim
+            .key(self.keys.idempotency(execution_id))
+            .arg(owner)
+            .arg(lease.as_millis() as u64)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut self.conn())
+            .await;
+        let (state, detail) = self.count(r)?;
+        match state.as_str() {
+            "claimed" => Ok(Claim::Acquired { token: detail.parse().map_err(|_| StoreError::Corrupt("token".into()))? }),
+            "busy" => Ok(Claim::Busy { remaining: Duration::from_millis(detail.parse().unwrap_or(1000)) }),
+            "done" => {
+                let v: Value = serde_json::from_str(&detail)
+                    .map_err(|e| StoreError::Corrupt(format!("idempotency {execution_id}: {e}")))?;
+                Ok(Claim::AlreadyDone { result: v.get("result").cloned().unwrap_or(Value::Null) })
+            }
+            other => Err(StoreError::Corrupt(format!("claim script answered {other}"))),
+        }
+    }
+
+    /// Extends the lease if `token` still holds it.
+    pub async fn renew(&self, execution_id: &str, token: u64, lease: Duration) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = self
+            .renew
+            .key(self.keys.idempotency(execution_id))
+            .arg(token)
+            .arg(lease.as_millis() as u64)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// Stores the final result if `token` still holds the claim; `false` means a newer claim
+    /// fenced this writer off and nothing was written.
+    pub async fn complete(&self, execution_id: &str, token: u64, result: &Value) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = self
+            .complete
+            .key(self.keys.idempotency(execution_id))
+            .arg(token)
+            .arg(result.to_string())
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// Gives up the claim after a failed attempt so the next attempt can claim at once.
+    /// `state` says why (`released`, `dead_lettered`).
+    pub async fn release(&self, execution_id: &str, token: u64, state: &str) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = self
+            .release
+            .key(self.keys.idempotency(execution_id))
+            .arg(token)
+            .arg(state)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)? == 1)
+    }
+
+    // ---- client Idempotency-Key ----
+
+    pub async fn reserve_request(&self, key: &str, execution_id: &str) -> Result<Reservation, StoreError> {
+        let r: Result<(Option<String>, String), _> = redis::pipe()
+            .cmd("SET").arg(key).arg(format!("pending:{execution_id}")).arg("NX").arg("EX").arg(IDEMPOTENCY_TTL_SECS)
+            .get(key)
+            .query_async(&mut self.conn())
+            .await;
+        let (set, current) = self.count(r)?;
+        Ok(match (set, current.strip_prefix("pending:")) {
+            (Some(_), _) => Reservation::New,
+            (None, Some(_)) => Reservation::InProgress,
+            (None, None) => Reservation::Existing(current),
+        })
+    }
+
+    pub async fn confirm_request(&self, key: &str, execution_id: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().set_ex(key, execution_id, IDEMPOTENCY_TTL_SECS).await;
+        self.count(r)
+    }
+
+    pub async fn release_request(&self, key: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().del(key).await;
+        self.count(r)
+    }
+
+    // ---- dead letters ----
+
+    pub async fn save_dead_letter(&self, id: &str, record: &DeadLetterRecord, now_ms: i64) -> Result<(), StoreError> {
+        let r: Result<(), _> = redis::pipe()
+            .set_ex(self.keys.dead_letter(id), serde_json::to_string(record).expect("a record serialises"), DEAD_LETTER_TTL_SECS).ignore()
+            .zadd(self.keys.dead_letters_index(), id, now_ms).ignore()
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    pub async fn get_dead_letter(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().get(self.keys.dead_letter(id)).await;
+        self.count(raw)?
+            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("dead letter {id}: {e}"))))
+            .transpose()
+    }
+
+    /// Dead-lettered ids, newest first, after `before_ms` (exclusive) if given.
+    pub async fn list_dead_letters(&self, before_ms: Option<i64>, limit: usize) -> Result<Vec<(String, i64)>, StoreError> {
+        let max = before_ms.map(|b| format!("({b}")).unwrap_or_else(|| "+inf".into());
+        let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(self.keys.dead_letters_index())
+            .arg(max)
+            .arg("-inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await;
+        self.count(r)
+    }
+
+    pub async fn delete_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
+        let r: Result<(i64, i64), _> = redis::pipe()
+            .del(self.keys.dead_letter(id))
+            .zrem(self.keys.dead_letters_index(), id)
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.0 > 0)
+    }
+}

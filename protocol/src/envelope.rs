@@ -1,0 +1,236 @@
+//! The job envelope: the JSON body of every AMQP job message, and the checks that tell a job from poison.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The envelope version this build writes and accepts.
+pub const ENVELOPE_VERSION: u32 = 1;
+/// The only content type a job message may carry.
+pub const CONTENT_TYPE: &str = "application/json";
+/// AMQP header naming the envelope version (also inside the body as `v`).
+pub const VERSION_HEADER: &str = "x-fleet-envelope";
+/// Largest job body the worker will parse; anything larger is poison.
+pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
+
+/// What kind of work a job is; each kind has its own work queue and delay queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    ToolCall,
+}
+
+impl JobKind {
+    pub const ALL: [JobKind; 1] = [JobKind::ToolCall];
+
+    /// Routing key on the jobs exchange, and the `kind` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::ToolCall => "tool_call",
+        }
+    }
+
+    /// Plural used in queue names (`fleet.work.tool_calls`).
+    pub fn queue_suffix(self) -> &'static str {
+        match self {
+            JobKind::ToolCall => "tool_calls",
+        }
+    }
+}
+
+/// A tool callback to run: the seed's callback body minus what the worker adds at send time.
+/// The callback URL and secret are deliberately absent: the worker reads them from the registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallJob {
+    pub tool_name: String,
+    pub parameters: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub room_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assistant_id: Option<String>,
+}
+
+/// The work itself, tagged by kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    ToolCall(ToolCallJob),
+}
+
+impl Job {
+    pub fn kind(&self) -> JobKind {
+        match self {
+            Job::ToolCall(_) => JobKind::ToolCall,
+        }
+    }
+}
+
+/// One job message as it travels through the work and delay queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub v: u32,
+    pub execution_id: String,
+    /// The 1-based attempt this delivery is.
+    pub attempt: u32,
+    /// When the dispatcher accepted the job (ms since epoch): the start of end-to-end latency.
+    pub enqueued_at_ms: i64,
+    /// When attempt 1 started, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_at_ms: Option<i64>,
+    /// The job must not run before this time (ms since epoch); set when a wait outlasts one delay queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_ms: Option<i64>,
+    #[serde(flatten)]
+    pub job: Job,
+}
+
+impl Envelope {
+    /// A fresh job at attempt 1.
+    pub fn new(execution_id: String, job: Job, now_ms: i64) -> Self {
+        Envelope {
+            v: ENVELOPE_VERSION,
+            execution_id,
+            attempt: 1,
+            enqueued_at_ms: now_ms,
+            first_attempt_at_ms: None,
+            not_before_ms: None,
+            job,
+        }
+    }
+
+    pub fn kind(&self) -> JobKind {
+        self.job.kind()
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an envelope always serialises")
+    }
+
+    /// Parses a delivery's body, refusing anything that is not a job this build can run.
+    pub fn decode(body: &[u8], content_type: Option<&str>) -> Result<Envelope, PoisonReason> {
+        match content_type {
+            Some(ct) if ct.split(';').next().map(str::trim) == Some(CONTENT_TYPE) => {}
+            Some(other) => return Err(PoisonReason::ContentType(Some(truncate(other, 100)))),
+            None => return Err(PoisonReason::ContentType(None)),
+        }
+        if body.len() > MAX_ENVELOPE_BYTES {
+            return Err(PoisonReason::TooLarge(body.len()));
+        }
+        let value: Value = serde_json::from_slice(body).map_err(|e| PoisonReason::NotJson(e.to_string()))?;
+        match value.get("v").and_then(Value::as_u64) {
+            Some(v) if v == ENVELOPE_VERSION as u64 => {}
+            Some(v) => return Err(PoisonReason::Version(Some(v))),
+            None => return Err(PoisonReason::Version(None)),
+        }
+        let envelope: Envelope =
+            serde_json::from_value(value).map_err(|e| PoisonReason::Shape(e.to_string()))?;
+        envelope.validate()?;
+        Ok(envelope)
+    }
+
+    fn validate(&self) -> Result<(), PoisonReason> {
+        if !is_valid_execution_id(&self.execution_id) {
+            return Err(PoisonReason::Shape("execution_id must look like exec_<1-64 [A-Za-z0-9_-]>".into()));
+        }
+        if self.attempt == 0 {
+            return Err(PoisonReason::Shape("attempt must be at least 1".into()));
+        }
+        match &self.job {
+            Job::ToolCall(call) if call.tool_name.is_empty() => {
+                Err(PoisonReason::Shape("tool_name must not be empty".into()))
+            }
+            Job::ToolCall(_) => Ok(()),
+        }
+    }
+}
+
+/// Whether `id` has the `exec_…` form the fleet issues (bounded, safe inside Redis keys and headers).
+pub fn is_valid_execution_id(id: &str) -> bool {
+    match id.strip_prefix("exec_") {
+        Some(rest) => {
+            !rest.is_empty()
+                && rest.len() <= 64
+                && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        }
+        None => false,
+    }
+}
+
+/// Why a message on a work queue cannot be run; it goes to the dead-letter queue with this reason.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PoisonReason {
+    #[error("content type must be application/json, got {}", .0.as_deref().unwrap_or("none"))]
+    ContentType(Option<String>),
+    #[error("body is {0} bytes, above the 1 MiB limit")]
+    TooLarge(usize),
+    #[error("body is not JSON: {0}")]
+    NotJson(String),
+    #[error("envelope version must be 1, got {}", .0.map(|v| v.to_string()).unwrap_or_else(|| "none".into()))]
+    Version(Option<u64>),
+    #[error("envelope is malformed: {0}")]
+    Shape(String),
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Envelope {
+        Envelope::new(
+            "exec_abc".into(),
+            Job::ToolCall(ToolCallJob {
+                tool_name: "search".into(),
+                parameters: json!({"q": "laptop"}),
+                room_id: Some("room_1".into()),
+                assistant_id: None,
+            }),
+            1_000,
+        )
+    }
+
+    #[test]
+    fn round_trips() {
+        let e = sample();
+        let decoded = Envelope::decode(&e.to_bytes(), Some("application/json")).unwrap();
+        assert_eq!(decoded, e);
+        assert_eq!(decoded.kind(), JobKind::ToolCall);
+    }
+
+    #[test]
+    fn the_wire_form_is_flat_and_tagged() {
+        let v: Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
+        assert_eq!(v["kind"], "tool_call");
+        assert_eq!(v["tool_name"], "search");
+        assert_eq!(v["v"], 1);
+        assert!(v.get("callback_secret").is_none());
+    }
+
+    #[test]
+    fn poison_is_named() {
+        let good = sample().to_bytes();
+        assert!(matches!(Envelope::decode(&good, None), Err(PoisonReason::ContentType(None))));
+        assert!(matches!(Envelope::decode(&good, Some("text/plain")), Err(PoisonReason::ContentType(_))));
+        assert!(matches!(Envelope::decode(b"{nope", Some(CONTENT_TYPE)), Err(PoisonReason::NotJson(_))));
+        let v2 = br#"{"v":2,"execution_id":"exec_a","attempt":1,"enqueued_at_ms":1,"kind":"tool_call","tool_name":"t","parameters":{}}"#;
+        assert_eq!(Envelope::decode(v2, Some(CONTENT_TYPE)), Err(PoisonReason::Version(Some(2))));
+        let bad_kind = br#"{"v":1,"execution_id":"exec_a","attempt":1,"enqueued_at_ms":1,"kind":"mine_bitcoin"}"#;
+        assert!(matches!(Envelope::decode(bad_kind, Some(CONTENT_TYPE)), Err(PoisonReason::Shape(_))));
+        let bad_id = br#"{"v":1,"execution_id":"../etc","attempt":1,"enqueued_at_ms":1,"kind":"tool_call","tool_name":"t","parameters":{}}"#;
+        assert!(matches!(Envelope::decode(bad_id, Some(CONTENT_TYPE)), Err(PoisonReason::Shape(_))));
+        let huge = vec![b' '; MAX_ENVELOPE_BYTES + 1];
+        assert!(matches!(Envelope::decode(&huge, Some(CONTENT_TYPE)), Err(PoisonReason::TooLarge(_))));
+    }
+
+    #[test]
+    fn execution_ids_are_bounded() {
+        assert!(is_valid_execution_id("exec_0190abc-DEF_1"));
+        assert!(!is_valid_execution_id("exec_"));
+        assert!(!is_valid_execution_id("job_1"));
+        assert!(!is_valid_execution_id(&format!("exec_{}", "a".repeat(65))));
+        assert!(!is_valid_execution_id("exec_a b"));
+    }
+}

@@ -1,0 +1,88 @@
+//! The execution record: the status of one job and its attempt history, as workers write it to
+//! Redis and the dispatcher serves it at `GET /v1/executions/{id}`.
+
+use serde::{Deserialize, Serialize};
+
+/// Hash fields of the execution record (`Keys::execution`).
+pub mod field {
+    pub const KIND: &str = "kind";
+    pub const STATUS: &str = "status";
+    pub const TOOL_NAME: &str = "tool_name";
+    pub const ROOM_ID: &str = "room_id";
+    pub const ASSISTANT_ID: &str = "assistant_id";
+    pub const CREATED_AT_MS: &str = "created_at_ms";
+    pub const UPDATED_AT_MS: &str = "updated_at_ms";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const RESULT: &str = "result";
+    pub const LAST_ERROR: &str = "last_error";
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionStatus {
+    Queued,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    DeadLettered,
+}
+
+impl ExecutionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionStatus::Queued => "queued",
+            ExecutionStatus::Running => "running",
+            ExecutionStatus::Retrying => "retrying",
+            ExecutionStatus::Succeeded => "succeeded",
+            ExecutionStatus::Failed => "failed",
+            ExecutionStatus::DeadLettered => "dead_lettered",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(text.to_string())).ok()
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::DeadLettered)
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Success,
+    Retry,
+    Permanent,
+    Exhausted,
+}
+
+/// One attempt in an execution's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    /// RFC 3339 start time.
+    pub started_at: String,
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub outcome: AttemptOutcome,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_use_the_spec_words() {
+        for s in ["queued", "running", "retrying", "succeeded", "failed", "dead_lettered"] {
+            assert_eq!(ExecutionStatus::parse(s).unwrap().as_str(), s);
+        }
+        assert_eq!(ExecutionStatus::parse("done"), None);
+        assert!(ExecutionStatus::DeadLettered.is_final() && !ExecutionStatus::Retrying.is_final());
+    }
+}

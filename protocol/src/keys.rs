@@ -1,0 +1,77 @@
+//! Redis key names. One optional prefix (empty in production) lets tests share a Redis safely.
+//!
+//! Every key that a single Lua script touches is one key, so the layout works unchanged on Redis Cluster.
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Keys { prefix: prefix.into() }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `idempotency:{execution_id}`: the worker's claim (a lease with a fencing token), then the result.
+    pub fn idempotency(&self, execution_id: &str) -> String {
+        format!("{}idempotency:{execution_id}", self.prefix)
+    }
+
+    /// The execution record (a hash): status, kind, result, timestamps.
+    pub fn execution(&self, execution_id: &str) -> String {
+        format!("{}execution:{execution_id}", self.prefix)
+    }
+
+    /// The execution's attempt history (a list of JSON attempt records).
+    pub fn attempts(&self, execution_id: &str) -> String {
+        format!("{}execution:{execution_id}:attempts", self.prefix)
+    }
+
+    /// A registered tool (a hash; the secret field is encrypted).
+    pub fn tool(&self, name: &str) -> String {
+        format!("{}tool:{name}", self.prefix)
+    }
+
+    /// Sorted set of registered tool names, for listing.
+    pub fn tools_index(&self) -> String {
+        format!("{}tools", self.prefix)
+    }
+
+    /// A client's `Idempotency-Key`, namespaced by a digest of its bearer token.
+    pub fn request_key(&self, token_digest: &str, idempotency_key_digest: &str) -> String {
+        format!("{}request:{token_digest}:{idempotency_key_digest}", self.prefix)
+    }
+
+    /// The dead-letter record of an execution (JSON string).
+    pub fn dead_letter(&self, execution_id: &str) -> String {
+        format!("{}dead_letter:{execution_id}", self.prefix)
+    }
+
+    /// Sorted set of dead-lettered execution ids by time.
+    pub fn dead_letters_index(&self) -> String {
+        format!("{}dead_letters", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn production_keys_match_the_spec() {
+        let k = Keys::default();
+        assert_eq!(k.idempotency("exec_1"), "idempotency:exec_1");
+        assert_eq!(k.execution("exec_1"), "execution:exec_1");
+    }
+
+    #[test]
+    fn a_prefix_isolates_a_test() {
+        let k = Keys::new("t42:");
+        assert_eq!(k.idempotency("exec_1"), "t42:idempotency:exec_1");
+        assert_eq!(k.tool("search"), "t42:tool:search");
+    }
+}

@@ -1,0 +1,179 @@
+//! AMQP topology as plain data: exchange and queue names derived from one prefix, and the arguments
+//! each queue is declared with. The platform crate turns these specs into broker declarations.
+
+use std::time::Duration;
+
+use crate::envelope::JobKind;
+
+/// Redeliveries after which the broker itself dead-letters a message (a job that keeps killing
+/// its worker must not crash-loop the fleet).
+pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 20;
+
+/// A queue argument value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgValue {
+    Str(String),
+    Int(i64),
+}
+
+/// One queue to declare: its name, `x-` arguments and bindings (exchange, routing key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSpec {
+    pub name: String,
+    pub arguments: Vec<(&'static str, ArgValue)>,
+    pub bindings: Vec<(String, String)>,
+}
+
+/// The exchange types the fleet uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeType {
+    Direct,
+    Fanout,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeSpec {
+    pub name: String,
+    pub kind: ExchangeType,
+}
+
+/// Every name in the fleet's topology, derived from `prefix` and the retry delays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    prefix: String,
+    delays: Vec<Duration>,
+}
+
+impl Topology {
+    pub fn new(prefix: impl Into<String>, delays: Vec<Duration>) -> Self {
+        Topology { prefix: prefix.into(), delays }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn delays(&self) -> &[Duration] {
+        &self.delays
+    }
+
+    /// Where the dispatcher publishes new jobs and where delay queues return them (direct, by kind).
+    pub fn jobs_exchange(&self) -> String {
+        format!("{}.jobs", self.prefix)
+    }
+
+    /// Fanout into the dead-letter queue.
+    pub fn dead_letter_exchange(&self) -> String {
+        format!("{}.dead", self.prefix)
+    }
+
+    pub fn work_queue(&self, kind: JobKind) -> String {
+        format!("{}.work.{}", self.prefix, kind.queue_suffix())
+    }
+
+    /// The delay queue for retry step `step` (0 = the first, shortest delay).
+    pub fn delay_queue(&self, kind: JobKind, step: usize) -> String {
+        format!("{}.delay.{}.{}", self.prefix, kind.queue_suffix(), duration_label(self.delays[step]))
+    }
+
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.dead_letters", self.prefix)
+    }
+
+    pub fn exchanges(&self) -> Vec<ExchangeSpec> {
+        vec![
+            ExchangeSpec { name: self.jobs_exchange(), kind: ExchangeType::Direct },
+            ExchangeSpec { name: self.dead_letter_exchange(), kind: ExchangeType::Fanout },
+        ]
+    }
+
+    /// Every queue, in declaration order. All are durable quorum queues; the delay and work queues
+    /// dead-letter at-least-once (which needs `reject-publish` overflow) so a retry is never dropped.
+    pub fn queues(&self) -> Vec<QueueSpec> {
+        let quorum = || ("x-queue-type", ArgValue::Str("quorum".into()));
+        let at_least_once = || {
+            [
+                ("x-dead-letter-strategy", ArgValue::Str("at-least-once".into())),
+                ("x-overflow", ArgValue::Str("reject-publish".into())),
+            ]
+        };
+        let mut queues = Vec::new();
+        for kind in JobKind::ALL {
+            let mut arguments = vec![
+                quorum(),
+                ("x-dead-letter-exchange", ArgValue::Str(self.dead_letter_exchange())),
+                ("x-delivery-limit", ArgValue::Int(WORK_QUEUE_DELIVERY_LIMIT)),
+            ];
+            arguments.extend(at_least_once());
+            queues.push(QueueSpec {
+                name: self.work_queue(kind),
+                arguments,
+                bindings: vec![(self.jobs_exchange(), kind.as_str().to_string())],
+            });
+            for (step, delay) in self.delays.iter().enumerate() {
+                let mut arguments = vec![
+                    quorum(),
+                    ("x-message-ttl", ArgValue::Int(delay.as_millis() as i64)),
+                    ("x-dead-letter-exchange", ArgValue::Str(self.jobs_exchange())),
+                    ("x-dead-letter-routing-key", ArgValue::Str(kind.as_str().to_string())),
+                ];
+                arguments.extend(at_least_once());
+                queues.push(QueueSpec { name: self.delay_queue(kind, step), arguments, bindings: vec![] });
+            }
+        }
+        queues.push(QueueSpec {
+            name: self.dead_letter_queue(),
+            arguments: vec![quorum()],
+            bindings: vec![(self.dead_letter_exchange(), String::new())],
+        });
+        queues
+    }
+}
+
+/// `1s`, `16s`, `250ms`: a delay as it appears in a queue name.
+pub fn duration_label(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_topology() -> Topology {
+        Topology::new("fleet", [1, 2, 4, 8, 16].map(Duration::from_secs).to_vec())
+    }
+
+    #[test]
+    fn names_follow_the_prefix() {
+        let t = default_topology();
+        assert_eq!(t.jobs_exchange(), "fleet.jobs");
+        assert_eq!(t.work_queue(JobKind::ToolCall), "fleet.work.tool_calls");
+        assert_eq!(t.delay_queue(JobKind::ToolCall, 0), "fleet.delay.tool_calls.1s");
+        assert_eq!(t.delay_queue(JobKind::ToolCall, 4), "fleet.delay.tool_calls.16s");
+        assert_eq!(t.dead_letter_queue(), "fleet.dead_letters");
+    }
+
+    #[test]
+    fn delay_queues_hold_then_return_to_the_jobs_exchange() {
+        let t = default_topology();
+        let queues = t.queues();
+        let delay = queues.iter().find(|q| q.name == "fleet.delay.tool_calls.4s").unwrap();
+        assert!(delay.arguments.contains(&("x-message-ttl", ArgValue::Int(4000))));
+        assert!(delay.arguments.contains(&("x-dead-letter-exchange", ArgValue::Str("fleet.jobs".into()))));
+        assert!(delay.arguments.contains(&("x-dead-letter-routing-key", ArgValue::Str("tool_call".into()))));
+        assert!(delay.arguments.contains(&("x-dead-letter-strategy", ArgValue::Str("at-least-once".into()))));
+        assert!(queues.iter().all(|q| q.arguments.contains(&("x-queue-type", ArgValue::Str("quorum".into())))));
+        assert_eq!(queues.len(), 1 + 5 + 1);
+    }
+
+    #[test]
+    fn sub_second_delays_are_named_in_milliseconds() {
+        assert_eq!(duration_label(Duration::from_millis(250)), "250ms");
+        assert_eq!(duration_label(Duration::from_secs(2)), "2s");
+    }
+}
