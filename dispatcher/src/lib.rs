@@ -1,1 +1,63 @@
-//! stub
+//! The dispatcher: the fleet's HTTP API. It turns tool calls into durable AMQP jobs (202 only after
+//! the broker's publisher confirm), keeps the tool registry, and serves executions and dead letters.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod validate;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use fleet_platform::broker::{self, BrokerLink};
+use fleet_platform::metrics::Metrics;
+use fleet_platform::store::Store;
+
+pub use config::DispatcherConfig;
+
+/// Everything a request handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<DispatcherConfig>,
+    pub broker: BrokerLink,
+    pub store: Store,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DispatcherError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] fleet_platform::store::StoreError),
+}
+
+/// Runs the dispatcher until `cancel` fires: the broker supervisor and the HTTP server, both owned
+/// and awaited here. In-flight requests finish before this returns.
+pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<(), DispatcherError> {
+    let metrics = Metrics::new("dispatcher");
+    let store = Store::open(&config.common.redis_url, config.common.keys.clone(), config.common.redis_timeout, metrics.clone())?;
+    let listener = fleet_platform::ops::bind(config.http_addr)
+        .await
+        .map_err(|source| DispatcherError::Bind { addr: config.http_addr, source })?;
+    // The broker connection outlives the HTTP server so that requests still in flight at shutdown
+    // can finish their publishes.
+    let broker_cancel = CancellationToken::new();
+    let (link, supervisor) = broker::supervise(
+        config.common.amqp_url.clone(),
+        config.common.topology.clone(),
+        config.common.publish_timeout,
+        metrics.clone(),
+        broker_cancel.clone(),
+    );
+    let supervisor = tokio::spawn(supervisor);
+    let state = AppState { config: Arc::new(config), broker: link, store, metrics };
+    tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
+    let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
+    broker_cancel.cancel();
+    let _ = supervisor.await;
+    served.map_err(DispatcherError::Serve)
+}

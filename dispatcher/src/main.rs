@@ -1,1 +1,25 @@
-fn main(){}
+//! `dispatcher`: loads configuration, then serves the fleet's HTTP API until SIGTERM.
+
+use fleet_dispatcher::DispatcherConfig;
+use fleet_platform::config::Source;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = match Source::from_env().and_then(|src| DispatcherConfig::load(&src)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dispatcher: {e}");
+            std::process::exit(2);
+        }
+    };
+    fleet_platform::telemetry::init_logging(config.common.log_format);
+    let cancel = CancellationToken::new();
+    let signals = tokio::spawn(fleet_platform::shutdown::cancel_on_signal(cancel.clone()));
+    let result = fleet_dispatcher::run(config, cancel.clone()).await;
+    cancel.cancel();
+    signals.await?;
+    result?;
+    tracing::info!("dispatcher stopped");
+    Ok(())
+}

@@ -1,1 +1,215 @@
-//! stub
+//! The worker: consumes jobs with manual acks and a concurrency limit, claims each in Redis before
+//! any side effect, sends signed callbacks, and retries through broker-held delay queues.
+
+pub mod callback;
+pub mod config;
+pub mod http;
+pub mod process;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use fleet_platform::broker::{self, BrokerLink, Live};
+use fleet_platform::metrics::Metrics;
+use fleet_platform::store::Store;
+use fleet_protocol::callback::MAX_RESPONSE_BYTES;
+use fleet_protocol::envelope::JobKind;
+
+pub use config::WorkerConfig;
+use process::Processor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] fleet_platform::store::StoreError),
+}
+
+/// Runs a worker until `cancel` fires, then stops taking jobs, finishes what it holds within the
+/// grace period, and returns the rest to the queue (by closing its channel unacked).
+pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), WorkerError> {
+    let metrics = Metrics::new("worker");
+    let store = Store::open(&config.common.redis_url, config.common.keys.clone(), config.common.redis_timeout, metrics.clone())?;
+    let listener = fleet_platform::ops::bind(config.http_addr)
+        .await
+        .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
+    warn_if_keys_may_be_evicted(&store).await;
+
+    let broker_cancel = CancellationToken::new();
+    let (link, supervisor) = broker::supervise(
+        config.common.amqp_url.clone(),
+        config.common.topology.clone(),
+        config.common.publish_timeout,
+        metrics.clone(),
+        broker_cancel.clone(),
+    );
+    let supervisor = tokio::spawn(supervisor);
+    let consuming = Arc::new(AtomicBool::new(false));
+    let ops_cancel = CancellationToken::new();
+    let ops = tokio::spawn(fleet_platform::ops::serve(
+        listener,
+        fleet_platform::ops::router(metrics.clone(), readiness(link.clone(), store.clone(), consuming.clone())),
+        ops_cancel.clone(),
+    ));
+    tracing::info!(addr = %config.http_addr, concurrency = config.concurrency, worker_id = %config.worker_id, "worker started");
+
+    let processor = Arc::new(Processor {
+        client: fleet_platform_client(&config),
+        config: config.clone(),
+        store,
+        metrics,
+    });
+    consume(processor, link, consuming, &config, cancel).await;
+
+    broker_cancel.cancel();
+    let _ = supervisor.await;
+    ops_cancel.cancel();
+    let _ = ops.await;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+fn fleet_platform_client(config: &WorkerConfig) -> http::CallbackClient {
+    http::CallbackClient::new(config.callback_timeout, config.allow_private_callbacks, MAX_RESPONSE_BYTES)
+}
+
+fn readiness(link: BrokerLink, store: Store, consuming: Arc<AtomicBool>) -> fleet_platform::ops::ReadinessCheck {
+    Arc::new(move || {
+        let (link, store, consuming) = (link.clone(), store.clone(), consuming.clone());
+        Box::pin(async move {
+            if link.current().is_none() {
+                return Err("broker not connected".to_string());
+            }
+            if !consuming.load(Ordering::Relaxed) {
+                return Err("not consuming".to_string());
+            }
+            store.ping().await.map_err(|e| e.to_string())
+        })
+    })
+}
+
+/// Consumes from every work queue across broker reconnections until `cancel`, then drains.
+async fn consume(
+    processor: Arc<Processor>,
+    mut link: BrokerLink,
+    consuming: Arc<AtomicBool>,
+    config: &WorkerConfig,
+    cancel: CancellationToken,
+) {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    'connections: while let Some(live) = link.wait_live(&cancel).await {
+        let (channel, mut deliveries, tags) = match open_consumers(&live, config).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start consuming; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue 'connections,
+                    _ = cancel.cancelled() => break 'connections,
+                }
+            }
+        };
+        consuming.store(true, Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    for tag in &tags {
+                        let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+                    }
+                    consuming.store(false, Ordering::Relaxed);
+                    drain(&mut tasks, config.shutdown_grace).await;
+                    let _ = channel.close(200, "worker shutting down".into()).await;
+                    break 'connections;
+                }
+                _ = link.lost(&live) => break,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = done {
+                        if e.is_panic() {
+                            tracing::error!("a job task panicked; its delivery returns to the queue");
+                        }
+                    }
+                }
+                delivery = deliveries.next() => match delivery {
+                    Some(Ok(delivery)) => {
+                        tasks.spawn(processor.clone().handle(delivery, live.publisher.clone()));
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "consumer error; reconnecting");
+                        break;
+                    }
+                    None => {
+                        tracing::warn!("consumer cancelled by the broker; resubscribing");
+                        break;
+                    }
+                },
+            }
+        }
+        consuming.store(false, Ordering::Relaxed);
+        let _ = channel.close(200, "resubscribing".into()).await;
+    }
+    drain(&mut tasks, config.shutdown_grace).await;
+}
+
+type Deliveries = futures::stream::SelectAll<lapin::Consumer>;
+
+async fn open_consumers(live: &Live, config: &WorkerConfig) -> Result<(lapin::Channel, Deliveries, Vec<String>), lapin::Error> {
+    let channel = live.connection.create_channel().await?;
+    channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
+    let mut consumers = Vec::new();
+    let mut tags = Vec::new();
+    for kind in JobKind::ALL {
+        let tag = format!("{}-{}", config.worker_id, kind.as_str());
+        let consumer = channel
+            .basic_consume(
+                config.common.topology.work_queue(kind).as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        consumers.push(consumer);
+        tags.push(tag);
+    }
+    Ok((channel, futures::stream::select_all(consumers), tags))
+}
+
+/// Lets held jobs finish within `grace`; the rest are aborted and their deliveries, never acked,
+/// return to the queue when the channel closes.
+async fn drain(tasks: &mut JoinSet<()>, grace: Duration) {
+    if tasks.is_empty() {
+        return;
+    }
+    tracing::info!(held = tasks.len(), grace_s = grace.as_secs_f64(), "finishing held jobs");
+    let finished = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(unfinished = tasks.len(), "grace period over; returning unfinished jobs to the queue");
+        tasks.shutdown().await;
+    }
+}
+
+/// Idempotency keys must never be evicted: an evicted claim lets a job run twice.
+async fn warn_if_keys_may_be_evicted(store: &Store) {
+    match store.maxmemory_policy().await {
+        Ok(policy) if policy != "noeviction" && !policy.is_empty() && !policy.starts_with("volatile-") => {
+            tracing::warn!(
+                maxmemory_policy = %policy,
+                "Redis may evict idempotency keys under memory pressure (a job could then run twice); set maxmemory-policy noeviction"
+            );
+        }
+        Ok(policy) if policy.starts_with("volatile-") => {
+            tracing::warn!(
+                maxmemory_policy = %policy,
+                "Redis evicts keys that have a TTL, and idempotency keys do; set maxmemory-policy noeviction"
+            );
+        }
+        _ => {}
+    }
+}

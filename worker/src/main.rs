@@ -1,1 +1,24 @@
-fn main(){}
+//! `worker`: loads configuration, then consumes jobs until SIGTERM, draining within the grace period.
+
+use fleet_platform::config::Source;
+use fleet_worker::WorkerConfig;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = match Source::from_env().and_then(|src| WorkerConfig::load(&src)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("worker: {e}");
+            std::process::exit(2);
+        }
+    };
+    fleet_platform::telemetry::init_logging(config.common.log_format);
+    let cancel = CancellationToken::new();
+    let signals = tokio::spawn(fleet_platform::shutdown::cancel_on_signal(cancel.clone()));
+    let result = fleet_worker::run(config, cancel.clone()).await;
+    cancel.cancel();
+    signals.await?;
+    result?;
+    Ok(())
+}

@@ -1,0 +1,430 @@
+//! HTTP routes: bearer-token auth, the tool registry, tool calls, executions and dead letters.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{FromRequest, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use fleet_platform::now_ms;
+use fleet_platform::store::{ExecutionView, NewExecution, Reservation, StoredTool};
+use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
+use fleet_protocol::execution::ExecutionStatus;
+use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tracecontext::{TraceParent, TRACEPARENT};
+
+use crate::error::ApiError;
+use crate::validate;
+use crate::AppState;
+
+/// Which client a request came from: a digest of its token, to namespace its `Idempotency-Key`s.
+#[derive(Clone)]
+struct Caller(String);
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/tools", get(list_tools))
+        .route("/v1/tools/{name}", put(put_tool).get(get_tool).delete(delete_tool))
+        .route("/v1/tool-calls", post(create_tool_call))
+        .route("/v1/executions/{id}", get(get_execution))
+        .route("/v1/dead-letters", get(list_dead_letters))
+        .route("/v1/dead-letters/{id}", get(get_dead_letter))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state.clone());
+    let ready_state = state.clone();
+    let readiness: fleet_platform::ops::ReadinessCheck = Arc::new(move || {
+        let s = ready_state.clone();
+        Box::pin(async move {
+            if s.broker.current().is_none() {
+                return Err("broker not connected".to_string());
+            }
+            s.store.ping().await.map_err(|e| e.to_string())
+        })
+    });
+    v1.merge(fleet_platform::ops::router(state.metrics.clone(), readiness))
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state, record_metrics))
+}
+
+async fn record_metrics(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let method = request.method().as_str().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let class = fleet_protocol::classify::status_class(response.status().as_u16());
+    state.metrics.http_requests.with_label_values(&[&route, &method, class]).inc();
+    state.metrics.http_request_duration.with_label_values(&[&route]).observe(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn require_token(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else { return ApiError::unauthorized().into_response() };
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    // Digests are compared, so timing reveals nothing about the tokens themselves.
+    if !state.config.token_digests.contains(&digest) {
+        return ApiError::unauthorized().into_response();
+    }
+    request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
+    next.run(request).await
+}
+
+/// The raw body, with a too-large body answered as a JSON 413.
+struct Body(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "request body exceeds the size limit",
+            )),
+            Err(rejection) => Err(ApiError::malformed(format!("cannot read request body: {rejection}"))),
+        }
+    }
+}
+
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        None => Ok(()),
+        Some(ct) if ct.split(';').next().map(str::trim).is_some_and(|m| m.eq_ignore_ascii_case("application/json")) => Ok(()),
+        Some(other) => Err(ApiError::malformed(format!("Content-Type must be application/json, got {other:?}"))),
+    }
+}
+
+// ---- tools ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolInput {
+    name: Option<String>,
+    description: Option<String>,
+    parameters: Option<Map<String, Value>>,
+    callback_url: Option<String>,
+    callback_secret: Option<String>,
+}
+
+fn tool_json(t: &StoredTool) -> Value {
+    json!({
+        "id": format!("tool_{}", t.name),
+        "name": t.name,
+        "description": t.description,
+        "parameters": t.parameters,
+        "callback_url": t.callback_url,
+        "created_at": rfc3339_from_millis(t.created_at_ms),
+        "updated_at": rfc3339_from_millis(t.updated_at_ms),
+    })
+}
+
+async fn put_tool(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    require_json(&headers)?;
+    validate::tool_name(&name)?;
+    let input: ToolInput = validate::parse_body(&body)?;
+    if input.name.as_deref().is_some_and(|n| n != name) {
+        return Err(ApiError::invalid("name in the body must match the name in the path"));
+    }
+    if let Some(d) = &input.description {
+        if d.chars().count() > 4096 {
+            return Err(ApiError::invalid("description is longer than 4096 characters"));
+        }
+    }
+    if let Some(url) = &input.callback_url {
+        validate::callback_url("callback_url", url, state.config.allow_private_callbacks)?;
+        if !state.config.allow_private_callbacks {
+            refuse_private_resolution(url).await?;
+        }
+    }
+    if let Some(secret) = &input.callback_secret {
+        if secret.len() < 16 || secret.len() > 1024 {
+            return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
+        }
+    }
+    let existing = state.store.get_tool(&name).await?;
+    let now = now_ms();
+    let owner = format!("tool:{name}");
+    let tool = match existing {
+        Some(old) => StoredTool {
+            name: name.clone(),
+            description: input.description.unwrap_or(old.description),
+            parameters: input.parameters.map(Value::Object).unwrap_or(old.parameters),
+            callback_url: input.callback_url.unwrap_or(old.callback_url),
+            secret_ciphertext: match input.callback_secret {
+                Some(s) => state.config.secrets_key.encrypt(&owner, &s),
+                None => old.secret_ciphertext,
+            },
+            created_at_ms: old.created_at_ms,
+            updated_at_ms: now,
+        },
+        None => {
+            let callback_url = input.callback_url.ok_or_else(|| ApiError::invalid("callback_url is required"))?;
+            let secret = input.callback_secret.ok_or_else(|| ApiError::invalid("callback_secret is required"))?;
+            StoredTool {
+                name: name.clone(),
+                description: input.description.unwrap_or_default(),
+                parameters: input.parameters.map(Value::Object).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                callback_url,
+                secret_ciphertext: state.config.secrets_key.encrypt(&owner, &secret),
+                created_at_ms: now,
+                updated_at_ms: now,
+            }
+        }
+    };
+    let created = state.store.put_tool(&tool).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
+}
+
+/// Refuses a callback host whose DNS answer includes a private address (the worker checks again
+/// at connect time, so a later rebinding fails there).
+async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
+    let Ok(url) = url::Url::parse(raw) else { return Ok(()) };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { return Ok(()) };
+    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') {
+        return Ok(());
+    }
+    let lookup = tokio::time::timeout(std::time::Duration::from_secs(2), tokio::net::lookup_host((host, port))).await;
+    if let Ok(Ok(addrs)) = lookup {
+        if addrs.into_iter().any(|a| fleet_protocol::ssrf::is_forbidden(a.ip())) {
+            return Err(ApiError::invalid(
+                "callback_url resolves to a loopback, private, link-local or metadata address, which is not allowed",
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn get_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let tool = state.store.get_tool(&name).await?.ok_or_else(|| ApiError::not_found(format!("no tool named {name:?}")))?;
+    Ok(Json(json!({"data": tool_json(&tool)})))
+}
+
+#[derive(Deserialize)]
+struct Page {
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit.unwrap_or(50) {
+        n @ 1..=200 => Ok(n),
+        _ => Err(ApiError::invalid("limit must be between 1 and 200")),
+    }
+}
+
+async fn list_tools(State(state): State<AppState>, Query(page): Query<Page>) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(page.limit)?;
+    let tools = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
+    let next = (tools.len() > limit).then(|| tools[limit - 1].name.clone());
+    let data: Vec<Value> = tools.iter().take(limit).map(tool_json).collect();
+    Ok(Json(json!({"data": data, "next_cursor": next})))
+}
+
+async fn delete_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    if state.store.delete_tool(&name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("no tool named {name:?}")))
+    }
+}
+
+// ---- tool calls ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolCallInput {
+    tool_name: String,
+    parameters: Map<String, Value>,
+    room_id: Option<String>,
+    assistant_id: Option<String>,
+}
+
+async fn create_tool_call(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    require_json(&headers)?;
+    let input: ToolCallInput = validate::parse_body(&body)?;
+    validate::tool_name(&input.tool_name)?;
+    validate::identifier("room_id", input.room_id.as_deref())?;
+    validate::identifier("assistant_id", input.assistant_id.as_deref())?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        Some(v) => {
+            let k = v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be visible ASCII"))?;
+            validate::idempotency_key(k)?;
+            Some(state.store.keys().request_key(&caller.0, &hex::encode(Sha256::digest(k.as_bytes()))))
+        }
+        None => None,
+    };
+    if state.store.get_tool(&input.tool_name).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_tool",
+            format!("tool_name {:?} is not a registered tool", input.tool_name),
+        ));
+    }
+    let execution_id = fleet_protocol::new_execution_id();
+    if let Some(key) = &idempotency_key {
+        match state.store.reserve_request(key, &execution_id).await? {
+            Reservation::New => {}
+            Reservation::Existing(previous) => return Ok(accepted(&state, &previous, true).await),
+            Reservation::InProgress => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "request_in_progress",
+                    "a request with this Idempotency-Key is still being accepted; retry shortly",
+                ))
+            }
+        }
+    }
+    let result = enqueue(&state, &execution_id, input, trace_parent(&headers)).await;
+    match (&result, &idempotency_key) {
+        (Ok(()), Some(key)) => state.store.confirm_request(key, &execution_id).await?,
+        (Err(_), Some(key)) => {
+            let _ = state.store.release_request(key).await;
+        }
+        _ => {}
+    }
+    result?;
+    Ok(accepted(&state, &execution_id, false).await)
+}
+
+fn trace_parent(headers: &HeaderMap) -> TraceParent {
+    headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse)
+        .map(|tp| tp.child())
+        .unwrap_or_else(TraceParent::new_root)
+}
+
+/// Records the execution, then publishes the job and waits for the broker's confirm. If the
+/// publish fails the record is removed: nothing claims the job was accepted.
+async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput, trace: TraceParent) -> Result<(), ApiError> {
+    let publisher = state.broker.publisher()?;
+    let now = now_ms();
+    state
+        .store
+        .create_execution(&NewExecution {
+            execution_id,
+            kind: "tool_call",
+            tool_name: Some(&input.tool_name),
+            room_id: input.room_id.as_deref(),
+            assistant_id: input.assistant_id.as_deref(),
+            now_ms: now,
+        })
+        .await?;
+    let job = Job::ToolCall(ToolCallJob {
+        tool_name: input.tool_name,
+        parameters: Value::Object(input.parameters),
+        room_id: input.room_id,
+        assistant_id: input.assistant_id,
+    });
+    let envelope = Envelope::new(execution_id.to_string(), job, now);
+    let mut headers = FieldTable::default();
+    headers.insert(TRACEPARENT.into(), AMQPValue::LongString(LongString::from(trace.to_string().into_bytes())));
+    if let Err(e) = publisher.publish_job(&state.config.common.topology, &envelope, headers).await {
+        let _ = state.store.delete_execution(execution_id).await;
+        return Err(e.into());
+    }
+    state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
+    tracing::info!(execution_id, trace_id = %trace.trace_id_hex(), "job accepted");
+    Ok(())
+}
+
+/// The 202 body. A fresh job is `queued` (it may already be running: that is not this answer's
+/// news); a replayed `Idempotency-Key` reports the execution's current status.
+async fn accepted(state: &AppState, execution_id: &str, replayed: bool) -> Response {
+    let status = match replayed {
+        false => ExecutionStatus::Queued,
+        true => match state.store.get_execution(execution_id).await {
+            Ok(Some(view)) => view.status,
+            _ => ExecutionStatus::Queued,
+        },
+    };
+    let mut response =
+        (StatusCode::ACCEPTED, Json(json!({"data": {"execution_id": execution_id, "status": status.as_str()}}))).into_response();
+    if replayed {
+        response.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+    }
+    response
+}
+
+// ---- executions ----
+
+fn execution_json(v: &ExecutionView) -> Value {
+    json!({
+        "execution_id": v.execution_id,
+        "kind": v.kind,
+        "status": v.status.as_str(),
+        "tool_name": v.tool_name,
+        "room_id": v.room_id,
+        "assistant_id": v.assistant_id,
+        "created_at": rfc3339_from_millis(v.created_at_ms),
+        "updated_at": rfc3339_from_millis(v.updated_at_ms),
+        "attempts": v.attempts,
+        "result": v.result,
+        "last_error": v.last_error,
+    })
+}
+
+async fn get_execution(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if !fleet_protocol::envelope::is_valid_execution_id(&id) {
+        return Err(ApiError::not_found(format!("no execution {id:?}")));
+    }
+    let view = state.store.get_execution(&id).await?.ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))?;
+    Ok(Json(json!({"data": execution_json(&view)})))
+}
+
+// ---- dead letters ----
+
+async fn get_dead_letter(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let record = state
+        .store
+        .get_dead_letter(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dead letter for {id:?}")))?;
+    Ok(Json(json!({"data": record})))
+}
+
+async fn list_dead_letters(State(state): State<AppState>, Query(page): Query<Page>) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(page.limit)?;
+    let before = match page.cursor.as_deref() {
+        Some(c) => Some(c.parse::<i64>().map_err(|_| ApiError::invalid("cursor is not a cursor this API returned"))?),
+        None => None,
+    };
+    let ids = state.store.list_dead_letters(before, limit + 1).await?;
+    let next = (ids.len() > limit).then(|| ids[limit - 1].1.to_string());
+    let mut data = Vec::new();
+    for (id, _) in ids.iter().take(limit) {
+        if let Some(record) = state.store.get_dead_letter(id).await? {
+            data.push(serde_json::to_value(record).expect("a record serialises"));
+        }
+    }
+    Ok(Json(json!({"data": data, "next_cursor": next})))
+}

@@ -1,0 +1,330 @@
+//! `spawn_fleet()`: real `dispatcher` and `worker` processes for one test, isolated from every
+//! other test by a unique topology prefix and Redis key prefix, torn down (processes, queues and
+//! keys) when the `Fleet` drops.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use serde_json::{json, Value};
+
+use fleet_protocol::envelope::JobKind;
+use fleet_protocol::topology::Topology;
+
+use crate::{amqp_url, free_port, redis_url, wait_for};
+
+/// The secrets key every test fleet uses.
+pub const TEST_SECRETS_KEY: &str = "6b6579206f6620746865207465737420666c6565742c2033322062797465732e";
+
+#[derive(Clone)]
+pub struct FleetOptions {
+    pub workers: usize,
+    pub dispatcher: bool,
+    /// Extra environment for every process (e.g. `FLEET_RETRY_DELAYS`).
+    pub env: Vec<(String, String)>,
+    /// The broker URL the dispatcher uses (e.g. through a `Proxy`); workers use the real one.
+    pub dispatcher_amqp_url: Option<String>,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions { workers: 1, dispatcher: true, env: vec![], dispatcher_amqp_url: None }
+    }
+}
+
+impl FleetOptions {
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+struct WorkerProcess {
+    child: Child,
+    port: u16,
+}
+
+pub struct Fleet {
+    pub id: String,
+    pub token: String,
+    pub api: String,
+    pub topology: Topology,
+    pub key_prefix: String,
+    pub http: reqwest::Client,
+    options: FleetOptions,
+    dispatcher: Option<Child>,
+    workers: Vec<Option<WorkerProcess>>,
+}
+
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: build the binaries first (cargo build --workspace --bins)", path.display());
+    path
+}
+
+/// Starts a fleet and waits until every process reports ready.
+pub async fn spawn_fleet(options: FleetOptions) -> Fleet {
+    let id = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let delays = options
+        .env
+        .iter()
+        .find(|(k, _)| k == "FLEET_RETRY_DELAYS")
+        .map(|(_, v)| v.split(',').map(|s| Duration::from_secs_f64(s.trim().parse().unwrap())).collect())
+        .unwrap_or_else(fleet_protocol::retry::default_delays);
+    let port = free_port();
+    let mut fleet = Fleet {
+        token: format!("test-token-{id}"),
+        api: format!("http://127.0.0.1:{port}"),
+        topology: Topology::new(format!("fleet-{id}"), delays),
+        key_prefix: format!("{id}:"),
+        http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        id,
+        options: options.clone(),
+        dispatcher: None,
+        workers: vec![],
+    };
+    if options.dispatcher {
+        let mut cmd = fleet.command("dispatcher");
+        cmd.env("FLEET_HTTP_ADDR", format!("127.0.0.1:{port}"));
+        if let Some(url) = &options.dispatcher_amqp_url {
+            cmd.env("FLEET_AMQP_URL", url);
+        }
+        fleet.dispatcher = Some(cmd.spawn().expect("start dispatcher"));
+        fleet.wait_ready(&format!("{}/readyz", fleet.api), "dispatcher").await;
+    }
+    for _ in 0..options.workers {
+        fleet.spawn_worker().await;
+    }
+    fleet
+}
+
+impl Fleet {
+    fn command(&self, bin: &str) -> Command {
+        let mut cmd = Command::new(binary(bin));
+        cmd.env("FLEET_AMQP_URL", amqp_url())
+            .env("FLEET_REDIS_URL", redis_url())
+            .env("FLEET_TOPOLOGY_PREFIX", self.topology.prefix())
+            .env("FLEET_REDIS_KEY_PREFIX", &self.key_prefix)
+            .env("FLEET_API_TOKENS", &self.token)
+            .env("FLEET_SECRETS_KEY", TEST_SECRETS_KEY)
+            .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")
+            .env("RUST_LOG", std::env::var("FLEET_TEST_LOG").unwrap_or_else(|_| "warn,fleet_worker=info".into()))
+            .stdin(Stdio::null());
+        for (k, v) in &self.options.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    async fn wait_ready(&self, url: &str, what: &str) {
+        let http = self.http.clone();
+        wait_for(&format!("{what} ready at {url}"), Duration::from_secs(30), || {
+            let http = http.clone();
+            let url = url.to_string();
+            async move { http.get(&url).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
+        })
+        .await;
+    }
+
+    /// Starts one more worker and waits until it consumes; returns its index.
+    pub async fn spawn_worker(&mut self) -> usize {
+        let port = free_port();
+        let child = self
+            .command("worker")
+            .env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .spawn()
+            .expect("start worker");
+        self.workers.push(Some(WorkerProcess { child, port }));
+        self.wait_ready(&format!("http://127.0.0.1:{port}/readyz"), "worker").await;
+        self.workers.len() - 1
+    }
+
+    pub fn worker_pid(&self, index: usize) -> u32 {
+        self.workers[index].as_ref().expect("worker running").child.id()
+    }
+
+    pub fn worker_port(&self, index: usize) -> u16 {
+        self.workers[index].as_ref().expect("worker running").port
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGKILL`) to worker `index`.
+    pub fn signal_worker(&self, index: usize, signal: i32) {
+        let pid = self.worker_pid(index) as i32;
+        // SAFETY: kill(2) on a child process id this test owns.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+    }
+
+    /// SIGKILLs worker `index` and reaps it.
+    pub fn kill_worker(&mut self, index: usize) {
+        if let Some(mut w) = self.workers[index].take() {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+
+    /// Whether worker `index` is still running.
+    pub fn worker_alive(&mut self, index: usize) -> bool {
+        match self.workers[index].as_mut() {
+            Some(w) => w.child.try_wait().ok().flatten().is_none(),
+            None => false,
+        }
+    }
+
+    /// Waits for worker `index` to exit and returns its exit code.
+    pub async fn wait_worker_exit(&mut self, index: usize, timeout: Duration) -> Option<i32> {
+        let w = self.workers[index].as_mut().expect("worker running");
+        let status = wait_for("worker exit", timeout, || {
+            let s = w.child.try_wait().ok().flatten();
+            async move { s }
+        })
+        .await;
+        self.workers[index] = None;
+        status.code()
+    }
+
+    pub async fn worker_metrics(&self, index: usize) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.worker_port(index));
+        self.http.get(url).send().await.unwrap().text().await.unwrap()
+    }
+
+    // ---- the API ----
+
+    pub async fn request(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{}", self.api, path)).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("dispatcher reachable");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.request(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.request(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn register_tool(&self, name: &str, callback_url: &str, secret: &str) {
+        let body = json!({
+            "name": name,
+            "description": "a test tool",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+            "callback_url": callback_url,
+            "callback_secret": secret,
+        });
+        let (status, resp) = self.request(reqwest::Method::PUT, &format!("/v1/tools/{name}"), Some(&body)).await;
+        assert!(status == 201 || status == 200, "register tool: {status} {resp}");
+    }
+
+    /// Enqueues a tool call and returns its execution id (asserting the 202).
+    pub async fn call_tool(&self, name: &str, parameters: Value) -> String {
+        let (status, resp) = self
+            .post("/v1/tool-calls", &json!({"tool_name": name, "parameters": parameters, "room_id": "room_1", "assistant_id": "asst_1"}))
+            .await;
+        assert_eq!(status, 202, "tool call: {resp}");
+        assert_eq!(resp["data"]["status"], "queued");
+        resp["data"]["execution_id"].as_str().unwrap().to_string()
+    }
+
+    /// Waits until the execution reaches `status` and returns it.
+    pub async fn wait_status(&self, execution_id: &str, status: &str, timeout: Duration) -> Value {
+        wait_for(&format!("{execution_id} to be {status}"), timeout, || async {
+            let (code, body) = self.get(&format!("/v1/executions/{execution_id}")).await;
+            (code == 200 && body["data"]["status"] == status).then(|| body["data"].clone())
+        })
+        .await
+    }
+
+    // ---- the broker, directly ----
+
+    pub async fn amqp(&self) -> (Connection, Channel) {
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await.unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        (conn, channel)
+    }
+
+    /// Messages ready in `queue` (passive declare).
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let (conn, channel) = self.amqp().await;
+        let q = channel
+            .queue_declare(queue.into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default())
+            .await
+            .unwrap();
+        let _ = conn.close(200, "".into()).await;
+        q.message_count()
+    }
+
+    /// Publishes raw bytes straight onto the tool-call work queue, as another client might.
+    pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
+        let (conn, channel) = self.amqp().await;
+        channel.confirm_select(Default::default()).await.unwrap();
+        channel
+            .basic_publish(
+                "".into(),
+                self.topology.work_queue(JobKind::ToolCall).as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let _ = conn.close(200, "".into()).await;
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.dispatcher.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        for w in self.workers.iter_mut().filter_map(Option::take) {
+            let mut child = w.child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Remove this test's queues, exchanges and keys so the shared services stay clean.
+        let topology = self.topology.clone();
+        let key_prefix = self.key_prefix.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                if let Ok(conn) = Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+                    if let Ok(ch) = conn.create_channel().await {
+                        for q in topology.queues() {
+                            let _ = ch.queue_delete(q.name.as_str().into(), QueueDeleteOptions::default()).await;
+                        }
+                        for ex in topology.exchanges() {
+                            let _ = ch.exchange_delete(ex.name.as_str().into(), Default::default()).await;
+                        }
+                    }
+                    let _ = conn.close(200, "".into()).await;
+                }
+                if let Ok(client) = redis::Client::open(redis_url()) {
+                    if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+                        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{key_prefix}*")).query_async(&mut con).await.unwrap_or_default();
+                        if !keys.is_empty() {
+                            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
+                        }
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}

@@ -1,0 +1,301 @@
+//! The callback pipeline end to end: dispatcher → RabbitMQ → workers → signed callbacks, with the
+//! broker-held retry schedule, idempotency and dead letters. Real processes, RabbitMQ and Redis.
+
+use std::time::Duration;
+
+use lapin::options::BasicGetOptions;
+use lapin::BasicProperties;
+use serde_json::{json, Value};
+
+use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
+use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+
+const SECRET: &str = "whsec_test_secret_0123456789";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_are_signed_exactly_as_the_seed() {
+    let receiver = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("search_products", &receiver.url("/api/tools/search_products"), SECRET).await;
+    let id = fleet.call_tool("search_products", json!({"query": "laptop", "max_results": 5})).await;
+    let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(done["result"], json!({"echo": {"query": "laptop", "max_results": 5}}));
+
+    let got = receiver.received_for(&id);
+    assert_eq!(got.len(), 1);
+    let r = &got[0];
+    assert_eq!(r.path, "/api/tools/search_products");
+    r.verified.as_ref().expect("independent HMAC and 300 s window verify");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("x-interactor-request-id"), Some(id.as_str()));
+    assert!(r.header("x-interactor-signature").unwrap().starts_with("sha256="));
+    let tp = r.header("traceparent").expect("traceparent header");
+    assert!(fleet_protocol::tracecontext::TraceParent::parse(tp).is_some(), "{tp}");
+    // The body is the seed's, field for field, and its timestamp is the signing time.
+    let body = r.json.as_object().unwrap();
+    let mut fields: Vec<&str> = body.keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(fields, ["assistant_id", "execution_id", "parameters", "room_id", "timestamp", "tool_name"]);
+    assert_eq!(body["tool_name"], "search_products");
+    assert_eq!(body["room_id"], "room_1");
+    assert_eq!(body["assistant_id"], "asst_1");
+    assert_eq!(body["timestamp"].as_str(), r.header("x-interactor-timestamp"));
+    // A tampered body does not verify with the same signature.
+    let mut tampered = r.body.clone();
+    tampered[5] ^= 1;
+    let expected = format!("sha256={}", hex::encode(fleet_tests::independent_hmac_sha256(SECRET.as_bytes(), &tampered)));
+    assert_ne!(Some(expected.as_str()), r.header("x-interactor-signature"));
+    // Attempt history records the answer.
+    let attempts = done["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["http_status"], 200);
+    assert_eq!(attempts[0]["outcome"], "success");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_calls_succeed_and_are_readable() {
+    let receiver = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(FleetOptions::default().workers(2)).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(fleet.call_tool("echo", json!({"query": format!("q{n}")})).await);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let done = fleet.wait_status(id, "succeeded", Duration::from_secs(30)).await;
+        assert_eq!(done["result"]["echo"]["query"], format!("q{n}"));
+        assert_eq!(done["tool_name"], "echo");
+        assert_eq!(receiver.side_effects(id), 1);
+    }
+    assert_eq!(receiver.received().len(), 20, "one request per call");
+    assert!(receiver.received().iter().all(|r| r.verified.is_ok()));
+}
+
+fn gaps(received: &[fleet_tests::receiver::Received]) -> Vec<f64> {
+    received.windows(2).map(|w| (w[1].at - w[0].at).as_secs_f64()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_retry_on_the_default_schedule() {
+    let receiver = Receiver::start(SECRET, |_, n| match n {
+        0 => Reply::status(500),
+        1 => Reply::status(503),
+        _ => Reply::result(json!("third time lucky")),
+    })
+    .await;
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("flaky", &receiver.url("/flaky"), SECRET).await;
+    let id = fleet.call_tool("flaky", json!({"query": "x"})).await;
+    let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(done["result"], "third time lucky");
+    let attempts = done["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3);
+    assert_eq!(attempts[0]["http_status"], 500);
+    assert_eq!(attempts[1]["http_status"], 503);
+    assert_eq!(attempts[2]["outcome"], "success");
+    let got = receiver.received_for(&id);
+    assert_eq!(got.len(), 3);
+    // Attempts at ~0, 1, 3 s: waits of 1 s then 2 s, held by the broker.
+    let g = gaps(&got);
+    assert!((0.95..1.8).contains(&g[0]), "first wait {:.2}s", g[0]);
+    assert!((1.95..2.8).contains(&g[1]), "second wait {:.2}s", g[1]);
+    // Every attempt is signed afresh: same execution id, new timestamp.
+    assert!(got.iter().all(|r| r.verified.is_ok() && r.header("x-interactor-request-id") == Some(id.as_str())));
+    assert_ne!(got[0].header("x-interactor-timestamp"), got[2].header("x-interactor-timestamp"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
+    let receiver = Receiver::start(SECRET, |_, _| Reply::status(500)).await;
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("broken", &receiver.url("/broken"), SECRET).await;
+    let id = fleet.call_tool("broken", json!({"query": "x"})).await;
+    let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(50)).await;
+    let got = receiver.received_for(&id);
+    assert_eq!(got.len(), 6, "exactly six attempts");
+    // The seed's schedule: 0, 1, 3, 7, 15, 31 s.
+    let start = got[0].at;
+    let offsets: Vec<f64> = got.iter().map(|r| (r.at - start).as_secs_f64()).collect();
+    for (offset, expected) in offsets.iter().zip([0.0, 1.0, 3.0, 7.0, 15.0, 31.0]) {
+        assert!(*offset >= expected - 0.05 && *offset < expected + 1.5, "attempt at {offset:.2}s, expected ~{expected}s ({offsets:?})");
+    }
+    assert_eq!(done["attempts"].as_array().unwrap().len(), 6);
+    assert_eq!(done["attempts"][5]["outcome"], "exhausted");
+
+    let (status, dl) = fleet.get(&format!("/v1/dead-letters/{id}")).await;
+    assert_eq!(status, 200, "{dl}");
+    let record = &dl["data"];
+    assert_eq!(record["execution_id"], id.as_str());
+    assert_eq!(record["tool_name"], "broken");
+    assert_eq!(record["assistant_id"], "asst_1");
+    assert_eq!(record["room_id"], "room_1");
+    assert_eq!(record["attempts"], 6);
+    assert_eq!(record["reason"], "exhausted");
+    assert!(record["last_error"].as_str().unwrap().contains("HTTP 500"));
+    assert!(record["first_attempt_at"].is_string() && record["last_attempt_at"].is_string());
+    assert_eq!(record["history"].as_array().unwrap().len(), 6);
+    assert!(!record.to_string().contains(SECRET), "no secret in a dead letter");
+
+    // The dead-letter queue itself holds the record.
+    let (conn, channel) = fleet.amqp().await;
+    let msg = channel
+        .basic_get(fleet.topology.dead_letter_queue().as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("a message on the dead-letter queue");
+    let queued: Value = serde_json::from_slice(&msg.delivery.data).unwrap();
+    assert_eq!(queued["execution_id"], id.as_str());
+    assert_eq!(queued["job"]["tool_name"], "broken");
+    let _ = conn.close(200, "".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_failure_dead_letters_after_one_attempt() {
+    let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("gone", &receiver.url("/gone"), SECRET).await;
+    let id = fleet.call_tool("gone", json!({"query": "x"})).await;
+    let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(20)).await;
+    assert_eq!(done["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(done["attempts"][0]["outcome"], "permanent");
+    let (status, dl) = fleet.get(&format!("/v1/dead-letters/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(dl["data"]["reason"], "permanent");
+    assert_eq!(dl["data"]["attempts"], 1);
+    assert_eq!(receiver.received_for(&id).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_published_twice_runs_once() {
+    let receiver = Receiver::start(SECRET, |_, _| Reply::result(json!("done")).after(Duration::from_millis(300))).await;
+    let fleet = spawn_fleet(FleetOptions::default().workers(2).env("FLEET_CLAIM_LEASE", "1")).await;
+    fleet.register_tool("once", &receiver.url("/once"), SECRET).await;
+    let id = fleet_protocol::new_execution_id();
+    let envelope = Envelope::new(
+        id.clone(),
+        Job::ToolCall(ToolCallJob { tool_name: "once".into(), parameters: json!({"query": "dup"}), room_id: None, assistant_id: None }),
+        fleet_platform_now(),
+    );
+    let props = || {
+        BasicProperties::default().with_content_type("application/json".into()).with_delivery_mode(2).with_message_id(id.as_str().into())
+    };
+    fleet.publish_raw(&envelope.to_bytes(), props()).await;
+    fleet.publish_raw(&envelope.to_bytes(), props()).await;
+    // Both deliveries are settled: one ran, the other was recognised as a duplicate.
+    wait_for("the duplicate to be recognised", Duration::from_secs(20), || async {
+        let mut hits = 0.0;
+        for w in 0..2 {
+            hits += metric(&fleet.worker_metrics(w).await, "fleet_idempotency_hits_total{kind=\"tool_call\"}");
+        }
+        (hits >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(receiver.received_for(&id).len(), 1, "the tool was called once");
+    assert_eq!(receiver.side_effects(&id), 1);
+    let view = fleet.wait_status(&id, "succeeded", Duration::from_secs(5)).await;
+    assert_eq!(view["attempts"].as_array().unwrap().len(), 1, "the result was stored once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_callback_loses_nothing_and_doubles_nothing() {
+    // The first request hangs long enough for the test to SIGKILL the worker holding it.
+    let receiver = Receiver::start(SECRET, |_, n| {
+        if n == 0 {
+            Reply::result(json!("never seen")).after(Duration::from_secs(20))
+        } else {
+            Reply::result(json!("second worker"))
+        }
+    })
+    .await;
+    let mut fleet = spawn_fleet(FleetOptions::default().env("FLEET_CLAIM_LEASE", "1.5")).await;
+    fleet.register_tool("slow", &receiver.url("/slow"), SECRET).await;
+    let id = fleet.call_tool("slow", json!({"query": "x"})).await;
+    wait_for("the first callback to arrive", Duration::from_secs(10), || async {
+        (!receiver.received_for(&id).is_empty()).then_some(())
+    })
+    .await;
+    fleet.kill_worker(0);
+    fleet.spawn_worker().await;
+    let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["result"], "second worker");
+    assert_eq!(receiver.side_effects(&id), 1, "side effect recorded once for the execution id");
+    let got = receiver.received_for(&id);
+    assert_eq!(got.len(), 2, "the killed worker's call plus the new worker's, same execution id");
+    assert!(got.iter().all(|r| r.header("x-interactor-request-id") == Some(id.as_str())));
+    let successes = done["attempts"].as_array().unwrap().iter().filter(|a| a["outcome"] == "success").count();
+    assert_eq!(successes, 1, "the result was stored once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_are_dead_lettered_and_the_worker_keeps_working() {
+    let receiver = Receiver::echo(SECRET).await;
+    let mut fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    fleet.publish_raw(b"\x00\xffnot json at all", BasicProperties::default().with_content_type("application/json".into())).await;
+    fleet.publish_raw(br#"{"v":1}"#, BasicProperties::default().with_content_type("text/plain".into())).await;
+    fleet
+        .publish_raw(
+            br#"{"v":9,"execution_id":"exec_future","attempt":1,"enqueued_at_ms":1,"kind":"tool_call","tool_name":"echo","parameters":{}}"#,
+            BasicProperties::default().with_content_type("application/json".into()).with_message_id("exec_future".into()),
+        )
+        .await;
+    let dlq = fleet.topology.dead_letter_queue();
+    wait_for("three poison messages on the dead-letter queue", Duration::from_secs(20), || async {
+        (fleet.queue_depth(&dlq).await == 3).then_some(())
+    })
+    .await;
+    let (status, listed) = fleet.get("/v1/dead-letters").await;
+    assert_eq!(status, 200);
+    let records = listed["data"].as_array().unwrap();
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| r["reason"] == "poison"));
+    let errors: Vec<&str> = records.iter().map(|r| r["last_error"].as_str().unwrap()).collect();
+    assert!(errors.iter().any(|e| e.contains("not JSON")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("content type")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("version")), "{errors:?}");
+    let (_, future) = fleet.get("/v1/dead-letters/exec_future").await;
+    assert_eq!(future["data"]["reason"], "poison");
+    // The same worker process goes on serving jobs.
+    assert!(fleet.worker_alive(0));
+    let id = fleet.call_tool("echo", json!({"query": "after poison"})).await;
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    assert!(fleet.worker_alive(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_returns_the_same_execution() {
+    let receiver = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let send = || async {
+        let resp = fleet
+            .http
+            .post(format!("{}/v1/tool-calls", fleet.api))
+            .bearer_auth(&fleet.token)
+            .header("Idempotency-Key", "order-42")
+            .json(&json!({"tool_name": "echo", "parameters": {"query": "once"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 202);
+        let body: Value = resp.json().await.unwrap();
+        body["data"]["execution_id"].as_str().unwrap().to_string()
+    };
+    let first = send().await;
+    let second = send().await;
+    assert_eq!(first, second);
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(send().await, first, "still the same after it ran");
+    assert_eq!(receiver.received().len(), 1, "one job for one key");
+}
+
+fn fleet_platform_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// The value of one sample line in a Prometheus text exposition (0 if absent).
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or(0.0)
+}

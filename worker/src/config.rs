@@ -1,0 +1,79 @@
+//! The worker's typed configuration, loaded once at start.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
+use fleet_protocol::callback::{ASYNC_POLL_LIMIT_SECS, TOOL_CALLBACK_TIMEOUT_SECS};
+use fleet_protocol::secrets::SecretsKey;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub common: CommonConfig,
+    pub http_addr: SocketAddr,
+    /// Jobs held at once (also the AMQP prefetch).
+    pub concurrency: u16,
+    pub secrets_key: SecretsKey,
+    pub allow_private_callbacks: bool,
+    /// Lease on an idempotency claim; renewed every third of it while the attempt runs.
+    pub claim_lease: Duration,
+    pub callback_timeout: Duration,
+    pub async_poll_interval: Duration,
+    pub async_poll_limit: Duration,
+    /// How long SIGTERM waits for held jobs before returning them to the queue.
+    pub shutdown_grace: Duration,
+    /// Names this worker in claims and logs.
+    pub worker_id: String,
+}
+
+impl WorkerConfig {
+    pub fn load(src: &Source) -> Result<Self, ConfigError> {
+        let concurrency: u16 = src.parse("FLEET_WORKER_CONCURRENCY", 32)?;
+        if concurrency == 0 {
+            return Err(ConfigError::new("FLEET_WORKER_CONCURRENCY", "must be at least 1"));
+        }
+        let claim_lease = src.seconds("FLEET_CLAIM_LEASE", Duration::from_secs(60))?;
+        if claim_lease < Duration::from_millis(300) {
+            return Err(ConfigError::new("FLEET_CLAIM_LEASE", "must be at least 0.3 seconds"));
+        }
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+        Ok(WorkerConfig {
+            common: CommonConfig::load(src)?,
+            http_addr: socket_addr(src, "FLEET_WORKER_HTTP_ADDR", "127.0.0.1:9090")?,
+            concurrency,
+            secrets_key: fleet_platform::config::secrets_key(src)?,
+            allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
+            claim_lease,
+            callback_timeout: src.seconds("FLEET_CALLBACK_TIMEOUT", Duration::from_secs(TOOL_CALLBACK_TIMEOUT_SECS))?,
+            async_poll_interval: src.seconds("FLEET_ASYNC_POLL_INTERVAL", Duration::from_secs(2))?,
+            async_poll_limit: src.seconds("FLEET_ASYNC_POLL_LIMIT", Duration::from_secs(ASYNC_POLL_LIMIT_SECS))?,
+            shutdown_grace: src.seconds("FLEET_SHUTDOWN_GRACE", Duration::from_secs(25))?,
+            worker_id: format!("{host}-{}", std::process::id()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn defaults_follow_the_seed() {
+        let c = WorkerConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY)])).unwrap();
+        assert_eq!(c.callback_timeout, Duration::from_secs(30));
+        assert_eq!(c.async_poll_limit, Duration::from_secs(300));
+        assert_eq!(c.http_addr.to_string(), "127.0.0.1:9090");
+        assert!(!c.allow_private_callbacks);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let load = |k, v| WorkerConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY), (k, v)]));
+        assert_eq!(load("FLEET_WORKER_CONCURRENCY", "0").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
+        assert_eq!(load("FLEET_WORKER_CONCURRENCY", "many").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
+        assert_eq!(load("FLEET_CLAIM_LEASE", "0.01").unwrap_err().setting, "FLEET_CLAIM_LEASE");
+        assert_eq!(load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting, "FLEET_ALLOW_PRIVATE_CALLBACKS");
+    }
+}

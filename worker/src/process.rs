@@ -1,0 +1,357 @@
+//! What happens to one delivery: poison check, hold check, idempotency claim, the attempt, then
+//! exactly one of succeed / retry via a delay queue / dead-letter, and only then the ack.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+
+use fleet_platform::broker::{BrokerError, Publisher};
+use fleet_platform::metrics::Metrics;
+use fleet_platform::now_ms;
+use fleet_platform::store::{Claim, Store};
+use fleet_protocol::deadletter::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
+use fleet_protocol::envelope::{is_valid_execution_id, Envelope, Job, PoisonReason, ToolCallJob, CONTENT_TYPE};
+use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::retry::{remaining_hold, RetryDecision};
+use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tracecontext::{TraceParent, TRACEPARENT};
+
+use crate::callback::{self, AttemptVerdict, CallbackContext};
+use crate::http::CallbackClient;
+use crate::WorkerConfig;
+
+/// Shared by every job task of a worker.
+pub struct Processor {
+    pub config: WorkerConfig,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub client: CallbackClient,
+}
+
+/// How the delivery is settled once the work is done.
+enum Settle {
+    Ack,
+    /// Put back on the queue (a publish we depend on failed; the broker will redeliver).
+    Requeue,
+}
+
+impl Processor {
+    /// Handles one delivery to the end, settling it on `publisher`'s connection.
+    pub async fn handle(self: Arc<Self>, delivery: Delivery, publisher: Publisher) {
+        let settle = self.process(&delivery, &publisher).await;
+        let result = match settle {
+            Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
+            Settle::Requeue => delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await,
+        };
+        if let Err(e) = result {
+            // The channel is gone; the broker returns the message to the queue by itself.
+            tracing::warn!(error = %e, "could not settle delivery; it will be redelivered");
+        }
+    }
+
+    async fn process(&self, delivery: &Delivery, publisher: &Publisher) -> Settle {
+        let content_type = delivery.properties.content_type().as_ref().map(|s| s.as_str());
+        let envelope = match Envelope::decode(&delivery.data, content_type) {
+            Ok(e) => e,
+            Err(reason) => return self.dead_letter_poison(delivery, reason, publisher).await,
+        };
+        let kind = envelope.kind().as_str();
+        if let Some(remaining) = remaining_hold(envelope.not_before_ms, now_ms()) {
+            return self.park(publisher, &envelope, remaining, trace_of(delivery)).await;
+        }
+        let in_flight = self.metrics.jobs_in_flight.with_label_values(&[kind]);
+        in_flight.inc();
+        let settle = match &envelope.job {
+            Job::ToolCall(job) => self.tool_call(publisher, &envelope, job, trace_of(delivery)).await,
+        };
+        in_flight.dec();
+        settle
+    }
+
+    fn finished(&self, envelope: &Envelope, outcome: &str) {
+        self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
+    }
+
+    async fn tool_call(&self, publisher: &Publisher, envelope: &Envelope, job: &ToolCallJob, trace: TraceParent) -> Settle {
+        let id = &envelope.execution_id;
+        let lease = self.config.claim_lease;
+        let token = match self.store.claim(id, &self.config.worker_id, lease).await {
+            Ok(Claim::Acquired { token }) => token,
+            Ok(Claim::AlreadyDone { result }) => {
+                // A redelivery, duplicate publish or replay of a finished job: nothing runs again.
+                self.metrics.idempotency_hits.with_label_values(&[envelope.kind().as_str()]).inc();
+                self.finished(envelope, "duplicate");
+                if let Ok(Some(view)) = self.store.get_execution(id).await {
+                    if view.status != ExecutionStatus::Succeeded {
+                        let _ = self.store.mark_succeeded(id, &result, now_ms()).await;
+                    }
+                }
+                tracing::info!(execution_id = %id, "already succeeded; not run again");
+                return Settle::Ack;
+            }
+            Ok(Claim::Busy { remaining }) => {
+                tracing::info!(execution_id = %id, remaining_ms = remaining.as_millis() as u64, "claimed by another worker; parked");
+                self.finished(envelope, "deferred");
+                return self.park(publisher, envelope, remaining, trace).await;
+            }
+            Err(e) => {
+                // Fail closed: no claim, no side effect. Try again later without spending an attempt.
+                tracing::warn!(execution_id = %id, error = %e, "cannot claim (Redis unavailable); parked");
+                self.finished(envelope, "deferred");
+                return self.park(publisher, envelope, self.config.common.retry.delays()[0], trace).await;
+            }
+        };
+        self.metrics.jobs_started.with_label_values(&[envelope.kind().as_str()]).inc();
+        let started_ms = now_ms();
+        let first_attempt_at_ms = envelope.first_attempt_at_ms.unwrap_or(started_ms);
+        let _ = self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms).await;
+
+        let started = Instant::now();
+        let report = {
+            let ctx = CallbackContext {
+                store: &self.store,
+                client: &self.client,
+                secrets: &self.config.secrets_key,
+                poll_interval: self.config.async_poll_interval,
+                poll_limit: self.config.async_poll_limit,
+            };
+            let attempt = callback::attempt(&ctx, id, job, trace);
+            tokio::pin!(attempt);
+            let mut renew = tokio::time::interval(lease / 3);
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    report = &mut attempt => break report,
+                    _ = renew.tick() => {
+                        if let Ok(false) = self.store.renew(id, token, lease).await {
+                            tracing::warn!(execution_id = %id, "lease lost to another worker during the attempt");
+                        }
+                    }
+                }
+            }
+        };
+        let elapsed = started.elapsed();
+        self.metrics.attempt_duration.with_label_values(&[envelope.kind().as_str()]).observe(elapsed.as_secs_f64());
+        self.metrics.callback_responses.with_label_values(&[envelope.kind().as_str(), report.class]).inc();
+        let mut record = AttemptRecord {
+            attempt: envelope.attempt,
+            started_at: rfc3339_from_millis(started_ms),
+            duration_ms: elapsed.as_millis() as u64,
+            http_status: report.http_status,
+            error: report.error.clone(),
+            outcome: AttemptOutcome::Success,
+        };
+        tracing::info!(
+            execution_id = %id, attempt = envelope.attempt, tool_name = %job.tool_name,
+            http_status = report.http_status, error = report.error.as_deref(), "attempt finished"
+        );
+
+        let decision = match &report.verdict {
+            AttemptVerdict::Succeeded(result) => {
+                return match self.store.complete(id, token, result).await {
+                    Ok(true) => {
+                        let _ = self.store.record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms()).await;
+                        self.finished(envelope, "success");
+                        self.observe_latency(envelope, "success");
+                        Settle::Ack
+                    }
+                    Ok(false) => {
+                        tracing::warn!(execution_id = %id, token, "result rejected: a newer claim fenced this worker off");
+                        self.finished(envelope, "fenced");
+                        Settle::Ack
+                    }
+                    Err(e) => {
+                        // The callback ran but its result is not stored: run the attempt again later.
+                        tracing::warn!(execution_id = %id, error = %e, "cannot store result; requeued");
+                        Settle::Requeue
+                    }
+                };
+            }
+            AttemptVerdict::Retryable { retry_after } => self.config.common.retry.after_failure(envelope.attempt, *retry_after),
+            AttemptVerdict::Permanent => RetryDecision::Exhausted,
+        };
+        let permanent = matches!(report.verdict, AttemptVerdict::Permanent);
+        match decision {
+            RetryDecision::Retry { next_attempt, wait, step } => {
+                record.outcome = AttemptOutcome::Retry;
+                let _ = self.store.record_attempt(id, &record, ExecutionStatus::Retrying, None, now_ms()).await;
+                if !self.still_holds(id, token, "released").await {
+                    return Settle::Ack;
+                }
+                let next = Envelope {
+                    attempt: next_attempt,
+                    first_attempt_at_ms: Some(first_attempt_at_ms),
+                    not_before_ms: Some(now_ms() + wait.as_millis() as i64),
+                    ..envelope.clone()
+                };
+                let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
+                match publisher.publish_delayed(&queue, &next, trace_headers(trace)).await {
+                    Ok(()) => {
+                        self.metrics
+                            .retries_scheduled
+                            .with_label_values(&[envelope.kind().as_str(), &next_attempt.to_string()])
+                            .inc();
+                        self.finished(envelope, "retry");
+                        Settle::Ack
+                    }
+                    Err(e) => {
+                        tracing::warn!(execution_id = %id, error = %e, "cannot park the retry; requeued");
+                        Settle::Requeue
+                    }
+                }
+            }
+            RetryDecision::Exhausted => {
+                record.outcome = if permanent { AttemptOutcome::Permanent } else { AttemptOutcome::Exhausted };
+                let _ = self.store.record_attempt(id, &record, ExecutionStatus::DeadLettered, None, now_ms()).await;
+                if !self.still_holds(id, token, "dead_lettered").await {
+                    return Settle::Ack;
+                }
+                let reason = if permanent { DeadLetterReason::Permanent } else { DeadLetterReason::Exhausted };
+                let history = match self.store.get_execution(id).await {
+                    Ok(Some(view)) => view.attempts,
+                    _ => vec![record.clone()],
+                };
+                let dead = DeadLetterRecord {
+                    execution_id: Some(id.clone()),
+                    tool_name: Some(job.tool_name.clone()),
+                    assistant_id: job.assistant_id.clone(),
+                    room_id: job.room_id.clone(),
+                    attempts: envelope.attempt,
+                    last_error: report.error.clone().unwrap_or_else(|| "failed".into()),
+                    first_attempt_at: Some(rfc3339_from_millis(first_attempt_at_ms)),
+                    last_attempt_at: Some(record.started_at.clone()),
+                    reason,
+                    dead_lettered_at: rfc3339_from_millis(now_ms()),
+                    history,
+                    job: serde_json::to_value(Envelope { attempt: 1, not_before_ms: None, ..envelope.clone() }).ok(),
+                    raw_body: None,
+                };
+                let settle = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await;
+                if matches!(settle, Settle::Ack) {
+                    self.finished(envelope, if permanent { "permanent" } else { "dead_letter" });
+                    self.observe_latency(envelope, "dead_letter");
+                }
+                settle
+            }
+        }
+    }
+
+    /// Gives up this worker's claim; `false` means a newer claim fenced it off, so it must not
+    /// schedule anything more for the job (the newer holder does).
+    async fn still_holds(&self, id: &str, token: u64, state: &str) -> bool {
+        match self.store.release(id, token, state).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(execution_id = %id, token, "claim taken over by another worker; this attempt's follow-up is dropped");
+                false
+            }
+            // Redis failed: scheduling the retry anyway loses nothing (the claim's lease expires).
+            Err(_) => true,
+        }
+    }
+
+    fn observe_latency(&self, envelope: &Envelope, outcome: &str) {
+        let secs = (now_ms() - envelope.enqueued_at_ms).max(0) as f64 / 1000.0;
+        self.metrics.job_latency.with_label_values(&[envelope.kind().as_str(), outcome]).observe(secs);
+    }
+
+    /// Holds a job in the delay queue that fits `remaining` without spending an attempt.
+    async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration, trace: TraceParent) -> Settle {
+        let retry = &self.config.common.retry;
+        let step = retry.park_step(remaining);
+        let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
+        let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
+        match publisher.publish_delayed(&queue, &held, trace_headers(trace)).await {
+            Ok(()) => Settle::Ack,
+            Err(e) => {
+                tracing::warn!(execution_id = %envelope.execution_id, error = %e, "cannot park job; requeued");
+                Settle::Requeue
+            }
+        }
+    }
+
+    async fn dead_letter_poison(&self, delivery: &Delivery, reason: PoisonReason, publisher: &Publisher) -> Settle {
+        let message_id = delivery.properties.message_id().as_ref().map(|s| s.to_string());
+        let id = message_id
+            .filter(|m| is_valid_execution_id(m))
+            .unwrap_or_else(|| format!("poison_{}", uuid_like()));
+        tracing::warn!(dead_letter_id = %id, reason = %reason, "poison message dead-lettered");
+        let now = now_ms();
+        let record = DeadLetterRecord {
+            execution_id: Some(id.clone()),
+            tool_name: None,
+            assistant_id: None,
+            room_id: None,
+            attempts: 0,
+            last_error: reason.to_string(),
+            first_attempt_at: None,
+            last_attempt_at: None,
+            reason: DeadLetterReason::Poison,
+            dead_lettered_at: rfc3339_from_millis(now),
+            history: vec![],
+            job: None,
+            raw_body: Some(excerpt_raw_body(&delivery.data)),
+        };
+        let settle = self.publish_dead_letter(publisher, &id, &record, "unknown").await;
+        if matches!(settle, Settle::Ack) {
+            self.metrics.jobs_finished.with_label_values(&["unknown", "poison"]).inc();
+        }
+        settle
+    }
+
+    /// Publishes a dead-letter record (confirmed) and indexes it in Redis; only then may the job be acked.
+    async fn publish_dead_letter(&self, publisher: &Publisher, id: &str, record: &DeadLetterRecord, kind: &str) -> Settle {
+        let body = serde_json::to_vec(record).expect("a record serialises");
+        let mut headers = FieldTable::default();
+        headers.insert("x-fleet-dead-letter-reason".into(), long_string(record.reason.as_str()));
+        let properties = BasicProperties::default()
+            .with_content_type(CONTENT_TYPE.into())
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(id))
+            .with_type(RECORD_MESSAGE_TYPE.into())
+            .with_headers(headers);
+        let published: Result<(), BrokerError> =
+            publisher.publish(&self.config.common.topology.dead_letter_exchange(), "", &body, properties).await;
+        if let Err(e) = published {
+            tracing::warn!(dead_letter_id = %id, error = %e, "cannot publish dead letter; requeued");
+            return Settle::Requeue;
+        }
+        self.metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
+        if let Err(e) = self.store.save_dead_letter(id, record, now_ms()).await {
+            tracing::warn!(dead_letter_id = %id, error = %e, "dead letter queued but not indexed in Redis");
+        }
+        Settle::Ack
+    }
+}
+
+fn long_string(text: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(text.as_bytes().to_vec()))
+}
+
+fn trace_headers(trace: TraceParent) -> FieldTable {
+    let mut headers = FieldTable::default();
+    headers.insert(TRACEPARENT.into(), long_string(&trace.to_string()));
+    headers
+}
+
+/// The trace context a delivery carries, or a new root if it has none.
+fn trace_of(delivery: &Delivery) -> TraceParent {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(TRACEPARENT))
+        .and_then(|v| match v {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok().and_then(TraceParent::parse),
+            _ => None,
+        })
+        .unwrap_or_else(TraceParent::new_root)
+}
+
+fn uuid_like() -> String {
+    fleet_protocol::new_execution_id().trim_start_matches("exec_").to_string()
+}
