@@ -57,7 +57,8 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn record_metrics(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let route =
+        request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
     let method = request.method().as_str().to_string();
     let started = Instant::now();
     let response = next.run(request).await;
@@ -106,7 +107,9 @@ impl<S: Send + Sync> FromRequest<S> for Body {
 fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         None => Ok(()),
-        Some(ct) if ct.split(';').next().map(str::trim).is_some_and(|m| m.eq_ignore_ascii_case("application/json")) => Ok(()),
+        Some(ct) if ct.split(';').next().map(str::trim).is_some_and(|m| m.eq_ignore_ascii_case("application/json")) => {
+            Ok(())
+        }
         Some(other) => Err(ApiError::malformed(format!("Content-Type must be application/json, got {other:?}"))),
     }
 }
@@ -185,7 +188,10 @@ async fn put_tool(
             StoredTool {
                 name: name.clone(),
                 description: input.description.unwrap_or_default(),
-                parameters: input.parameters.map(Value::Object).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                parameters: input
+                    .parameters
+                    .map(Value::Object)
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
                 callback_url,
                 secret_ciphertext: state.config.secrets_key.encrypt(&owner, &secret),
                 created_at_ms: now,
@@ -218,7 +224,8 @@ async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
 }
 
 async fn get_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
-    let tool = state.store.get_tool(&name).await?.ok_or_else(|| ApiError::not_found(format!("no tool named {name:?}")))?;
+    let tool =
+        state.store.get_tool(&name).await?.ok_or_else(|| ApiError::not_found(format!("no tool named {name:?}")))?;
     Ok(Json(json!({"data": tool_json(&tool)})))
 }
 
@@ -325,7 +332,12 @@ fn trace_parent(headers: &HeaderMap) -> TraceParent {
 
 /// Records the execution, then publishes the job and waits for the broker's confirm. If the
 /// publish fails the record is removed: nothing claims the job was accepted.
-async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput, trace: TraceParent) -> Result<(), ApiError> {
+async fn enqueue(
+    state: &AppState,
+    execution_id: &str,
+    input: ToolCallInput,
+    trace: TraceParent,
+) -> Result<(), ApiError> {
     let publisher = state.broker.publisher()?;
     let now = now_ms();
     state
@@ -368,7 +380,8 @@ async fn accepted(state: &AppState, execution_id: &str, replayed: bool) -> Respo
         },
     };
     let mut response =
-        (StatusCode::ACCEPTED, Json(json!({"data": {"execution_id": execution_id, "status": status.as_str()}}))).into_response();
+        (StatusCode::ACCEPTED, Json(json!({"data": {"execution_id": execution_id, "status": status.as_str()}})))
+            .into_response();
     if replayed {
         response.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
     }
@@ -397,7 +410,8 @@ async fn get_execution(State(state): State<AppState>, Path(id): Path<String>) ->
     if !fleet_protocol::envelope::is_valid_execution_id(&id) {
         return Err(ApiError::not_found(format!("no execution {id:?}")));
     }
-    let view = state.store.get_execution(&id).await?.ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))?;
+    let view =
+        state.store.get_execution(&id).await?.ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))?;
     Ok(Json(json!({"data": execution_json(&view)})))
 }
 

@@ -21,12 +21,8 @@ pub struct DispatcherConfig {
 
 impl DispatcherConfig {
     pub fn load(src: &Source) -> Result<Self, ConfigError> {
-        let tokens: Vec<&str> = src
-            .required("FLEET_API_TOKENS")?
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .collect();
+        let tokens: Vec<&str> =
+            src.required("FLEET_API_TOKENS")?.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
         if tokens.is_empty() {
             return Err(ConfigError::new("FLEET_API_TOKENS", "must list at least one token"));
         }
@@ -54,8 +50,9 @@ mod tests {
     fn tokens_are_required_and_kept_only_as_digests() {
         let e = DispatcherConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY)])).unwrap_err();
         assert_eq!(e.setting, "FLEET_API_TOKENS");
-        let e = DispatcherConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY), ("FLEET_API_TOKENS", "short")]))
-            .unwrap_err();
+        let e =
+            DispatcherConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY), ("FLEET_API_TOKENS", "short")]))
+                .unwrap_err();
         assert_eq!(e.setting, "FLEET_API_TOKENS");
         let c = DispatcherConfig::load(&Source::from_pairs([
             ("FLEET_SECRETS_KEY", KEY),

@@ -29,7 +29,11 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid 'Authorization: Bearer <token>' header is required",
+        )
     }
 }
 

@@ -39,7 +39,12 @@ pub enum DispatcherError {
 /// and awaited here. In-flight requests finish before this returns.
 pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<(), DispatcherError> {
     let metrics = Metrics::new("dispatcher");
-    let store = Store::open(&config.common.redis_url, config.common.keys.clone(), config.common.redis_timeout, metrics.clone())?;
+    let store = Store::open(
+        &config.common.redis_url,
+        config.common.keys.clone(),
+        config.common.redis_timeout,
+        metrics.clone(),
+    )?;
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| DispatcherError::Bind { addr: config.http_addr, source })?;

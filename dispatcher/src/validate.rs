@@ -12,8 +12,8 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::malformed("request body is empty; a JSON object is required"));
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("request body is not valid JSON: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("request body is not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("request body must be a JSON object"));
     }
@@ -30,7 +30,8 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 /// Tool names follow the OpenAI function-name rule: 1–64 of `[A-Za-z0-9_-]`.
 pub fn tool_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         return Err(ApiError::invalid(format!(
             "tool name {:?} must be 1-64 characters of letters, digits, '_' or '-'",
             truncate(name, 80)
@@ -42,9 +43,9 @@ pub fn tool_name(name: &str) -> Result<(), ApiError> {
 /// An optional identifier field (`room_id`, `assistant_id`): at most 256 characters, no control characters.
 pub fn identifier(field: &str, value: Option<&str>) -> Result<(), ApiError> {
     match value {
-        Some(v) if v.is_empty() || v.chars().count() > 256 || v.chars().any(char::is_control) => Err(ApiError::invalid(
-            format!("{field} must be 1-256 characters without control characters"),
-        )),
+        Some(v) if v.is_empty() || v.chars().count() > 256 || v.chars().any(char::is_control) => {
+            Err(ApiError::invalid(format!("{field} must be 1-256 characters without control characters")))
+        }
         _ => Ok(()),
     }
 }
@@ -63,7 +64,8 @@ pub fn callback_url(field: &str, raw: &str, allow_private: bool) -> Result<Url, 
     if !url.username().is_empty() || url.password().is_some() {
         return Err(ApiError::invalid(format!("{field} must not carry credentials")));
     }
-    let host = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| ApiError::invalid(format!("{field} has no host")))?;
+    let host =
+        url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| ApiError::invalid(format!("{field} has no host")))?;
     if !allow_private && host_is_private(host) {
         return Err(ApiError::invalid(format!(
             "{field} targets a loopback, private, link-local or metadata address, which is not allowed"
@@ -129,12 +131,22 @@ mod tests {
             assert!(callback_url("callback_url", bad, false).is_err(), "{bad}");
         }
         for private in [
-            "http://127.0.0.1:9/x", "http://localhost/x", "http://[::1]/", "http://169.254.169.254/latest",
-            "http://10.0.0.8/", "http://[::ffff:127.0.0.1]/", "http://2130706433/", "http://0x7f.1/", "http://017700000001/",
+            "http://127.0.0.1:9/x",
+            "http://localhost/x",
+            "http://[::1]/",
+            "http://169.254.169.254/latest",
+            "http://10.0.0.8/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://017700000001/",
         ] {
             let e = callback_url("callback_url", private, false).unwrap_err();
             assert!(e.message.contains("not allowed"), "{private}: {}", e.message);
-            assert!(callback_url("callback_url", private, true).is_ok(), "{private} allowed when private targets are on");
+            assert!(
+                callback_url("callback_url", private, true).is_ok(),
+                "{private} allowed when private targets are on"
+            );
         }
     }
 

@@ -174,7 +174,8 @@ impl CommonConfig {
 
 /// `FLEET_SECRETS_KEY`: required by every process that stores or uses a secret.
 pub fn secrets_key(src: &Source) -> Result<SecretsKey, ConfigError> {
-    SecretsKey::parse(src.required("FLEET_SECRETS_KEY")?).map_err(|e| ConfigError::new("FLEET_SECRETS_KEY", e.to_string()))
+    SecretsKey::parse(src.required("FLEET_SECRETS_KEY")?)
+        .map_err(|e| ConfigError::new("FLEET_SECRETS_KEY", e.to_string()))
 }
 
 /// An HTTP listen address setting.

@@ -2,8 +2,7 @@
 //! carries its unit, and every label has a bounded set of values: never an id or a URL.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets from 1 ms to 2 min: callbacks are fast, but retries stretch end-to-end latency to 31 s+.
@@ -59,13 +58,19 @@ impl Metrics {
             registry.register(Box::new(c.clone())).expect("unique metric");
             c
         };
-        let build_info = gauge("fleet_build_info", "Build metadata of this process (always 1).", &["version", "process"]);
+        let build_info =
+            gauge("fleet_build_info", "Build metadata of this process (always 1).", &["version", "process"]);
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), process]).set(1);
-        let broker_connected = IntGauge::new("fleet_broker_connected", "1 while the process holds a live broker connection.")
-            .expect("valid metric");
+        let broker_connected =
+            IntGauge::new("fleet_broker_connected", "1 while the process holds a live broker connection.")
+                .expect("valid metric");
         registry.register(Box::new(broker_connected.clone())).expect("unique metric");
         Metrics {
-            jobs_published: counter("fleet_jobs_published_total", "Jobs published and confirmed by the broker.", &["kind"]),
+            jobs_published: counter(
+                "fleet_jobs_published_total",
+                "Jobs published and confirmed by the broker.",
+                &["kind"],
+            ),
             jobs_started: counter("fleet_jobs_started_total", "Job attempts started by workers.", &["kind"]),
             jobs_finished: counter(
                 "fleet_jobs_finished_total",
@@ -96,7 +101,11 @@ impl Metrics {
                 "Retries parked on a delay queue, by the attempt they will be.",
                 &["kind", "attempt"],
             ),
-            dead_letters: counter("fleet_dead_letters_total", "Jobs sent to the dead-letter queue.", &["kind", "reason"]),
+            dead_letters: counter(
+                "fleet_dead_letters_total",
+                "Jobs sent to the dead-letter queue.",
+                &["kind", "reason"],
+            ),
             amqp_reconnects: single_counter("fleet_amqp_reconnects_total", "Broker connections (re)established."),
             amqp_errors: single_counter("fleet_amqp_errors_total", "Broker connection or channel errors."),
             redis_errors: single_counter("fleet_redis_errors_total", "Failed Redis commands."),
@@ -106,7 +115,11 @@ impl Metrics {
                 "API requests by route template, method and status class.",
                 &["route", "method", "class"],
             ),
-            http_request_duration: histogram("fleet_http_request_duration_seconds", "API request duration.", &["route"]),
+            http_request_duration: histogram(
+                "fleet_http_request_duration_seconds",
+                "API request duration.",
+                &["route"],
+            ),
             registry,
         }
     }

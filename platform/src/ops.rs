@@ -35,11 +35,10 @@ pub fn router(metrics: Metrics, ready: ReadinessCheck) -> Router {
 async fn readyz(State(state): State<OpsState>) -> Response {
     match (state.ready)().await {
         Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "not_ready", "reason": why})),
-        )
-            .into_response(),
+        Err(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "not_ready", "reason": why})))
+                .into_response()
+        }
     }
 }
 

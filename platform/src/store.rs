@@ -203,9 +203,17 @@ impl Store {
         let json = serde_json::to_string(tool).expect("a tool serialises");
         let r: Result<(Option<String>,), _> = redis::pipe()
             .atomic()
-            .cmd("GET").arg(self.keys.tool(&tool.name))
-            .cmd("SET").arg(self.keys.tool(&tool.name)).arg(json).ignore()
-            .cmd("ZADD").arg(self.keys.tools_index()).arg(0).arg(&tool.name).ignore()
+            .cmd("GET")
+            .arg(self.keys.tool(&tool.name))
+            .cmd("SET")
+            .arg(self.keys.tool(&tool.name))
+            .arg(json)
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.keys.tools_index())
+            .arg(0)
+            .arg(&tool.name)
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         Ok(self.count(r)?.0.is_none())
@@ -260,15 +268,19 @@ impl Store {
             (field::UPDATED_AT_MS, e.now_ms.to_string()),
             (field::ATTEMPTS, "0".to_string()),
         ];
-        for (name, value) in [(field::TOOL_NAME, e.tool_name), (field::ROOM_ID, e.room_id), (field::ASSISTANT_ID, e.assistant_id)] {
+        for (name, value) in
+            [(field::TOOL_NAME, e.tool_name), (field::ROOM_ID, e.room_id), (field::ASSISTANT_ID, e.assistant_id)]
+        {
             if let Some(v) = value {
                 fields.push((name, v.to_string()));
             }
         }
         let r: Result<(), _> = redis::pipe()
             .atomic()
-            .hset_multiple(&key, &fields).ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .hset_multiple(&key, &fields)
+            .ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
@@ -277,8 +289,10 @@ impl Store {
     /// Removes a record whose job was never accepted (the publish failed).
     pub async fn delete_execution(&self, execution_id: &str) -> Result<(), StoreError> {
         let r: Result<(), _> = redis::pipe()
-            .del(self.keys.execution(execution_id)).ignore()
-            .del(self.keys.attempts(execution_id)).ignore()
+            .del(self.keys.execution(execution_id))
+            .ignore()
+            .del(self.keys.attempts(execution_id))
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
@@ -298,8 +312,10 @@ impl Store {
             fields.push((field::ATTEMPTS, a.to_string()));
         }
         let r: Result<(), _> = redis::pipe()
-            .hset_multiple(&key, &fields).ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .hset_multiple(&key, &fields)
+            .ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
@@ -328,10 +344,14 @@ impl Store {
             fields.push((field::RESULT, result.to_string()));
         }
         let r: Result<(), _> = redis::pipe()
-            .rpush(&attempts_key, serde_json::to_string(attempt).expect("an attempt serialises")).ignore()
-            .expire(&attempts_key, IDEMPOTENCY_TTL_SECS as i64).ignore()
-            .hset_multiple(&key, &fields).ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore()
+            .rpush(&attempts_key, serde_json::to_string(attempt).expect("an attempt serialises"))
+            .ignore()
+            .expire(&attempts_key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
+            .hset_multiple(&key, &fields)
+            .ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
@@ -362,10 +382,8 @@ impl Store {
         }
         let corrupt = |what: &str| StoreError::Corrupt(format!("execution {execution_id}: {what}"));
         let num = |name: &str| hash.get(name).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-        let status = hash
-            .get(field::STATUS)
-            .and_then(|s| ExecutionStatus::parse(s))
-            .ok_or_else(|| corrupt("status"))?;
+        let status =
+            hash.get(field::STATUS).and_then(|s| ExecutionStatus::parse(s)).ok_or_else(|| corrupt("status"))?;
         let result = match hash.get(field::RESULT) {
             Some(raw) => Some(serde_json::from_str(raw).map_err(|_| corrupt("result"))?),
             None => None,
@@ -403,7 +421,9 @@ impl Store {
             .await;
         let (state, detail) = self.count(r)?;
         match state.as_str() {
-            "claimed" => Ok(Claim::Acquired { token: detail.parse().map_err(|_| StoreError::Corrupt("token".into()))? }),
+            "claimed" => {
+                Ok(Claim::Acquired { token: detail.parse().map_err(|_| StoreError::Corrupt("token".into()))? })
+            }
             "busy" => Ok(Claim::Busy { remaining: Duration::from_millis(detail.parse().unwrap_or(1000)) }),
             "done" => {
                 let v: Value = serde_json::from_str(&detail)
@@ -459,7 +479,12 @@ impl Store {
 
     pub async fn reserve_request(&self, key: &str, execution_id: &str) -> Result<Reservation, StoreError> {
         let r: Result<(Option<String>, String), _> = redis::pipe()
-            .cmd("SET").arg(key).arg(format!("pending:{execution_id}")).arg("NX").arg("EX").arg(IDEMPOTENCY_TTL_SECS)
+            .cmd("SET")
+            .arg(key)
+            .arg(format!("pending:{execution_id}"))
+            .arg("NX")
+            .arg("EX")
+            .arg(IDEMPOTENCY_TTL_SECS)
             .get(key)
             .query_async(&mut self.conn())
             .await;
@@ -485,8 +510,14 @@ impl Store {
 
     pub async fn save_dead_letter(&self, id: &str, record: &DeadLetterRecord, now_ms: i64) -> Result<(), StoreError> {
         let r: Result<(), _> = redis::pipe()
-            .set_ex(self.keys.dead_letter(id), serde_json::to_string(record).expect("a record serialises"), DEAD_LETTER_TTL_SECS).ignore()
-            .zadd(self.keys.dead_letters_index(), id, now_ms).ignore()
+            .set_ex(
+                self.keys.dead_letter(id),
+                serde_json::to_string(record).expect("a record serialises"),
+                DEAD_LETTER_TTL_SECS,
+            )
+            .ignore()
+            .zadd(self.keys.dead_letters_index(), id, now_ms)
+            .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
@@ -500,7 +531,11 @@ impl Store {
     }
 
     /// Dead-lettered ids, newest first, after `before_ms` (exclusive) if given.
-    pub async fn list_dead_letters(&self, before_ms: Option<i64>, limit: usize) -> Result<Vec<(String, i64)>, StoreError> {
+    pub async fn list_dead_letters(
+        &self,
+        before_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         let max = before_ms.map(|b| format!("({b}")).unwrap_or_else(|| "+inf".into());
         let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZREVRANGEBYSCORE")
             .arg(self.keys.dead_letters_index())

@@ -20,9 +20,9 @@ pub fn classify_status(status: u16, retry_after: Option<&str>, now_unix_secs: i6
     match status {
         202 => ResponseClass::Accepted,
         200..=299 => ResponseClass::Success,
-        408 | 429 | 500..=599 => ResponseClass::Retryable {
-            retry_after: retry_after.and_then(|v| parse_retry_after(v, now_unix_secs)),
-        },
+        408 | 429 | 500..=599 => {
+            ResponseClass::Retryable { retry_after: retry_after.and_then(|v| parse_retry_after(v, now_unix_secs)) }
+        }
         300..=499 => ResponseClass::Permanent,
         // 1xx never reaches us as a final status; anything else is a broken peer: try again.
         _ => ResponseClass::Retryable { retry_after: None },

@@ -121,8 +121,7 @@ impl Envelope {
             Some(v) => return Err(PoisonReason::Version(Some(v))),
             None => return Err(PoisonReason::Version(None)),
         }
-        let envelope: Envelope =
-            serde_json::from_value(value).map_err(|e| PoisonReason::Shape(e.to_string()))?;
+        let envelope: Envelope = serde_json::from_value(value).map_err(|e| PoisonReason::Shape(e.to_string()))?;
         envelope.validate()?;
         Ok(envelope)
     }

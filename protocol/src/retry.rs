@@ -102,7 +102,13 @@ mod tests {
             })
             .collect();
         assert_eq!(waits, [1, 2, 4, 8, 16]);
-        let cumulative: Vec<u64> = waits.iter().scan(0, |acc, w| { *acc += w; Some(*acc) }).collect();
+        let cumulative: Vec<u64> = waits
+            .iter()
+            .scan(0, |acc, w| {
+                *acc += w;
+                Some(*acc)
+            })
+            .collect();
         assert_eq!(cumulative, [1, 3, 7, 15, 31]);
         assert_eq!(p.after_failure(6, None), RetryDecision::Exhausted);
     }

@@ -5,8 +5,8 @@ use time::OffsetDateTime;
 
 /// Formats a millisecond Unix epoch as RFC 3339 UTC with millisecond precision.
 pub fn rfc3339_from_millis(epoch_ms: i64) -> String {
-    let dt = OffsetDateTime::from_unix_timestamp_nanos(epoch_ms as i128 * 1_000_000)
-        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let dt =
+        OffsetDateTime::from_unix_timestamp_nanos(epoch_ms as i128 * 1_000_000).unwrap_or(OffsetDateTime::UNIX_EPOCH);
     let ms = dt.millisecond();
     let secs = dt.replace_millisecond(0).unwrap_or(dt).format(&Rfc3339).unwrap_or_default();
     // `secs` ends in `Z`; insert the milliseconds before it.

@@ -81,7 +81,12 @@ mod tests {
 
     #[test]
     fn refuses_invalid_values() {
-        for bad in ["", "00-abc-def-01", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"] {
+        for bad in [
+            "",
+            "00-abc-def-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
             assert_eq!(TraceParent::parse(bad), None, "{bad}");
         }
         let root = TraceParent::new_root();

@@ -232,7 +232,10 @@ impl Fleet {
     /// Enqueues a tool call and returns its execution id (asserting the 202).
     pub async fn call_tool(&self, name: &str, parameters: Value) -> String {
         let (status, resp) = self
-            .post("/v1/tool-calls", &json!({"tool_name": name, "parameters": parameters, "room_id": "room_1", "assistant_id": "asst_1"}))
+            .post(
+                "/v1/tool-calls",
+                &json!({"tool_name": name, "parameters": parameters, "room_id": "room_1", "assistant_id": "asst_1"}),
+            )
             .await;
         assert_eq!(status, 202, "tool call: {resp}");
         assert_eq!(resp["data"]["status"], "queued");
@@ -260,7 +263,11 @@ impl Fleet {
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let (conn, channel) = self.amqp().await;
         let q = channel
-            .queue_declare(queue.into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default())
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            )
             .await
             .unwrap();
         let _ = conn.close(200, "".into()).await;
@@ -317,7 +324,11 @@ impl Drop for Fleet {
                 }
                 if let Ok(client) = redis::Client::open(redis_url()) {
                     if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{key_prefix}*")).query_async(&mut con).await.unwrap_or_default();
+                        let keys: Vec<String> = redis::cmd("KEYS")
+                            .arg(format!("{key_prefix}*"))
+                            .query_async(&mut con)
+                            .await
+                            .unwrap_or_default();
                         if !keys.is_empty() {
                             let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
                         }

@@ -50,7 +50,12 @@ impl Reply {
     }
     /// A 200 with the seed's `{"result": …}` body.
     pub fn result(result: Value) -> Self {
-        Reply { status: 200, body: serde_json::json!({ "result": result }).to_string(), delay: Duration::ZERO, headers: vec![] }
+        Reply {
+            status: 200,
+            body: serde_json::json!({ "result": result }).to_string(),
+            delay: Duration::ZERO,
+            headers: vec![],
+        }
     }
     pub fn after(mut self, delay: Duration) -> Self {
         self.delay = delay;
@@ -126,13 +131,12 @@ impl Receiver {
 }
 
 async fn handle(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: HeaderMap, body: Bytes) -> Response {
-    let headers: HashMap<String, String> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
-        .collect();
+    let headers: HashMap<String, String> =
+        headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string())).collect();
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let verified = verify(&inner.secret, &headers, &body);
-    let received = Received { at: Instant::now(), path: uri.path().to_string(), headers, body: body.to_vec(), json, verified };
+    let received =
+        Received { at: Instant::now(), path: uri.path().to_string(), headers, body: body.to_vec(), json, verified };
     let before = {
         let mut all = inner.received.lock().unwrap();
         let before = all.iter().filter(|r| r.execution_id() == received.execution_id()).count();

@@ -43,7 +43,8 @@ async fn callbacks_are_signed_exactly_as_the_seed() {
     // A tampered body does not verify with the same signature.
     let mut tampered = r.body.clone();
     tampered[5] ^= 1;
-    let expected = format!("sha256={}", hex::encode(fleet_tests::independent_hmac_sha256(SECRET.as_bytes(), &tampered)));
+    let expected =
+        format!("sha256={}", hex::encode(fleet_tests::independent_hmac_sha256(SECRET.as_bytes(), &tampered)));
     assert_ne!(Some(expected.as_str()), r.header("x-interactor-signature"));
     // Attempt history records the answer.
     let attempts = done["attempts"].as_array().unwrap();
@@ -117,7 +118,10 @@ async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
     let start = got[0].at;
     let offsets: Vec<f64> = got.iter().map(|r| (r.at - start).as_secs_f64()).collect();
     for (offset, expected) in offsets.iter().zip([0.0, 1.0, 3.0, 7.0, 15.0, 31.0]) {
-        assert!(*offset >= expected - 0.05 && *offset < expected + 1.5, "attempt at {offset:.2}s, expected ~{expected}s ({offsets:?})");
+        assert!(
+            *offset >= expected - 0.05 && *offset < expected + 1.5,
+            "attempt at {offset:.2}s, expected ~{expected}s ({offsets:?})"
+        );
     }
     assert_eq!(done["attempts"].as_array().unwrap().len(), 6);
     assert_eq!(done["attempts"][5]["outcome"], "exhausted");
@@ -173,11 +177,19 @@ async fn a_job_published_twice_runs_once() {
     let id = fleet_protocol::new_execution_id();
     let envelope = Envelope::new(
         id.clone(),
-        Job::ToolCall(ToolCallJob { tool_name: "once".into(), parameters: json!({"query": "dup"}), room_id: None, assistant_id: None }),
+        Job::ToolCall(ToolCallJob {
+            tool_name: "once".into(),
+            parameters: json!({"query": "dup"}),
+            room_id: None,
+            assistant_id: None,
+        }),
         fleet_platform_now(),
     );
     let props = || {
-        BasicProperties::default().with_content_type("application/json".into()).with_delivery_mode(2).with_message_id(id.as_str().into())
+        BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_message_id(id.as_str().into())
     };
     fleet.publish_raw(&envelope.to_bytes(), props()).await;
     fleet.publish_raw(&envelope.to_bytes(), props()).await;
@@ -231,7 +243,12 @@ async fn poison_messages_are_dead_lettered_and_the_worker_keeps_working() {
     let receiver = Receiver::echo(SECRET).await;
     let mut fleet = spawn_fleet(FleetOptions::default()).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
-    fleet.publish_raw(b"\x00\xffnot json at all", BasicProperties::default().with_content_type("application/json".into())).await;
+    fleet
+        .publish_raw(
+            b"\x00\xffnot json at all",
+            BasicProperties::default().with_content_type("application/json".into()),
+        )
+        .await;
     fleet.publish_raw(br#"{"v":1}"#, BasicProperties::default().with_content_type("text/plain".into())).await;
     fleet
         .publish_raw(
@@ -295,7 +312,5 @@ fn fleet_platform_now() -> i64 {
 
 /// The value of one sample line in a Prometheus text exposition (0 if absent).
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or(0.0)
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
 }

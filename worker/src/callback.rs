@@ -59,7 +59,12 @@ pub struct CallbackContext<'a> {
 }
 
 /// Runs one attempt of `job` for `execution_id`.
-pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &ToolCallJob, trace: TraceParent) -> AttemptReport {
+pub async fn attempt(
+    ctx: &CallbackContext<'_>,
+    execution_id: &str,
+    job: &ToolCallJob,
+    trace: TraceParent,
+) -> AttemptReport {
     let tool = match ctx.store.get_tool(&job.tool_name).await {
         Ok(Some(tool)) => tool,
         Ok(None) => return AttemptReport::permanent(format!("tool {:?} is no longer registered", job.tool_name)),
@@ -129,12 +134,20 @@ async fn judge(
         ResponseClass::Retryable { retry_after } => {
             report(AttemptVerdict::Retryable { retry_after }, Some(format!("HTTP {status}{}", excerpt(&response.body))))
         }
-        ResponseClass::Permanent => report(AttemptVerdict::Permanent, Some(format!("HTTP {status}{}", excerpt(&response.body)))),
+        ResponseClass::Permanent => {
+            report(AttemptVerdict::Permanent, Some(format!("HTTP {status}{}", excerpt(&response.body))))
+        }
     }
 }
 
 /// Polls a 202's status URL (signed GETs) until it answers with a result, a failure, or the limit.
-async fn poll(ctx: &CallbackContext<'_>, url: &str, execution_id: &str, secret: &[u8], trace: TraceParent) -> AttemptReport {
+async fn poll(
+    ctx: &CallbackContext<'_>,
+    url: &str,
+    execution_id: &str,
+    secret: &[u8],
+    trace: TraceParent,
+) -> AttemptReport {
     let deadline = Instant::now() + ctx.poll_limit;
     loop {
         let wait = ctx.poll_interval.min(deadline.saturating_duration_since(Instant::now()));
@@ -160,8 +173,18 @@ async fn poll(ctx: &CallbackContext<'_>, url: &str, execution_id: &str, secret: 
             ResponseClass::Success => {
                 let class = fleet_protocol::classify::status_class(status);
                 return match result_of(&response.body) {
-                    Ok(result) => AttemptReport { verdict: AttemptVerdict::Succeeded(result), http_status: Some(status), error: None, class },
-                    Err(why) => AttemptReport { verdict: AttemptVerdict::Retryable { retry_after: None }, http_status: Some(status), error: Some(why), class },
+                    Ok(result) => AttemptReport {
+                        verdict: AttemptVerdict::Succeeded(result),
+                        http_status: Some(status),
+                        error: None,
+                        class,
+                    },
+                    Err(why) => AttemptReport {
+                        verdict: AttemptVerdict::Retryable { retry_after: None },
+                        http_status: Some(status),
+                        error: Some(why),
+                        class,
+                    },
                 };
             }
             _ => {

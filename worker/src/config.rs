@@ -74,6 +74,9 @@ mod tests {
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "0").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "many").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_CLAIM_LEASE", "0.01").unwrap_err().setting, "FLEET_CLAIM_LEASE");
-        assert_eq!(load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting, "FLEET_ALLOW_PRIVATE_CALLBACKS");
+        assert_eq!(
+            load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting,
+            "FLEET_ALLOW_PRIVATE_CALLBACKS"
+        );
     }
 }

@@ -75,7 +75,9 @@ impl CallbackClient {
             _ => None,
         };
         match ip {
-            Some(ip) if is_forbidden(ip) => Err(TransportFailure::ForbiddenTarget(format!("{ip} is not a public address"))),
+            Some(ip) if is_forbidden(ip) => {
+                Err(TransportFailure::ForbiddenTarget(format!("{ip} is not a public address")))
+            }
             _ => Ok(()),
         }
     }

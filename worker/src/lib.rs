@@ -37,7 +37,12 @@ pub enum WorkerError {
 /// grace period, and returns the rest to the queue (by closing its channel unacked).
 pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), WorkerError> {
     let metrics = Metrics::new("worker");
-    let store = Store::open(&config.common.redis_url, config.common.keys.clone(), config.common.redis_timeout, metrics.clone())?;
+    let store = Store::open(
+        &config.common.redis_url,
+        config.common.keys.clone(),
+        config.common.redis_timeout,
+        metrics.clone(),
+    )?;
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
@@ -61,12 +66,8 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
     ));
     tracing::info!(addr = %config.http_addr, concurrency = config.concurrency, worker_id = %config.worker_id, "worker started");
 
-    let processor = Arc::new(Processor {
-        client: fleet_platform_client(&config),
-        config: config.clone(),
-        store,
-        metrics,
-    });
+    let processor =
+        Arc::new(Processor { client: fleet_platform_client(&config), config: config.clone(), store, metrics });
     consume(processor, link, consuming, &config, cancel).await;
 
     broker_cancel.cancel();
@@ -160,7 +161,10 @@ async fn consume(
 
 type Deliveries = futures::stream::SelectAll<lapin::Consumer>;
 
-async fn open_consumers(live: &Live, config: &WorkerConfig) -> Result<(lapin::Channel, Deliveries, Vec<String>), lapin::Error> {
+async fn open_consumers(
+    live: &Live,
+    config: &WorkerConfig,
+) -> Result<(lapin::Channel, Deliveries, Vec<String>), lapin::Error> {
     let channel = live.connection.create_channel().await?;
     channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
     let mut consumers = Vec::new();

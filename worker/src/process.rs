@@ -76,7 +76,13 @@ impl Processor {
         self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
     }
 
-    async fn tool_call(&self, publisher: &Publisher, envelope: &Envelope, job: &ToolCallJob, trace: TraceParent) -> Settle {
+    async fn tool_call(
+        &self,
+        publisher: &Publisher,
+        envelope: &Envelope,
+        job: &ToolCallJob,
+        trace: TraceParent,
+    ) -> Settle {
         let id = &envelope.execution_id;
         let lease = self.config.claim_lease;
         let token = match self.store.claim(id, &self.config.worker_id, lease).await {
@@ -154,7 +160,10 @@ impl Processor {
             AttemptVerdict::Succeeded(result) => {
                 return match self.store.complete(id, token, result).await {
                     Ok(true) => {
-                        let _ = self.store.record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms()).await;
+                        let _ = self
+                            .store
+                            .record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms())
+                            .await;
                         self.finished(envelope, "success");
                         self.observe_latency(envelope, "success");
                         Settle::Ack
@@ -171,7 +180,9 @@ impl Processor {
                     }
                 };
             }
-            AttemptVerdict::Retryable { retry_after } => self.config.common.retry.after_failure(envelope.attempt, *retry_after),
+            AttemptVerdict::Retryable { retry_after } => {
+                self.config.common.retry.after_failure(envelope.attempt, *retry_after)
+            }
             AttemptVerdict::Permanent => RetryDecision::Exhausted,
         };
         let permanent = matches!(report.verdict, AttemptVerdict::Permanent);
@@ -260,7 +271,13 @@ impl Processor {
     }
 
     /// Holds a job in the delay queue that fits `remaining` without spending an attempt.
-    async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration, trace: TraceParent) -> Settle {
+    async fn park(
+        &self,
+        publisher: &Publisher,
+        envelope: &Envelope,
+        remaining: Duration,
+        trace: TraceParent,
+    ) -> Settle {
         let retry = &self.config.common.retry;
         let step = retry.park_step(remaining);
         let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
@@ -276,9 +293,7 @@ impl Processor {
 
     async fn dead_letter_poison(&self, delivery: &Delivery, reason: PoisonReason, publisher: &Publisher) -> Settle {
         let message_id = delivery.properties.message_id().as_ref().map(|s| s.to_string());
-        let id = message_id
-            .filter(|m| is_valid_execution_id(m))
-            .unwrap_or_else(|| format!("poison_{}", uuid_like()));
+        let id = message_id.filter(|m| is_valid_execution_id(m)).unwrap_or_else(|| format!("poison_{}", uuid_like()));
         tracing::warn!(dead_letter_id = %id, reason = %reason, "poison message dead-lettered");
         let now = now_ms();
         let record = DeadLetterRecord {
@@ -304,7 +319,13 @@ impl Processor {
     }
 
     /// Publishes a dead-letter record (confirmed) and indexes it in Redis; only then may the job be acked.
-    async fn publish_dead_letter(&self, publisher: &Publisher, id: &str, record: &DeadLetterRecord, kind: &str) -> Settle {
+    async fn publish_dead_letter(
+        &self,
+        publisher: &Publisher,
+        id: &str,
+        record: &DeadLetterRecord,
+        kind: &str,
+    ) -> Settle {
         let body = serde_json::to_vec(record).expect("a record serialises");
         let mut headers = FieldTable::default();
         headers.insert("x-fleet-dead-letter-reason".into(), long_string(record.reason.as_str()));

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Makes sure RabbitMQ (127.0.0.1:5672) and Redis (127.0.0.1:6379) are reachable: uses them if they
+# are up; else starts them if installed; else installs them from Debian's packages when run as
+# root; else says plainly what is missing. Idempotent.
+set -euo pipefail
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local port=$1 name=$2
+  for _ in $(seq 1 120); do
+    port_open "$port" && return 0
+    sleep 0.5
+  done
+  echo "ensure-services: $name did not come up on 127.0.0.1:$port" >&2
+  return 1
+}
+
+install_pkg() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "ensure-services: installing $1 from Debian's packages"
+    (apt-get install -y "$1" >/dev/null 2>&1) || (apt-get update >/dev/null && apt-get install -y "$1" >/dev/null)
+  else
+    echo "ensure-services: $1 is not installed and cannot be installed here (need root and apt-get)." >&2
+    echo "  Install RabbitMQ and Redis, or point FLEET_AMQP_URL / FLEET_REDIS_URL at running ones." >&2
+    exit 1
+  fi
+}
+
+if ! port_open 6379; then
+  command -v redis-server >/dev/null || install_pkg redis-server
+  echo "ensure-services: starting redis-server"
+  mkdir -p /tmp/fleet-redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /tmp/fleet-redis --logfile /tmp/fleet-redis/redis.log
+  wait_port 6379 Redis
+fi
+
+if ! port_open 5672; then
+  command -v rabbitmq-server >/dev/null || install_pkg rabbitmq-server
+  echo "ensure-services: starting rabbitmq-server"
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+  wait_port 5672 RabbitMQ
+  # The port opens before the broker accepts logins; wait for the app itself.
+  if command -v rabbitmqctl >/dev/null; then
+    rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1 || true
+  fi
+fi
+echo "ensure-services: RabbitMQ 127.0.0.1:5672 and Redis 127.0.0.1:6379 are up"
