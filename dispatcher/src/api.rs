@@ -15,8 +15,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
 use fleet_platform::store::{ExecutionView, NewExecution, Reservation, StoredTool};
+use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -37,7 +39,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tool-calls", post(create_tool_call))
         .route("/v1/executions/{id}", get(get_execution))
         .route("/v1/dead-letters", get(list_dead_letters))
-        .route("/v1/dead-letters/{id}", get(get_dead_letter))
+        .route("/v1/dead-letters/retry", post(retry_dead_letters))
+        .route("/v1/dead-letters/purge", post(purge_dead_letters))
+        .route("/v1/dead-letters/{id}", get(get_dead_letter).delete(delete_dead_letter))
+        .route("/v1/dead-letters/{id}/retry", post(retry_dead_letter))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state.clone());
@@ -426,19 +431,161 @@ async fn get_dead_letter(State(state): State<AppState>, Path(id): Path<String>) 
     Ok(Json(json!({"data": record})))
 }
 
-async fn list_dead_letters(State(state): State<AppState>, Query(page): Query<Page>) -> Result<Json<Value>, ApiError> {
-    let limit = page_limit(page.limit)?;
-    let before = match page.cursor.as_deref() {
+#[derive(Deserialize)]
+struct DeadLetterQuery {
+    cursor: Option<String>,
+    limit: Option<usize>,
+    tool_name: Option<String>,
+    reason: Option<DeadLetterReason>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+/// Newest first, filtered by tool, reason and time range; `next_cursor` continues the scan.
+async fn list_dead_letters(
+    State(state): State<AppState>,
+    Query(q): Query<DeadLetterQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(q.limit)?;
+    let filter = DeadLetterFilter {
+        execution_ids: vec![],
+        tool_name: q.tool_name,
+        reason: q.reason,
+        since: q.since,
+        until: q.until,
+    };
+    filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
+    let mut before = match q.cursor.as_deref() {
         Some(c) => Some(c.parse::<i64>().map_err(|_| ApiError::invalid("cursor is not a cursor this API returned"))?),
         None => None,
     };
-    let ids = state.store.list_dead_letters(before, limit + 1).await?;
-    let next = (ids.len() > limit).then(|| ids[limit - 1].1.to_string());
     let mut data = Vec::new();
-    for (id, _) in ids.iter().take(limit) {
-        if let Some(record) = state.store.get_dead_letter(id).await? {
-            data.push(serde_json::to_value(record).expect("a record serialises"));
+    let mut next = None;
+    // Bounded scan: at most ten pages of the index per request.
+    for _ in 0..10 {
+        let page = state.store.list_dead_letters(before, 200).await?;
+        let exhausted = page.len() < 200;
+        for (id, at) in &page {
+            if data.len() == limit {
+                next = Some(before.unwrap_or(i64::MAX).to_string());
+                break;
+            }
+            before = Some(*at);
+            if let Some(record) = state.store.get_dead_letter(id).await? {
+                if filter.matches(&record) {
+                    data.push(serde_json::to_value(record).expect("a record serialises"));
+                }
+            }
         }
+        if next.is_some() || exhausted {
+            break;
+        }
+        next = before.map(|b| b.to_string());
     }
     Ok(Json(json!({"data": data, "next_cursor": next})))
+}
+
+async fn sweep(
+    state: &AppState,
+    filter: &DeadLetterFilter,
+    action: dead_letters::Action,
+    limit: Option<u64>,
+    per_second: Option<f64>,
+) -> Result<dead_letters::SweepReport, ApiError> {
+    let live =
+        state.broker.current().ok_or_else(|| ApiError::from(fleet_platform::broker::BrokerError::Unavailable))?;
+    dead_letters::sweep(
+        &live.connection,
+        &live.publisher,
+        &state.config.common.topology,
+        &state.store,
+        filter,
+        action,
+        limit,
+        per_second,
+    )
+    .await
+    .map_err(|e| {
+        tracing::warn!(error = %e, "dead-letter sweep failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "broker_unavailable",
+            format!("dead-letter operation failed: {e}"),
+        )
+    })
+}
+
+async fn retry_dead_letter(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let report = sweep(&state, &DeadLetterFilter::for_id(&id), dead_letters::Action::Retry, Some(1), None).await?;
+    match report {
+        r if r.done == 1 => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"data": {"execution_id": id, "status": ExecutionStatus::Queued.as_str()}})),
+        )
+            .into_response()),
+        r if r.not_replayable > 0 => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_replayable",
+            format!("dead letter {id:?} is a poison message: there is no job to retry"),
+        )),
+        _ => Err(ApiError::not_found(format!("no dead letter for {id:?} on the dead-letter queue"))),
+    }
+}
+
+async fn delete_dead_letter(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let report = sweep(&state, &DeadLetterFilter::for_id(&id), dead_letters::Action::Delete, Some(1), None).await?;
+    if report.done == 1 {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("no dead letter for {id:?} on the dead-letter queue")))
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BulkRequest {
+    #[serde(flatten)]
+    filter: BulkFilter,
+    limit: Option<u64>,
+    rate_per_second: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+struct BulkFilter {
+    #[serde(default)]
+    execution_ids: Vec<String>,
+    tool_name: Option<String>,
+    reason: Option<DeadLetterReason>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f64>), ApiError> {
+    let req: BulkRequest = if body.is_empty() { BulkRequest::default() } else { validate::parse_body(body)? };
+    let f = req.filter;
+    let filter = DeadLetterFilter {
+        execution_ids: f.execution_ids,
+        tool_name: f.tool_name,
+        reason: f.reason,
+        since: f.since,
+        until: f.until,
+    };
+    filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
+    if req.rate_per_second.is_some_and(|r| !(r > 0.0 && r <= 10_000.0)) {
+        return Err(ApiError::invalid("rate_per_second must be between 0 and 10000"));
+    }
+    Ok((filter, req.limit, req.rate_per_second))
+}
+
+/// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
+async fn retry_dead_letters(State(state): State<AppState>, Body(body): Body) -> Result<Json<Value>, ApiError> {
+    let (filter, limit, rate) = bulk_request(&body)?;
+    let report = sweep(&state, &filter, dead_letters::Action::Retry, limit, Some(rate.unwrap_or(50.0))).await?;
+    Ok(Json(json!({"data": report})))
+}
+
+async fn purge_dead_letters(State(state): State<AppState>, Body(body): Body) -> Result<Json<Value>, ApiError> {
+    let (filter, limit, _) = bulk_request(&body)?;
+    let report = sweep(&state, &filter, dead_letters::Action::Delete, limit, None).await?;
+    Ok(Json(json!({"data": report})))
 }

@@ -9,8 +9,10 @@ use lapin::types::FieldTable;
 use serde_json::json;
 
 use fleet_platform::config::{CommonConfig, Source};
+use fleet_platform::dead_letters::{Action, SweepReport};
 use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
+use fleet_protocol::deadletter::DeadLetterFilter;
 
 #[derive(Parser)]
 #[command(name = "fleetctl", version, about = "Operate the agent job fleet: topology, queues, dead letters")]
@@ -53,6 +55,64 @@ enum DeadLetterAction {
     },
     /// Show one dead letter's record and attempt history.
     Show { execution_id: String },
+    /// Put dead letters back on the work queue (fresh attempt count, same execution id). A job
+    /// that already succeeded is not run again.
+    Retry {
+        /// Execution ids to retry; none with --all means every match of the filters.
+        ids: Vec<String>,
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Redrive rate, jobs per second.
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Delete dead letters (by id, or every match of the filters with --all) and print the count.
+    Purge {
+        ids: Vec<String>,
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Required: purging cannot be undone.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct FilterArgs {
+    /// Only dead letters of this tool.
+    #[arg(long)]
+    tool: Option<String>,
+    /// Only this reason: exhausted, permanent, poison, delivery_limit.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Only dead-lettered at or after this RFC 3339 time.
+    #[arg(long)]
+    since: Option<String>,
+    /// Only dead-lettered before this RFC 3339 time.
+    #[arg(long)]
+    until: Option<String>,
+}
+
+impl FilterArgs {
+    fn into_filter(self, ids: Vec<String>, all: bool) -> anyhow::Result<DeadLetterFilter> {
+        if ids.is_empty() && !all {
+            anyhow::bail!("name execution ids, or pass --all to act on every dead letter matching the filters");
+        }
+        let reason = match self.reason {
+            Some(r) => Some(serde_json::from_value(json!(r)).map_err(|_| anyhow::anyhow!("unknown reason {r:?}"))?),
+            None => None,
+        };
+        let filter =
+            DeadLetterFilter { execution_ids: ids, tool_name: self.tool, reason, since: self.since, until: self.until };
+        filter.validate().map_err(|field| anyhow::anyhow!("--{field} must be an RFC 3339 timestamp"))?;
+        Ok(filter)
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -113,8 +173,46 @@ async fn main() -> anyhow::Result<()> {
                     Some(r) => println!("{}", serde_json::to_string_pretty(&r)?),
                     None => anyhow::bail!("no dead letter for {execution_id}"),
                 },
+                DeadLetterAction::Retry { ids, all, filter, rate, limit } => {
+                    let filter = filter.into_filter(ids, all)?;
+                    let report = sweep(&config, &store, &filter, Action::Retry, limit, Some(rate)).await?;
+                    println!("{}", serde_json::to_string(&report)?);
+                }
+                DeadLetterAction::Purge { ids, all, filter, yes } => {
+                    if !yes {
+                        anyhow::bail!("purging cannot be undone: pass --yes");
+                    }
+                    let filter = filter.into_filter(ids, all)?;
+                    let report = sweep(&config, &store, &filter, Action::Delete, None, None).await?;
+                    println!("purged {} dead letter(s) ({} scanned)", report.done, report.scanned);
+                }
             }
         }
     }
     Ok(())
+}
+
+async fn sweep(
+    config: &CommonConfig,
+    store: &Store,
+    filter: &DeadLetterFilter,
+    action: Action,
+    limit: Option<u64>,
+    per_second: Option<f64>,
+) -> anyhow::Result<SweepReport> {
+    let conn = fleet_platform::broker::connect(&config.amqp_url).await.context("connecting to RabbitMQ")?;
+    let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
+    let report = fleet_platform::dead_letters::sweep(
+        &conn,
+        &publisher,
+        &config.topology,
+        store,
+        filter,
+        action,
+        limit,
+        per_second,
+    )
+    .await?;
+    let _ = conn.close(200, "done".into()).await;
+    Ok(report)
 }

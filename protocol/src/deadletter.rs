@@ -19,6 +19,8 @@ pub enum DeadLetterReason {
     Permanent,
     /// The message could not be parsed as a job.
     Poison,
+    /// The broker dead-lettered the job after too many redeliveries (it kept losing its worker).
+    DeliveryLimit,
 }
 
 impl DeadLetterReason {
@@ -27,6 +29,7 @@ impl DeadLetterReason {
             DeadLetterReason::Exhausted => "exhausted",
             DeadLetterReason::Permanent => "permanent",
             DeadLetterReason::Poison => "poison",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
         }
     }
 }
@@ -111,5 +114,91 @@ mod tests {
     fn poison_bodies_are_bounded() {
         assert_eq!(excerpt_raw_body(&vec![b'x'; 100_000]).len(), MAX_RAW_BODY_CHARS);
         assert_eq!(excerpt_raw_body(&[0xff, b'a']), "\u{fffd}a");
+    }
+}
+
+/// Which dead letters an operator's list, retry or purge applies to. Empty fields match all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterFilter {
+    #[serde(default)]
+    pub execution_ids: Vec<String>,
+    pub tool_name: Option<String>,
+    pub reason: Option<DeadLetterReason>,
+    /// RFC 3339; dead-lettered at or after.
+    pub since: Option<String>,
+    /// RFC 3339; dead-lettered before.
+    pub until: Option<String>,
+}
+
+impl DeadLetterFilter {
+    pub fn for_id(id: &str) -> Self {
+        DeadLetterFilter { execution_ids: vec![id.to_string()], ..Default::default() }
+    }
+
+    /// Checks the time bounds parse; returns the name of the field that does not.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.since.as_deref().is_some_and(|s| crate::timefmt::millis_from_rfc3339(s).is_none()) {
+            return Err("since");
+        }
+        if self.until.as_deref().is_some_and(|s| crate::timefmt::millis_from_rfc3339(s).is_none()) {
+            return Err("until");
+        }
+        Ok(())
+    }
+
+    pub fn matches(&self, record: &DeadLetterRecord) -> bool {
+        let at = crate::timefmt::millis_from_rfc3339(&record.dead_lettered_at).unwrap_or(0);
+        let bound = |b: &Option<String>| b.as_deref().and_then(crate::timefmt::millis_from_rfc3339);
+        (self.execution_ids.is_empty()
+            || record.execution_id.as_ref().is_some_and(|id| self.execution_ids.contains(id)))
+            && self.tool_name.as_ref().is_none_or(|t| record.tool_name.as_ref() == Some(t))
+            && self.reason.is_none_or(|r| record.reason == r)
+            && bound(&self.since).is_none_or(|s| at >= s)
+            && bound(&self.until).is_none_or(|u| at < u)
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    fn record(id: &str, tool: &str, reason: DeadLetterReason, at: &str) -> DeadLetterRecord {
+        DeadLetterRecord {
+            execution_id: Some(id.into()),
+            tool_name: Some(tool.into()),
+            assistant_id: None,
+            room_id: None,
+            attempts: 6,
+            last_error: "HTTP 500".into(),
+            first_attempt_at: None,
+            last_attempt_at: None,
+            reason,
+            dead_lettered_at: at.into(),
+            history: vec![],
+            job: None,
+            raw_body: None,
+        }
+    }
+
+    #[test]
+    fn filters_by_id_tool_reason_and_time() {
+        let r = record("exec_a", "search", DeadLetterReason::Exhausted, "2026-01-20T12:00:00Z");
+        assert!(DeadLetterFilter::default().matches(&r));
+        assert!(DeadLetterFilter::for_id("exec_a").matches(&r));
+        assert!(!DeadLetterFilter::for_id("exec_b").matches(&r));
+        let by_tool = DeadLetterFilter { tool_name: Some("other".into()), ..Default::default() };
+        assert!(!by_tool.matches(&r));
+        let by_reason = DeadLetterFilter { reason: Some(DeadLetterReason::Permanent), ..Default::default() };
+        assert!(!by_reason.matches(&r));
+        let window = DeadLetterFilter {
+            since: Some("2026-01-20T11:00:00Z".into()),
+            until: Some("2026-01-20T12:00:00Z".into()),
+            ..Default::default()
+        };
+        assert!(!window.matches(&r), "until is exclusive");
+        let window = DeadLetterFilter { until: Some("2026-01-20T12:00:01Z".into()), ..window };
+        assert!(window.matches(&r));
+        assert_eq!(DeadLetterFilter { since: Some("noon".into()), ..Default::default() }.validate(), Err("since"));
     }
 }
