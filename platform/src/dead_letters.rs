@@ -145,12 +145,17 @@ fn read_dead_letter(body: &[u8]) -> Option<DeadLetterRecord> {
     }
     let envelope = Envelope::decode(body, Some(CONTENT_TYPE)).ok()?;
     let job = serde_json::to_value(&envelope).ok();
-    let fleet_protocol::envelope::Job::ToolCall(call) = envelope.job;
+    let kind = Some(envelope.kind().as_str().to_string());
+    let (tool_name, assistant_id, room_id) = match envelope.job {
+        fleet_protocol::envelope::Job::ToolCall(call) => (Some(call.tool_name), call.assistant_id, call.room_id),
+        fleet_protocol::envelope::Job::Webhook(_) => (None, None, None),
+    };
     Some(DeadLetterRecord {
         execution_id: Some(envelope.execution_id),
-        tool_name: Some(call.tool_name),
-        assistant_id: call.assistant_id,
-        room_id: call.room_id,
+        kind,
+        tool_name,
+        assistant_id,
+        room_id,
         attempts: envelope.attempt,
         last_error: "redelivered too often (the broker's delivery limit)".into(),
         first_attempt_at: None,

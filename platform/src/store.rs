@@ -40,6 +40,17 @@ pub struct StoredTool {
     pub updated_at_ms: i64,
 }
 
+/// A registered webhook as stored: the secret only as ciphertext.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredWebhook {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub secret_ciphertext: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
 /// The outcome of trying to claim an execution before running it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
@@ -252,6 +263,82 @@ impl Store {
             .atomic()
             .del(self.keys.tool(name))
             .zrem(self.keys.tools_index(), name)
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.0 > 0)
+    }
+
+    // ---- webhook registry ----
+
+    /// Creates or replaces a webhook; returns whether it is new.
+    pub async fn put_webhook(&self, hook: &StoredWebhook) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(hook).expect("a webhook serialises");
+        let r: Result<(Option<String>,), _> = redis::pipe()
+            .atomic()
+            .cmd("GET")
+            .arg(self.keys.webhook(&hook.id))
+            .cmd("SET")
+            .arg(self.keys.webhook(&hook.id))
+            .arg(json)
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.keys.webhooks_index())
+            .arg(0)
+            .arg(&hook.id)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.0.is_none())
+    }
+
+    pub async fn get_webhook(&self, id: &str) -> Result<Option<StoredWebhook>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().get(self.keys.webhook(id)).await;
+        self.count(raw)?
+            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("webhook {id}: {e}"))))
+            .transpose()
+    }
+
+    /// Webhooks in id order after `after`, at most `limit`.
+    pub async fn list_webhooks(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredWebhook>, StoreError> {
+        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
+        let ids: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.keys.webhooks_index())
+            .arg(min)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await;
+        let mut hooks = Vec::new();
+        for id in self.count(ids)? {
+            if let Some(hook) = self.get_webhook(&id).await? {
+                hooks.push(hook);
+            }
+        }
+        Ok(hooks)
+    }
+
+    /// Every webhook subscribed to `event`.
+    pub async fn subscribers(&self, event: &str) -> Result<Vec<StoredWebhook>, StoreError> {
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.list_webhooks(after.as_deref(), 200).await?;
+            let done = page.len() < 200;
+            after = page.last().map(|h| h.id.clone());
+            all.extend(page.into_iter().filter(|h| h.events.iter().any(|e| e == event)));
+            if done {
+                return Ok(all);
+            }
+        }
+    }
+
+    pub async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
+        let r: Result<(i64, i64), _> = redis::pipe()
+            .atomic()
+            .del(self.keys.webhook(id))
+            .zrem(self.keys.webhooks_index(), id)
             .query_async(&mut self.conn())
             .await;
         Ok(self.count(r)?.0 > 0)

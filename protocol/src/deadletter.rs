@@ -37,6 +37,9 @@ impl DeadLetterReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetterRecord {
     pub execution_id: Option<String>,
+    /// The job kind (`tool_call`, `webhook`); absent for poison.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub tool_name: Option<String>,
     pub assistant_id: Option<String>,
     pub room_id: Option<String>,
@@ -65,6 +68,23 @@ pub fn excerpt_raw_body(body: &[u8]) -> String {
 }
 
 impl DeadLetterRecord {
+    /// The `tool.callback.failed` event payload: the call failed for good (retries exhausted or a
+    /// permanent answer).
+    pub fn failed_event_payload(&self) -> Value {
+        serde_json::json!({
+            "event": crate::events::TOOL_CALLBACK_FAILED,
+            "data": {
+                "execution_id": self.execution_id,
+                "tool_name": self.tool_name,
+                "assistant_id": self.assistant_id,
+                "room_id": self.room_id,
+                "attempts": self.attempts,
+                "last_error": self.last_error,
+                "failed_at": self.last_attempt_at,
+            }
+        })
+    }
+
     /// The seed's `tool.callback.dead_letter` event payload.
     pub fn event_payload(&self) -> Value {
         serde_json::json!({
@@ -91,6 +111,7 @@ mod tests {
     fn event_payload_is_the_seeds() {
         let r = DeadLetterRecord {
             execution_id: Some("exec_xyz".into()),
+            kind: Some("tool_call".into()),
             tool_name: Some("search_products".into()),
             assistant_id: Some("asst_abc".into()),
             room_id: Some("room_xyz".into()),
@@ -166,6 +187,7 @@ mod filter_tests {
     fn record(id: &str, tool: &str, reason: DeadLetterReason, at: &str) -> DeadLetterRecord {
         DeadLetterRecord {
             execution_id: Some(id.into()),
+            kind: None,
             tool_name: Some(tool.into()),
             assistant_id: None,
             room_id: None,

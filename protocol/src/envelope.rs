@@ -17,15 +17,17 @@ pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
 #[serde(rename_all = "snake_case")]
 pub enum JobKind {
     ToolCall,
+    Webhook,
 }
 
 impl JobKind {
-    pub const ALL: [JobKind; 1] = [JobKind::ToolCall];
+    pub const ALL: [JobKind; 2] = [JobKind::ToolCall, JobKind::Webhook];
 
     /// Routing key on the jobs exchange, and the `kind` metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::ToolCall => "tool_call",
+            JobKind::Webhook => "webhook",
         }
     }
 
@@ -33,6 +35,7 @@ impl JobKind {
     pub fn queue_suffix(self) -> &'static str {
         match self {
             JobKind::ToolCall => "tool_calls",
+            JobKind::Webhook => "webhooks",
         }
     }
 }
@@ -49,17 +52,28 @@ pub struct ToolCallJob {
     pub assistant_id: Option<String>,
 }
 
+/// A signed event delivery to a subscribed webhook. The URL and secret come from the registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WebhookJob {
+    pub webhook_id: String,
+    pub event: String,
+    /// The exact body to deliver: `{"event": …, "data": …}`.
+    pub payload: Value,
+}
+
 /// The work itself, tagged by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Job {
     ToolCall(ToolCallJob),
+    Webhook(WebhookJob),
 }
 
 impl Job {
     pub fn kind(&self) -> JobKind {
         match self {
             Job::ToolCall(_) => JobKind::ToolCall,
+            Job::Webhook(_) => JobKind::Webhook,
         }
     }
 }
@@ -138,6 +152,10 @@ impl Envelope {
                 Err(PoisonReason::Shape("tool_name must not be empty".into()))
             }
             Job::ToolCall(_) => Ok(()),
+            Job::Webhook(w) if w.webhook_id.is_empty() || w.event.is_empty() => {
+                Err(PoisonReason::Shape("webhook_id and event must not be empty".into()))
+            }
+            Job::Webhook(_) => Ok(()),
         }
     }
 }

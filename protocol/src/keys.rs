@@ -41,6 +41,16 @@ impl Keys {
         format!("{}tools", self.prefix)
     }
 
+    /// A registered webhook (JSON; the secret field is encrypted).
+    pub fn webhook(&self, id: &str) -> String {
+        format!("{}webhook:{id}", self.prefix)
+    }
+
+    /// Sorted set of webhook ids, for listing and fan-out.
+    pub fn webhooks_index(&self) -> String {
+        format!("{}webhooks", self.prefix)
+    }
+
     /// A client's `Idempotency-Key`, namespaced by a digest of its bearer token.
     pub fn request_key(&self, token_digest: &str, idempotency_key_digest: &str) -> String {
         format!("{}request:{token_digest}:{idempotency_key_digest}", self.prefix)

@@ -7,6 +7,7 @@ pub mod callback;
 pub mod classify;
 pub mod deadletter;
 pub mod envelope;
+pub mod events;
 pub mod execution;
 pub mod keys;
 pub mod retry;
@@ -20,7 +21,31 @@ pub mod tracecontext;
 /// Seven days: how long idempotency claims, results and `Idempotency-Key` mappings live.
 pub const IDEMPOTENCY_TTL_SECS: u64 = 7 * 24 * 60 * 60;
 
+/// An execution id derived from `parts`: the same parts always give the same id, so a job that
+/// may be emitted twice (a failure event re-sent after a crash) is still delivered once.
+pub fn derived_execution_id(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for p in parts {
+        hasher.update(p.as_bytes());
+        hasher.update([0u8]);
+    }
+    format!("exec_{}", &hex::encode(hasher.finalize())[..32])
+}
+
 /// Generates a new execution id in the seed's `exec_…` form (time-ordered, so ids sort by creation).
 pub fn new_execution_id() -> String {
     format!("exec_{}", uuid::Uuid::now_v7().simple())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn derived_ids_are_stable_valid_and_distinct() {
+        let a = super::derived_execution_id(&["exec_1", "tool.callback.failed", "hook"]);
+        assert_eq!(a, super::derived_execution_id(&["exec_1", "tool.callback.failed", "hook"]));
+        assert_ne!(a, super::derived_execution_id(&["exec_1", "tool.callback.dead_letter", "hook"]));
+        assert!(crate::envelope::is_valid_execution_id(&a));
+        assert!(crate::envelope::is_valid_execution_id(&super::new_execution_id()));
+    }
 }

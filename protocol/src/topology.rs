@@ -168,7 +168,7 @@ mod tests {
         assert!(delay.arguments.contains(&("x-dead-letter-routing-key", ArgValue::Str("tool_call".into()))));
         assert!(delay.arguments.contains(&("x-dead-letter-strategy", ArgValue::Str("at-least-once".into()))));
         assert!(queues.iter().all(|q| q.arguments.contains(&("x-queue-type", ArgValue::Str("quorum".into())))));
-        assert_eq!(queues.len(), 1 + 5 + 1);
+        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5) + 1);
     }
 
     #[test]

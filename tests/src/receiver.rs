@@ -30,8 +30,10 @@ impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
     }
+    /// The delivery's execution id: `X-Interactor-Request-Id` (for tool callbacks it equals the
+    /// body's `execution_id`; webhook events carry theirs only in the header).
     pub fn execution_id(&self) -> &str {
-        self.json["execution_id"].as_str().unwrap_or_default()
+        self.header("x-interactor-request-id").or_else(|| self.json["execution_id"].as_str()).unwrap_or_default()
     }
 }
 

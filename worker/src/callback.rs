@@ -9,7 +9,8 @@ use fleet_platform::now_ms;
 use fleet_platform::store::Store;
 use fleet_protocol::callback::{async_status_url, CallbackBody, REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use fleet_protocol::classify::{classify_status, ResponseClass, TransportFailure};
-use fleet_protocol::envelope::ToolCallJob;
+use fleet_protocol::envelope::Job;
+use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::signing::signature_header;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -52,57 +53,116 @@ impl AttemptReport {
 
 pub struct CallbackContext<'a> {
     pub store: &'a Store,
+    pub callback_timeout: Duration,
     pub client: &'a CallbackClient,
     pub secrets: &'a SecretsKey,
     pub poll_interval: Duration,
     pub poll_limit: Duration,
 }
 
-/// Runs one attempt of `job` for `execution_id`.
-pub async fn attempt(
-    ctx: &CallbackContext<'_>,
-    execution_id: &str,
-    job: &ToolCallJob,
-    trace: TraceParent,
-) -> AttemptReport {
-    let tool = match ctx.store.get_tool(&job.tool_name).await {
-        Ok(Some(tool)) => tool,
-        Ok(None) => return AttemptReport::permanent(format!("tool {:?} is no longer registered", job.tool_name)),
-        Err(e) => {
-            return AttemptReport {
-                verdict: AttemptVerdict::Retryable { retry_after: None },
-                http_status: None,
-                error: Some(format!("tool registry unavailable: {e}")),
-                class: "registry",
-            }
-        }
+/// A signed request ready to send.
+struct Prepared {
+    url: String,
+    secret: String,
+    body: Vec<u8>,
+    timestamp: String,
+    timeout: Duration,
+    /// Tool callbacks may answer 202 and be polled; for a webhook a 202 is simply delivered.
+    poll_accepted: bool,
+}
+
+/// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery.
+pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job, trace: TraceParent) -> AttemptReport {
+    let prepared = match prepare(ctx, execution_id, job).await {
+        Ok(p) => p,
+        Err(report) => return report,
     };
-    let secret = match ctx.secrets.decrypt(&format!("tool:{}", tool.name), &tool.secret_ciphertext) {
-        Ok(s) => s,
-        Err(e) => return AttemptReport::permanent(format!("callback secret cannot be used: {e}")),
-    };
-    let timestamp = rfc3339_from_millis(now_ms());
-    let body = CallbackBody {
-        tool_name: &job.tool_name,
-        parameters: &job.parameters,
-        execution_id,
-        room_id: job.room_id.as_deref(),
-        assistant_id: job.assistant_id.as_deref(),
-        timestamp: &timestamp,
-    }
-    .to_bytes();
     let request = ctx
         .client
-        .post(&tool.callback_url)
+        .post(&prepared.url)
+        .timeout(prepared.timeout)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(SIGNATURE_HEADER, signature_header(secret.as_bytes(), &body))
-        .header(TIMESTAMP_HEADER, &timestamp)
+        .header(SIGNATURE_HEADER, signature_header(prepared.secret.as_bytes(), &prepared.body))
+        .header(TIMESTAMP_HEADER, &prepared.timestamp)
         .header(REQUEST_ID_HEADER, execution_id)
         .header(TRACEPARENT, trace.child().to_string())
-        .body(body);
+        .body(prepared.body);
     match ctx.client.send(request).await {
-        Ok(response) => judge(ctx, response, execution_id, secret.as_bytes(), trace).await,
+        Ok(response) => {
+            judge(ctx, response, execution_id, prepared.secret.as_bytes(), trace, prepared.poll_accepted).await
+        }
         Err(failure) => AttemptReport::transport(failure),
+    }
+}
+
+fn registry_unavailable(e: impl std::fmt::Display) -> AttemptReport {
+    AttemptReport {
+        verdict: AttemptVerdict::Retryable { retry_after: None },
+        http_status: None,
+        error: Some(format!("registry unavailable: {e}")),
+        class: "registry",
+    }
+}
+
+/// Looks up the target and its secret, and builds the body signed at this attempt's time.
+async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Result<Prepared, AttemptReport> {
+    let timestamp = rfc3339_from_millis(now_ms());
+    match job {
+        Job::ToolCall(call) => {
+            let tool = match ctx.store.get_tool(&call.tool_name).await {
+                Ok(Some(tool)) => tool,
+                Ok(None) => {
+                    return Err(AttemptReport::permanent(format!("tool {:?} is no longer registered", call.tool_name)))
+                }
+                Err(e) => return Err(registry_unavailable(e)),
+            };
+            let secret = ctx
+                .secrets
+                .decrypt(&format!("tool:{}", tool.name), &tool.secret_ciphertext)
+                .map_err(|e| AttemptReport::permanent(format!("callback secret cannot be used: {e}")))?;
+            let body = CallbackBody {
+                tool_name: &call.tool_name,
+                parameters: &call.parameters,
+                execution_id,
+                room_id: call.room_id.as_deref(),
+                assistant_id: call.assistant_id.as_deref(),
+                timestamp: &timestamp,
+            }
+            .to_bytes();
+            Ok(Prepared {
+                url: tool.callback_url,
+                secret,
+                body,
+                timestamp,
+                timeout: ctx.callback_timeout,
+                poll_accepted: true,
+            })
+        }
+        Job::Webhook(hook) => {
+            let stored = match ctx.store.get_webhook(&hook.webhook_id).await {
+                Ok(Some(h)) => h,
+                Ok(None) => {
+                    return Err(AttemptReport::permanent(format!(
+                        "webhook {:?} is no longer registered",
+                        hook.webhook_id
+                    )))
+                }
+                Err(e) => return Err(registry_unavailable(e)),
+            };
+            let secret = ctx
+                .secrets
+                .decrypt(&format!("webhook:{}", stored.id), &stored.secret_ciphertext)
+                .map_err(|e| AttemptReport::permanent(format!("webhook secret cannot be used: {e}")))?;
+            let body = serde_json::to_vec(&hook.payload).expect("a payload serialises");
+            Ok(Prepared {
+                url: stored.url,
+                secret,
+                body,
+                timestamp,
+                timeout: Duration::from_secs(WEBHOOK_TIMEOUT_SECS),
+                poll_accepted: false,
+            })
+        }
     }
 }
 
@@ -112,6 +172,7 @@ async fn judge(
     execution_id: &str,
     secret: &[u8],
     trace: TraceParent,
+    poll_accepted: bool,
 ) -> AttemptReport {
     let status = response.status;
     let class = fleet_protocol::classify::status_class(status);
@@ -121,6 +182,7 @@ async fn judge(
             Ok(result) => report(AttemptVerdict::Succeeded(result), None),
             Err(why) => report(AttemptVerdict::Retryable { retry_after: None }, Some(why)),
         },
+        ResponseClass::Accepted if !poll_accepted => report(AttemptVerdict::Succeeded(Value::Null), None),
         ResponseClass::Accepted => {
             let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
             match async_status_url(&body, response.location.as_deref()) {

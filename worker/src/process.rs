@@ -8,13 +8,15 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
+use tracing::Instrument;
 
 use fleet_platform::broker::{BrokerError, Publisher};
 use fleet_platform::metrics::Metrics;
 use fleet_platform::now_ms;
-use fleet_platform::store::{Claim, Store};
+use fleet_platform::store::{Claim, NewExecution, Store};
 use fleet_protocol::deadletter::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
-use fleet_protocol::envelope::{is_valid_execution_id, Envelope, Job, PoisonReason, ToolCallJob, CONTENT_TYPE};
+use fleet_protocol::envelope::{is_valid_execution_id, Envelope, Job, JobKind, PoisonReason, WebhookJob, CONTENT_TYPE};
+use fleet_protocol::events;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::{remaining_hold, RetryDecision};
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -65,9 +67,21 @@ impl Processor {
         }
         let in_flight = self.metrics.jobs_in_flight.with_label_values(&[kind]);
         in_flight.inc();
-        let settle = match &envelope.job {
-            Job::ToolCall(job) => self.tool_call(publisher, &envelope, job, trace_of(delivery)).await,
+        // Every log line of the job carries its execution id, attempt and tool (JSON logs include
+        // the span's fields).
+        let span = tracing::info_span!(
+            "job",
+            execution_id = %envelope.execution_id,
+            attempt = envelope.attempt,
+            kind,
+            tool_name = tracing::field::Empty,
+            webhook_id = tracing::field::Empty,
+        );
+        match &envelope.job {
+            Job::ToolCall(call) => span.record("tool_name", call.tool_name.as_str()),
+            Job::Webhook(hook) => span.record("webhook_id", hook.webhook_id.as_str()),
         };
+        let settle = self.run_job(publisher, &envelope, trace_of(delivery)).instrument(span).await;
         in_flight.dec();
         settle
     }
@@ -76,13 +90,7 @@ impl Processor {
         self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
     }
 
-    async fn tool_call(
-        &self,
-        publisher: &Publisher,
-        envelope: &Envelope,
-        job: &ToolCallJob,
-        trace: TraceParent,
-    ) -> Settle {
+    async fn run_job(&self, publisher: &Publisher, envelope: &Envelope, trace: TraceParent) -> Settle {
         let id = &envelope.execution_id;
         let lease = self.config.claim_lease;
         let token = match self.store.claim(id, &self.config.worker_id, lease).await {
@@ -120,12 +128,13 @@ impl Processor {
         let report = {
             let ctx = CallbackContext {
                 store: &self.store,
+                callback_timeout: self.config.callback_timeout,
                 client: &self.client,
                 secrets: &self.config.secrets_key,
                 poll_interval: self.config.async_poll_interval,
                 poll_limit: self.config.async_poll_limit,
             };
-            let attempt = callback::attempt(&ctx, id, job, trace);
+            let attempt = callback::attempt(&ctx, id, &envelope.job, trace);
             tokio::pin!(attempt);
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;
@@ -151,10 +160,7 @@ impl Processor {
             error: report.error.clone(),
             outcome: AttemptOutcome::Success,
         };
-        tracing::info!(
-            execution_id = %id, attempt = envelope.attempt, tool_name = %job.tool_name,
-            http_status = report.http_status, error = report.error.as_deref(), "attempt finished"
-        );
+        tracing::info!(http_status = report.http_status, error = report.error.as_deref(), "attempt finished");
 
         let decision = match &report.verdict {
             AttemptVerdict::Succeeded(result) => {
@@ -226,11 +232,18 @@ impl Processor {
                     Ok(Some(view)) => view.attempts,
                     _ => vec![record.clone()],
                 };
+                let (tool_name, assistant_id, room_id) = match &envelope.job {
+                    Job::ToolCall(call) => {
+                        (Some(call.tool_name.clone()), call.assistant_id.clone(), call.room_id.clone())
+                    }
+                    Job::Webhook(_) => (None, None, None),
+                };
                 let dead = DeadLetterRecord {
                     execution_id: Some(id.clone()),
-                    tool_name: Some(job.tool_name.clone()),
-                    assistant_id: job.assistant_id.clone(),
-                    room_id: job.room_id.clone(),
+                    kind: Some(envelope.kind().as_str().to_string()),
+                    tool_name,
+                    assistant_id,
+                    room_id,
                     attempts: envelope.attempt,
                     last_error: report.error.clone().unwrap_or_else(|| "failed".into()),
                     first_attempt_at: Some(rfc3339_from_millis(first_attempt_at_ms)),
@@ -241,6 +254,14 @@ impl Processor {
                     job: serde_json::to_value(Envelope { attempt: 1, not_before_ms: None, ..envelope.clone() }).ok(),
                     raw_body: None,
                 };
+                // Failure events first: their ids derive from this execution, so if anything below
+                // fails and the job runs again, the events are still delivered once.
+                if matches!(envelope.job, Job::ToolCall(_)) {
+                    if let Err(e) = self.emit_failure_events(publisher, &dead, trace).await {
+                        tracing::warn!(execution_id = %id, error = %e, "cannot emit failure events; requeued");
+                        return Settle::Requeue;
+                    }
+                }
                 let settle = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await;
                 if matches!(settle, Settle::Ack) {
                     self.finished(envelope, if permanent { "permanent" } else { "dead_letter" });
@@ -298,6 +319,7 @@ impl Processor {
         let now = now_ms();
         let record = DeadLetterRecord {
             execution_id: Some(id.clone()),
+            kind: None,
             tool_name: None,
             assistant_id: None,
             room_id: None,
@@ -316,6 +338,48 @@ impl Processor {
             self.metrics.jobs_finished.with_label_values(&["unknown", "poison"]).inc();
         }
         settle
+    }
+
+    /// Publishes `tool.callback.failed` and `tool.callback.dead_letter` deliveries (confirmed) to every
+    /// subscribed webhook.
+    async fn emit_failure_events(
+        &self,
+        publisher: &Publisher,
+        dead: &DeadLetterRecord,
+        trace: TraceParent,
+    ) -> Result<(), String> {
+        let source = dead.execution_id.clone().unwrap_or_default();
+        for (event, payload) in [
+            (events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()),
+            (events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()),
+        ] {
+            for hook in self.store.subscribers(event).await.map_err(|e| e.to_string())? {
+                let id = fleet_protocol::derived_execution_id(&[&source, event, &hook.id]);
+                let job = Job::Webhook(WebhookJob {
+                    webhook_id: hook.id.clone(),
+                    event: event.to_string(),
+                    payload: payload.clone(),
+                });
+                let envelope = Envelope::new(id.clone(), job, now_ms());
+                let _ = self
+                    .store
+                    .create_execution(&NewExecution {
+                        execution_id: &id,
+                        kind: JobKind::Webhook.as_str(),
+                        tool_name: None,
+                        room_id: None,
+                        assistant_id: None,
+                        now_ms: now_ms(),
+                    })
+                    .await;
+                publisher
+                    .publish_job(&self.config.common.topology, &envelope, trace_headers(trace))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
+            }
+        }
+        Ok(())
     }
 
     /// Publishes a dead-letter record (confirmed) and indexes it in Redis; only then may the job be acked.

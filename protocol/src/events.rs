@@ -1,0 +1,26 @@
+//! Webhook event names and the rules for subscribing to them.
+
+pub const AGENT_ROOM_MESSAGE: &str = "agent.room.message";
+pub const TOOL_CALLBACK_FAILED: &str = "tool.callback.failed";
+pub const TOOL_CALLBACK_DEAD_LETTER: &str = "tool.callback.dead_letter";
+
+/// Every event a webhook may subscribe to.
+pub const KNOWN_EVENTS: [&str; 3] = [AGENT_ROOM_MESSAGE, TOOL_CALLBACK_FAILED, TOOL_CALLBACK_DEAD_LETTER];
+
+/// Webhook delivery timeout (seed: 10 s).
+pub const WEBHOOK_TIMEOUT_SECS: u64 = 10;
+
+/// Whether `event` is one a webhook can subscribe to.
+pub fn is_known(event: &str) -> bool {
+    KNOWN_EVENTS.contains(&event)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn known_events_are_the_seeds() {
+        assert!(super::is_known("tool.callback.dead_letter"));
+        assert!(super::is_known("agent.room.message"));
+        assert!(!super::is_known("tool.callback.*"));
+    }
+}
