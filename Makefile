@@ -8,7 +8,7 @@ demo:
 	cargo build --workspace --bins
 	scripts/demo.sh
 
-test: test-rust check-monitoring check-chart
+test: check-monitoring check-chart test-rust
 
 test-rust:
 	scripts/ensure-services.sh

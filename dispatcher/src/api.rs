@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
-use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -18,11 +17,13 @@ use sha2::{Digest, Sha256};
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
 use fleet_platform::store::{ExecutionView, NewExecution, Reservation, StoredTool, StoredWebhook};
+use fleet_platform::telemetry;
 use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::tracecontext::{TraceParent, TRACEPARENT};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::ApiError;
 use crate::validate;
@@ -420,7 +421,16 @@ async fn create_tool_call(
             }
         }
     }
-    let result = enqueue(&state, &execution_id, input, trace_parent(&headers)).await;
+    let span = tracing::info_span!(
+        "tool_call",
+        otel.name = "POST /v1/tool-calls",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/v1/tool-calls",
+        execution_id = %execution_id,
+    );
+    let _ = span.set_parent(telemetry::from_http_headers(&headers));
+    let result = enqueue(&state, &execution_id, input).instrument(span).await;
     match (&result, &idempotency_key) {
         (Ok(()), Some(key)) => state.store.confirm_request(key, &execution_id).await?,
         (Err(_), Some(key)) => {
@@ -432,23 +442,9 @@ async fn create_tool_call(
     Ok(accepted(&state, &execution_id, false).await)
 }
 
-fn trace_parent(headers: &HeaderMap) -> TraceParent {
-    headers
-        .get(TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceParent::parse)
-        .map(|tp| tp.child())
-        .unwrap_or_else(TraceParent::new_root)
-}
-
 /// Records the execution, then publishes the job and waits for the broker's confirm. If the
 /// publish fails the record is removed: nothing claims the job was accepted.
-async fn enqueue(
-    state: &AppState,
-    execution_id: &str,
-    input: ToolCallInput,
-    trace: TraceParent,
-) -> Result<(), ApiError> {
+async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput) -> Result<(), ApiError> {
     let publisher = state.broker.publisher()?;
     let now = now_ms();
     state
@@ -469,14 +465,26 @@ async fn enqueue(
         assistant_id: input.assistant_id,
     });
     let envelope = Envelope::new(execution_id.to_string(), job, now);
-    let mut headers = FieldTable::default();
-    headers.insert(TRACEPARENT.into(), AMQPValue::LongString(LongString::from(trace.to_string().into_bytes())));
-    if let Err(e) = publisher.publish_job(&state.config.common.topology, &envelope, headers).await {
-        let _ = state.store.delete_execution(execution_id).await;
+    let topology = &state.config.common.topology;
+    let exchange = topology.jobs_exchange();
+    let routing_key = envelope.kind().as_str();
+    let send = tracing::info_span!(
+        "send",
+        otel.name = format!("send {exchange}"),
+        otel.kind = "producer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "send",
+        messaging.destination.name = format!("{exchange}:{routing_key}"),
+        messaging.rabbitmq.destination.routing_key = routing_key,
+        messaging.message.id = execution_id,
+    );
+    let headers = telemetry::amqp_headers(&send);
+    if let Err(e) = publisher.publish_job(topology, &envelope, headers).instrument(send).await {
+        let _ = state.store.delete_execution(execution_id, "tool_call").await;
         return Err(e.into());
     }
     state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
-    tracing::info!(execution_id, trace_id = %trace.trace_id_hex(), "job accepted");
+    tracing::info!(execution_id, trace_id = %telemetry::trace_id(&tracing::Span::current()), "job accepted");
     Ok(())
 }
 

@@ -17,6 +17,8 @@ pub struct DispatcherConfig {
     pub allow_private_callbacks: bool,
     /// Largest request body accepted (413 above it).
     pub max_body_bytes: usize,
+    /// How often queue depths and the oldest job's age are refreshed for `/metrics`.
+    pub stats_interval: std::time::Duration,
 }
 
 impl DispatcherConfig {
@@ -36,6 +38,7 @@ impl DispatcherConfig {
             secrets_key: fleet_platform::config::secrets_key(src)?,
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
             max_body_bytes: src.parse("FLEET_MAX_BODY_BYTES", 1024 * 1024)?,
+            stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
         })
     }
 }

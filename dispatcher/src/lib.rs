@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod stats;
 pub mod validate;
 
 use std::sync::Arc;
@@ -59,10 +60,19 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         broker_cancel.clone(),
     );
     let supervisor = tokio::spawn(supervisor);
+    let stats = tokio::spawn(stats::poll(
+        link.clone(),
+        config.common.topology.clone(),
+        store.clone(),
+        metrics.clone(),
+        config.stats_interval,
+        broker_cancel.clone(),
+    ));
     let state = AppState { config: Arc::new(config), broker: link, store, metrics };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
     let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
     broker_cancel.cancel();
+    let _ = stats.await;
     let _ = supervisor.await;
     served.map_err(DispatcherError::Serve)
 }

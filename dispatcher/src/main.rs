@@ -13,12 +13,14 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    fleet_platform::telemetry::init_logging(config.common.log_format);
+    let telemetry = fleet_platform::telemetry::init(config.common.log_format, "dispatcher");
     let cancel = CancellationToken::new();
     let signals = tokio::spawn(fleet_platform::shutdown::cancel_on_signal(cancel.clone()));
     let result = fleet_dispatcher::run(config, cancel.clone()).await;
     cancel.cancel();
     signals.await?;
+    // Flushing exported spans blocks; keep it off the async workers.
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     result?;
     tracing::info!("dispatcher stopped");
     Ok(())

@@ -31,6 +31,9 @@ pub struct Metrics {
     pub broker_connected: IntGauge,
     pub http_requests: IntCounterVec,
     pub http_request_duration: HistogramVec,
+    pub oldest_job_age: prometheus::GaugeVec,
+    pub llm_request_duration: HistogramVec,
+    pub llm_tokens: IntCounterVec,
 }
 
 impl Metrics {
@@ -119,6 +122,25 @@ impl Metrics {
                 "fleet_http_request_duration_seconds",
                 "API request duration.",
                 &["route"],
+            ),
+            oldest_job_age: {
+                let g = prometheus::GaugeVec::new(
+                    Opts::new("fleet_oldest_job_age_seconds", "Age of the oldest job accepted but not yet started."),
+                    &["kind"],
+                )
+                .expect("valid metric");
+                registry.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            llm_request_duration: histogram(
+                "fleet_llm_request_duration_seconds",
+                "LLM chat-completion request duration.",
+                &["model"],
+            ),
+            llm_tokens: counter(
+                "fleet_llm_tokens_total",
+                "LLM tokens used, by model and type (prompt, completion).",
+                &["model", "type"],
             ),
             registry,
         }

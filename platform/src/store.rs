@@ -363,19 +363,40 @@ impl Store {
             }
         }
         let r: Result<(), _> = redis::pipe()
-            .atomic()
             .hset_multiple(&key, &fields)
             .ignore()
             .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
+            .zadd(self.keys.waiting(e.kind), e.execution_id, e.now_ms)
             .ignore()
             .query_async(&mut self.conn())
             .await;
         self.count(r)
     }
 
+    /// Marks an execution as started: it no longer counts towards the oldest-waiting-job age.
+    pub async fn mark_started(&self, execution_id: &str, kind: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().zrem(self.keys.waiting(kind), execution_id).await;
+        self.count(r)
+    }
+
+    /// The acceptance time (ms) of the oldest job of `kind` not yet started.
+    pub async fn oldest_waiting(&self, kind: &str) -> Result<Option<i64>, StoreError> {
+        let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZRANGE")
+            .arg(self.keys.waiting(kind))
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await;
+        Ok(self.count(r)?.first().map(|(_, at)| *at))
+    }
+
     /// Removes a record whose job was never accepted (the publish failed).
-    pub async fn delete_execution(&self, execution_id: &str) -> Result<(), StoreError> {
+    pub async fn delete_execution(&self, execution_id: &str, kind: &str) -> Result<(), StoreError> {
         let r: Result<(), _> = redis::pipe()
+            .zrem(self.keys.waiting(kind), execution_id)
+            .ignore()
             .del(self.keys.execution(execution_id))
             .ignore()
             .del(self.keys.attempts(execution_id))

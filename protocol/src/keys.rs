@@ -31,6 +31,11 @@ impl Keys {
         format!("{}execution:{execution_id}:attempts", self.prefix)
     }
 
+    /// Sorted set of executions of `kind` accepted but not yet started, by acceptance time (ms).
+    pub fn waiting(&self, kind: &str) -> String {
+        format!("{}waiting:{kind}", self.prefix)
+    }
+
     /// A registered tool (a hash; the secret field is encrypted).
     pub fn tool(&self, name: &str) -> String {
         format!("{}tool:{name}", self.prefix)

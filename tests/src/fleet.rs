@@ -27,11 +27,13 @@ pub struct FleetOptions {
     pub env: Vec<(String, String)>,
     /// The broker URL the dispatcher uses (e.g. through a `Proxy`); workers use the real one.
     pub dispatcher_amqp_url: Option<String>,
+    /// Write each process's stderr to a file readable through `Fleet::logs` (else it is inherited).
+    pub capture_logs: bool,
 }
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        FleetOptions { workers: 1, dispatcher: true, env: vec![], dispatcher_amqp_url: None }
+        FleetOptions { workers: 1, dispatcher: true, env: vec![], dispatcher_amqp_url: None, capture_logs: false }
     }
 }
 
@@ -108,8 +110,28 @@ pub async fn spawn_fleet(options: FleetOptions) -> Fleet {
 }
 
 impl Fleet {
+    fn log_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("fleet-test-logs-{}", self.id))
+    }
+
+    /// Everything the fleet's processes wrote to stderr (with `capture_logs`).
+    pub fn logs(&self) -> String {
+        let mut all = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.log_dir()) {
+            for entry in entries.flatten() {
+                all.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+            }
+        }
+        all
+    }
+
     fn command(&self, bin: &str) -> Command {
         let mut cmd = Command::new(binary(bin));
+        if self.options.capture_logs {
+            std::fs::create_dir_all(self.log_dir()).unwrap();
+            let path = self.log_dir().join(format!("{bin}-{}.log", uuid::Uuid::new_v4().simple()));
+            cmd.stderr(std::fs::File::create(path).unwrap());
+        }
         cmd.env("FLEET_AMQP_URL", amqp_url())
             .env("FLEET_REDIS_URL", redis_url())
             .env("FLEET_TOPOLOGY_PREFIX", self.topology.prefix())
@@ -305,6 +327,7 @@ impl Drop for Fleet {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_dir_all(self.log_dir());
         // Remove this test's queues, exchanges and keys so the shared services stay clean.
         let topology = self.topology.clone();
         let key_prefix = self.key_prefix.clone();

@@ -30,7 +30,11 @@ async fn callbacks_are_signed_exactly_as_the_seed() {
     assert_eq!(r.header("x-interactor-request-id"), Some(id.as_str()));
     assert!(r.header("x-interactor-signature").unwrap().starts_with("sha256="));
     let tp = r.header("traceparent").expect("traceparent header");
-    assert!(fleet_protocol::tracecontext::TraceParent::parse(tp).is_some(), "{tp}");
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert!(
+        parts.len() == 4 && parts[0] == "00" && parts[1].len() == 32 && parts[2].len() == 16,
+        "W3C traceparent: {tp}"
+    );
     // The body is the seed's, field for field, and its timestamp is the signing time.
     let body = r.json.as_object().unwrap();
     let mut fields: Vec<&str> = body.keys().map(String::as_str).collect();

@@ -14,7 +14,7 @@ use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::signing::signature_header;
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::tracecontext::{TraceParent, TRACEPARENT};
+use tracing::Instrument;
 
 use crate::http::{CallbackClient, ReadResponse};
 
@@ -72,7 +72,7 @@ struct Prepared {
 }
 
 /// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery.
-pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job, trace: TraceParent) -> AttemptReport {
+pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> AttemptReport {
     let prepared = match prepare(ctx, execution_id, job).await {
         Ok(p) => p,
         Err(report) => return report,
@@ -85,12 +85,9 @@ pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job, t
         .header(SIGNATURE_HEADER, signature_header(prepared.secret.as_bytes(), &prepared.body))
         .header(TIMESTAMP_HEADER, &prepared.timestamp)
         .header(REQUEST_ID_HEADER, execution_id)
-        .header(TRACEPARENT, trace.child().to_string())
         .body(prepared.body);
-    match ctx.client.send(request).await {
-        Ok(response) => {
-            judge(ctx, response, execution_id, prepared.secret.as_bytes(), trace, prepared.poll_accepted).await
-        }
+    match traced_send(ctx, request, "POST").await {
+        Ok(response) => judge(ctx, response, execution_id, prepared.secret.as_bytes(), prepared.poll_accepted).await,
         Err(failure) => AttemptReport::transport(failure),
     }
 }
@@ -102,6 +99,19 @@ fn registry_unavailable(e: impl std::fmt::Display) -> AttemptReport {
         error: Some(format!("registry unavailable: {e}")),
         class: "registry",
     }
+}
+
+/// Sends `request` in a client span whose context travels as `traceparent`.
+async fn traced_send(
+    ctx: &CallbackContext<'_>,
+    mut request: reqwest::RequestBuilder,
+    method: &'static str,
+) -> Result<crate::http::ReadResponse, TransportFailure> {
+    let span = tracing::info_span!("http", otel.name = method, otel.kind = "client", http.request.method = method);
+    for (name, value) in fleet_platform::telemetry::http_headers(&span) {
+        request = request.header(name, value);
+    }
+    ctx.client.send(request).instrument(span).await
 }
 
 /// Looks up the target and its secret, and builds the body signed at this attempt's time.
@@ -171,7 +181,6 @@ async fn judge(
     response: ReadResponse,
     execution_id: &str,
     secret: &[u8],
-    trace: TraceParent,
     poll_accepted: bool,
 ) -> AttemptReport {
     let status = response.status;
@@ -186,7 +195,7 @@ async fn judge(
         ResponseClass::Accepted => {
             let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
             match async_status_url(&body, response.location.as_deref()) {
-                Some(url) => poll(ctx, &url, execution_id, secret, trace).await,
+                Some(url) => poll(ctx, &url, execution_id, secret).await,
                 None => report(
                     AttemptVerdict::Permanent,
                     Some("202 Accepted without a status_url or Location to poll".into()),
@@ -203,13 +212,7 @@ async fn judge(
 }
 
 /// Polls a 202's status URL (signed GETs) until it answers with a result, a failure, or the limit.
-async fn poll(
-    ctx: &CallbackContext<'_>,
-    url: &str,
-    execution_id: &str,
-    secret: &[u8],
-    trace: TraceParent,
-) -> AttemptReport {
+async fn poll(ctx: &CallbackContext<'_>, url: &str, execution_id: &str, secret: &[u8]) -> AttemptReport {
     let deadline = Instant::now() + ctx.poll_limit;
     loop {
         let wait = ctx.poll_interval.min(deadline.saturating_duration_since(Instant::now()));
@@ -223,9 +226,8 @@ async fn poll(
             .get(url)
             .header(SIGNATURE_HEADER, signature_header(secret, b""))
             .header(TIMESTAMP_HEADER, &timestamp)
-            .header(REQUEST_ID_HEADER, execution_id)
-            .header(TRACEPARENT, trace.child().to_string());
-        let response = match ctx.client.send(request).await {
+            .header(REQUEST_ID_HEADER, execution_id);
+        let response = match traced_send(ctx, request, "GET").await {
             Ok(r) => r,
             Err(failure) => return AttemptReport::transport(failure),
         };

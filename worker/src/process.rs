@@ -9,6 +9,9 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use fleet_platform::telemetry;
 
 use fleet_platform::broker::{BrokerError, Publisher};
 use fleet_platform::metrics::Metrics;
@@ -20,7 +23,6 @@ use fleet_protocol::events;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::{remaining_hold, RetryDecision};
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::tracecontext::{TraceParent, TRACEPARENT};
 
 use crate::callback::{self, AttemptVerdict, CallbackContext};
 use crate::http::CallbackClient;
@@ -62,35 +64,47 @@ impl Processor {
             Err(reason) => return self.dead_letter_poison(delivery, reason, publisher).await,
         };
         let kind = envelope.kind().as_str();
-        if let Some(remaining) = remaining_hold(envelope.not_before_ms, now_ms()) {
-            return self.park(publisher, &envelope, remaining, trace_of(delivery)).await;
-        }
-        let in_flight = self.metrics.jobs_in_flight.with_label_values(&[kind]);
-        in_flight.inc();
-        // Every log line of the job carries its execution id, attempt and tool (JSON logs include
-        // the span's fields).
+        let queue = self.config.common.topology.work_queue(envelope.kind());
+        // The job's span continues the publisher's trace (W3C context from the AMQP headers), and
+        // every log line of the job carries its execution id, attempt and tool.
         let span = tracing::info_span!(
             "job",
+            otel.name = format!("process {queue}"),
+            otel.kind = "consumer",
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.destination.name = %queue,
+            messaging.message.id = %envelope.execution_id,
             execution_id = %envelope.execution_id,
             attempt = envelope.attempt,
             kind,
             tool_name = tracing::field::Empty,
             webhook_id = tracing::field::Empty,
         );
+        let _ = span.set_parent(telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
         match &envelope.job {
             Job::ToolCall(call) => span.record("tool_name", call.tool_name.as_str()),
             Job::Webhook(hook) => span.record("webhook_id", hook.webhook_id.as_str()),
         };
-        let settle = self.run_job(publisher, &envelope, trace_of(delivery)).instrument(span).await;
-        in_flight.dec();
-        settle
+        async {
+            if let Some(remaining) = remaining_hold(envelope.not_before_ms, now_ms()) {
+                return self.park(publisher, &envelope, remaining).await;
+            }
+            let in_flight = self.metrics.jobs_in_flight.with_label_values(&[kind]);
+            in_flight.inc();
+            let settle = self.run_job(publisher, &envelope).await;
+            in_flight.dec();
+            settle
+        }
+        .instrument(span)
+        .await
     }
 
     fn finished(&self, envelope: &Envelope, outcome: &str) {
         self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
     }
 
-    async fn run_job(&self, publisher: &Publisher, envelope: &Envelope, trace: TraceParent) -> Settle {
+    async fn run_job(&self, publisher: &Publisher, envelope: &Envelope) -> Settle {
         let id = &envelope.execution_id;
         let lease = self.config.claim_lease;
         let token = match self.store.claim(id, &self.config.worker_id, lease).await {
@@ -110,19 +124,22 @@ impl Processor {
             Ok(Claim::Busy { remaining }) => {
                 tracing::info!(execution_id = %id, remaining_ms = remaining.as_millis() as u64, "claimed by another worker; parked");
                 self.finished(envelope, "deferred");
-                return self.park(publisher, envelope, remaining, trace).await;
+                return self.park(publisher, envelope, remaining).await;
             }
             Err(e) => {
                 // Fail closed: no claim, no side effect. Try again later without spending an attempt.
                 tracing::warn!(execution_id = %id, error = %e, "cannot claim (Redis unavailable); parked");
                 self.finished(envelope, "deferred");
-                return self.park(publisher, envelope, self.config.common.retry.delays()[0], trace).await;
+                return self.park(publisher, envelope, self.config.common.retry.delays()[0]).await;
             }
         };
         self.metrics.jobs_started.with_label_values(&[envelope.kind().as_str()]).inc();
         let started_ms = now_ms();
         let first_attempt_at_ms = envelope.first_attempt_at_ms.unwrap_or(started_ms);
         let _ = self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms).await;
+        if envelope.attempt == 1 {
+            let _ = self.store.mark_started(id, envelope.kind().as_str()).await;
+        }
 
         let started = Instant::now();
         let report = {
@@ -134,7 +151,7 @@ impl Processor {
                 poll_interval: self.config.async_poll_interval,
                 poll_limit: self.config.async_poll_limit,
             };
-            let attempt = callback::attempt(&ctx, id, &envelope.job, trace);
+            let attempt = callback::attempt(&ctx, id, &envelope.job);
             tokio::pin!(attempt);
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;
@@ -206,7 +223,7 @@ impl Processor {
                     ..envelope.clone()
                 };
                 let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
-                match publisher.publish_delayed(&queue, &next, trace_headers(trace)).await {
+                match publisher.publish_delayed(&queue, &next, trace_headers()).await {
                     Ok(()) => {
                         self.metrics
                             .retries_scheduled
@@ -223,7 +240,8 @@ impl Processor {
             }
             RetryDecision::Exhausted => {
                 record.outcome = if permanent { AttemptOutcome::Permanent } else { AttemptOutcome::Exhausted };
-                let _ = self.store.record_attempt(id, &record, ExecutionStatus::DeadLettered, None, now_ms()).await;
+                // The status says dead_lettered only once the dead letter is durable (below).
+                let _ = self.store.record_attempt(id, &record, ExecutionStatus::Running, None, now_ms()).await;
                 if !self.still_holds(id, token, "dead_lettered").await {
                     return Settle::Ack;
                 }
@@ -257,13 +275,14 @@ impl Processor {
                 // Failure events first: their ids derive from this execution, so if anything below
                 // fails and the job runs again, the events are still delivered once.
                 if matches!(envelope.job, Job::ToolCall(_)) {
-                    if let Err(e) = self.emit_failure_events(publisher, &dead, trace).await {
+                    if let Err(e) = self.emit_failure_events(publisher, &dead).await {
                         tracing::warn!(execution_id = %id, error = %e, "cannot emit failure events; requeued");
                         return Settle::Requeue;
                     }
                 }
                 let settle = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await;
                 if matches!(settle, Settle::Ack) {
+                    let _ = self.store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms()).await;
                     self.finished(envelope, if permanent { "permanent" } else { "dead_letter" });
                     self.observe_latency(envelope, "dead_letter");
                 }
@@ -292,18 +311,12 @@ impl Processor {
     }
 
     /// Holds a job in the delay queue that fits `remaining` without spending an attempt.
-    async fn park(
-        &self,
-        publisher: &Publisher,
-        envelope: &Envelope,
-        remaining: Duration,
-        trace: TraceParent,
-    ) -> Settle {
+    async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration) -> Settle {
         let retry = &self.config.common.retry;
         let step = retry.park_step(remaining);
         let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
         let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
-        match publisher.publish_delayed(&queue, &held, trace_headers(trace)).await {
+        match publisher.publish_delayed(&queue, &held, trace_headers()).await {
             Ok(()) => Settle::Ack,
             Err(e) => {
                 tracing::warn!(execution_id = %envelope.execution_id, error = %e, "cannot park job; requeued");
@@ -342,12 +355,7 @@ impl Processor {
 
     /// Publishes `tool.callback.failed` and `tool.callback.dead_letter` deliveries (confirmed) to every
     /// subscribed webhook.
-    async fn emit_failure_events(
-        &self,
-        publisher: &Publisher,
-        dead: &DeadLetterRecord,
-        trace: TraceParent,
-    ) -> Result<(), String> {
+    async fn emit_failure_events(&self, publisher: &Publisher, dead: &DeadLetterRecord) -> Result<(), String> {
         let source = dead.execution_id.clone().unwrap_or_default();
         for (event, payload) in [
             (events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()),
@@ -373,7 +381,7 @@ impl Processor {
                     })
                     .await;
                 publisher
-                    .publish_job(&self.config.common.topology, &envelope, trace_headers(trace))
+                    .publish_job(&self.config.common.topology, &envelope, trace_headers())
                     .await
                     .map_err(|e| e.to_string())?;
                 self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
@@ -417,24 +425,9 @@ fn long_string(text: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(text.as_bytes().to_vec()))
 }
 
-fn trace_headers(trace: TraceParent) -> FieldTable {
-    let mut headers = FieldTable::default();
-    headers.insert(TRACEPARENT.into(), long_string(&trace.to_string()));
-    headers
-}
-
-/// The trace context a delivery carries, or a new root if it has none.
-fn trace_of(delivery: &Delivery) -> TraceParent {
-    delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(TRACEPARENT))
-        .and_then(|v| match v {
-            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok().and_then(TraceParent::parse),
-            _ => None,
-        })
-        .unwrap_or_else(TraceParent::new_root)
+/// AMQP headers carrying the current span's trace context, so a retry continues the trace.
+fn trace_headers() -> FieldTable {
+    telemetry::amqp_headers(&tracing::Span::current())
 }
 
 fn uuid_like() -> String {
