@@ -52,6 +52,8 @@ enum DeadLetterAction {
     List {
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        #[command(flatten)]
+        filter: FilterArgs,
     },
     /// Show one dead letter's record and attempt history.
     Show { execution_id: String },
@@ -158,9 +160,15 @@ async fn main() -> anyhow::Result<()> {
             let store =
                 Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"))?;
             match action {
-                DeadLetterAction::List { limit } => {
-                    for (id, _) in store.list_dead_letters(None, limit).await? {
-                        if let Some(r) = store.get_dead_letter(&id).await? {
+                DeadLetterAction::List { limit, filter } => {
+                    let filter = filter.into_filter(vec![], true)?;
+                    let mut shown = 0;
+                    for (id, _) in store.list_dead_letters(None, 10_000).await? {
+                        if shown == limit {
+                            break;
+                        }
+                        if let Some(r) = store.get_dead_letter(&id).await?.filter(|r| filter.matches(r)) {
+                            shown += 1;
                             println!(
                                 "{}",
                                 json!({"execution_id": id, "tool_name": r.tool_name, "reason": r.reason, "attempts": r.attempts,

@@ -107,6 +107,9 @@ async fn dead_letters_can_be_listed_retried_redriven_and_purged() {
     // fleetctl sees the one left, and purges it with a count.
     let listed = fleetctl(&fleet, &["dead-letters", "list"]);
     assert!(listed.contains(&a2), "{listed}");
+    assert!(fleetctl(&fleet, &["dead-letters", "list", "--tool", "alpha"]).contains(&a2));
+    assert!(!fleetctl(&fleet, &["dead-letters", "list", "--tool", "beta"]).contains(&a2));
+    assert!(fleetctl(&fleet, &["dead-letters", "show", &a2]).contains("\"history\""));
     let queues = fleetctl(&fleet, &["queues"]);
     assert!(queues.contains(&dlq), "{queues}");
     let refused = fleetctl_status(&fleet, &["dead-letters", "purge", "--all"]);
