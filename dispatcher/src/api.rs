@@ -59,7 +59,7 @@ pub fn router(state: AppState) -> Router {
             s.store.ping().await.map_err(|e| e.to_string())
         })
     });
-    v1.merge(fleet_platform::ops::router(state.metrics.clone(), readiness))
+    v1.merge(fleet_platform::ops::router(state.metrics.clone(), readiness, None))
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state, record_metrics))
 }

@@ -53,7 +53,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
     // can finish their publishes.
     let broker_cancel = CancellationToken::new();
     let (link, supervisor) = broker::supervise(
-        config.common.amqp_url.clone(),
+        config.common.amqp_urls.clone(),
         config.common.topology.clone(),
         config.common.publish_timeout,
         metrics.clone(),

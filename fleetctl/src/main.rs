@@ -132,7 +132,8 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Topology { action: TopologyAction::Declare } => {
-            let conn = fleet_platform::broker::connect(&config.amqp_url).await.context("connecting to RabbitMQ")?;
+            let (conn, _) =
+                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
             let channel = conn.create_channel().await?;
             fleet_platform::broker::declare_topology(&channel, &config.topology).await?;
             println!(
@@ -144,7 +145,8 @@ async fn main() -> anyhow::Result<()> {
             let _ = conn.close(200, "done".into()).await;
         }
         Command::Queues => {
-            let conn = fleet_platform::broker::connect(&config.amqp_url).await.context("connecting to RabbitMQ")?;
+            let (conn, _) =
+                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
             println!("{:<48} {:>10} {:>10}", "queue", "messages", "consumers");
             for q in config.topology.queues() {
                 let channel = conn.create_channel().await?;
@@ -208,7 +210,7 @@ async fn sweep(
     limit: Option<u64>,
     per_second: Option<f64>,
 ) -> anyhow::Result<SweepReport> {
-    let conn = fleet_platform::broker::connect(&config.amqp_url).await.context("connecting to RabbitMQ")?;
+    let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
     let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
     let report = fleet_platform::dead_letters::sweep(
         &conn,

@@ -25,6 +25,8 @@ pub enum BrokerError {
     Unavailable,
     #[error("broker error: {0}")]
     Amqp(#[from] lapin::Error),
+    #[error("broker did not accept a connection within {0:?}")]
+    ConnectTimeout(Duration),
     #[error("broker did not confirm within {0:?}")]
     ConfirmTimeout(Duration),
     #[error("broker refused the message (nack)")]
@@ -35,11 +37,33 @@ pub enum BrokerError {
     Topology { name: String, source: lapin::Error },
 }
 
+/// How long one endpoint may take to accept a connection before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Opens a connection (heartbeat from the URL, default 10 s) with lapin's own recovery off: the
 /// supervisor below owns reconnection, so there is exactly one recovery mechanism.
-pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
+pub async fn connect_one(url: &str) -> Result<Connection, BrokerError> {
     let url = with_default_heartbeat(url);
-    Ok(Connection::connect(&url, ConnectionProperties::default()).await?)
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&url, ConnectionProperties::default())).await {
+        Ok(conn) => Ok(conn?),
+        Err(_) => Err(BrokerError::ConnectTimeout(CONNECT_TIMEOUT)),
+    }
+}
+
+/// Connects to the first reachable endpoint, in order; returns it with its index. Always starting
+/// from the first means a process fails over to a later node and back once the first returns.
+pub async fn connect(urls: &[String]) -> Result<(Connection, usize), BrokerError> {
+    let mut last = BrokerError::Unavailable;
+    for (i, url) in urls.iter().enumerate() {
+        match connect_one(url).await {
+            Ok(conn) => return Ok((conn, i)),
+            Err(e) => {
+                tracing::debug!(endpoint = i, error = %e, "broker endpoint unreachable");
+                last = e;
+            }
+        }
+    }
+    Err(last)
 }
 
 fn with_default_heartbeat(url: &str) -> String {
@@ -229,7 +253,7 @@ impl BrokerLink {
 /// Keeps one live, topology-declared connection until `cancel` fires. The returned future must be
 /// awaited by its owner (it closes the connection on shutdown).
 pub fn supervise(
-    url: String,
+    urls: Vec<String>,
     topology: Topology,
     publish_timeout: Duration,
     metrics: Metrics,
@@ -247,12 +271,12 @@ pub fn supervise(
         };
         let mut delays = backoff();
         while !cancel.is_cancelled() {
-            match open_live(&url, &topology, publish_timeout).await {
-                Ok(live) => {
+            match open_live(&urls, &topology, publish_timeout).await {
+                Ok((live, endpoint)) => {
                     delays = backoff();
                     metrics.amqp_reconnects.inc();
                     metrics.broker_connected.set(1);
-                    tracing::info!("broker connected, topology declared");
+                    tracing::info!(endpoint, "broker connected, topology declared");
                     let events = live.connection.events_listener();
                     tx.send_replace(Some(live.clone()));
                     tokio::select! {
@@ -283,13 +307,17 @@ pub fn supervise(
     (BrokerLink { rx }, task)
 }
 
-async fn open_live(url: &str, topology: &Topology, publish_timeout: Duration) -> Result<Live, BrokerError> {
-    let connection = connect(url).await?;
+async fn open_live(
+    urls: &[String],
+    topology: &Topology,
+    publish_timeout: Duration,
+) -> Result<(Live, usize), BrokerError> {
+    let (connection, endpoint) = connect(urls).await?;
     let channel = connection.create_channel().await?;
     declare_topology(&channel, topology).await?;
     let _ = channel.close(200, "declared".into()).await;
     let publisher = Publisher::open(&connection, publish_timeout).await?;
-    Ok(Live { connection: Arc::new(connection), publisher })
+    Ok((Live { connection: Arc::new(connection), publisher }, endpoint))
 }
 
 async fn connection_lost(connection: &Connection, events: impl futures::Stream<Item = Event> + Unpin) -> String {
@@ -298,7 +326,10 @@ async fn connection_lost(connection: &Connection, events: impl futures::Stream<I
     loop {
         tokio::select! {
             event = events.next() => match event {
-                Some(Event::Error(e)) => return e.to_string(),
+                // Channel-level errors (a passive declare of a missing queue, say) are reported
+                // here too; only a connection that is no longer connected is lost.
+                Some(Event::Error(e)) if !connection.status().connected() => return e.to_string(),
+                Some(Event::Error(e)) => tracing::debug!(error = %e, "channel error on a live connection"),
                 Some(_) => {}
                 None => return "event stream ended".into(),
             },

@@ -117,7 +117,8 @@ pub enum LogFormat {
 /// Settings every fleet process shares.
 #[derive(Debug, Clone)]
 pub struct CommonConfig {
-    pub amqp_url: String,
+    /// Broker endpoints in order of preference (`FLEET_AMQP_URL` may list cluster nodes, comma-separated).
+    pub amqp_urls: Vec<String>,
     pub redis_url: String,
     pub topology: Topology,
     pub keys: Keys,
@@ -131,9 +132,14 @@ pub struct CommonConfig {
 
 impl CommonConfig {
     pub fn load(src: &Source) -> Result<Self, ConfigError> {
-        let amqp_url = src.string("FLEET_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
-        if !amqp_url.starts_with("amqp://") && !amqp_url.starts_with("amqps://") {
-            return Err(ConfigError::new("FLEET_AMQP_URL", "must start with amqp:// or amqps://"));
+        let amqp_urls: Vec<String> = src
+            .string("FLEET_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+            .split(',')
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if amqp_urls.is_empty() || amqp_urls.iter().any(|u| !u.starts_with("amqp://") && !u.starts_with("amqps://")) {
+            return Err(ConfigError::new("FLEET_AMQP_URL", "every endpoint must start with amqp:// or amqps://"));
         }
         let redis_url = src.string("FLEET_REDIS_URL", "redis://127.0.0.1:6379/0");
         if redis::Client::open(redis_url.as_str()).is_err() {
@@ -160,7 +166,7 @@ impl CommonConfig {
             other => return Err(ConfigError::new("FLEET_LOG_FORMAT", format!("must be text or json, got {other:?}"))),
         };
         Ok(CommonConfig {
-            amqp_url,
+            amqp_urls,
             redis_url,
             topology: Topology::new(prefix, retry.delays().to_vec()),
             keys: Keys::new(src.string("FLEET_REDIS_KEY_PREFIX", "")),
@@ -190,7 +196,10 @@ mod tests {
     #[test]
     fn defaults_are_the_specs() {
         let c = CommonConfig::load(&Source::default()).unwrap();
-        assert_eq!(c.amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(c.amqp_urls, ["amqp://guest:guest@127.0.0.1:5672/%2f"]);
+        let two = CommonConfig::load(&Source::from_pairs([("FLEET_AMQP_URL", "amqp://a:5672/%2f, amqp://b:5672/%2f")]))
+            .unwrap();
+        assert_eq!(two.amqp_urls, ["amqp://a:5672/%2f", "amqp://b:5672/%2f"]);
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379/0");
         assert_eq!(c.retry.max_attempts(), 6);
         assert_eq!(c.topology.jobs_exchange(), "fleet.jobs");

@@ -21,24 +21,36 @@ pub type ReadinessCheck = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(),
 struct OpsState {
     metrics: Metrics,
     ready: ReadinessCheck,
+    live: Option<ReadinessCheck>,
 }
 
-/// A router with the three operational routes.
-pub fn router(metrics: Metrics, ready: ReadinessCheck) -> Router {
+/// A router with the three operational routes. `live`, if given, can fail `/healthz` (a watchdog
+/// for a process that runs but can no longer do its work, so that it gets restarted).
+pub fn router(metrics: Metrics, ready: ReadinessCheck, live: Option<ReadinessCheck>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(OpsState { metrics, ready })
+        .with_state(OpsState { metrics, ready, live })
+}
+
+async fn healthz(State(state): State<OpsState>) -> Response {
+    let result = match &state.live {
+        Some(check) => check().await,
+        None => Ok(()),
+    };
+    answer(result, "ok", "unhealthy")
 }
 
 async fn readyz(State(state): State<OpsState>) -> Response {
-    match (state.ready)().await {
-        Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(why) => {
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "not_ready", "reason": why})))
-                .into_response()
-        }
+    answer((state.ready)().await, "ready", "not_ready")
+}
+
+fn answer(result: Result<(), String>, good: &str, bad: &str) -> Response {
+    match result {
+        Ok(()) => axum::Json(serde_json::json!({"status": good})).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": bad, "reason": why})))
+            .into_response(),
     }
 }
 
@@ -46,11 +58,12 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
 }
 
-/// Binds `addr` (failing with a clear error if it cannot) and serves `app` until `cancel` fires.
+/// Binds `addr`; the error names what could not be bound.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
 }
 
+/// Serves `app` until `cancel` fires, then finishes the requests in flight.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, cancel: CancellationToken) -> std::io::Result<()> {
     axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await
 }

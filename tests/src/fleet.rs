@@ -27,13 +27,22 @@ pub struct FleetOptions {
     pub env: Vec<(String, String)>,
     /// The broker URL the dispatcher uses (e.g. through a `Proxy`); workers use the real one.
     pub dispatcher_amqp_url: Option<String>,
+    /// The broker URL workers use (e.g. another user's); the dispatcher keeps its own.
+    pub worker_amqp_url: Option<String>,
     /// Write each process's stderr to a file readable through `Fleet::logs` (else it is inherited).
     pub capture_logs: bool,
 }
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        FleetOptions { workers: 1, dispatcher: true, env: vec![], dispatcher_amqp_url: None, capture_logs: false }
+        FleetOptions {
+            workers: 1,
+            dispatcher: true,
+            env: vec![],
+            dispatcher_amqp_url: None,
+            worker_amqp_url: None,
+            capture_logs: false,
+        }
     }
 }
 
@@ -159,15 +168,46 @@ impl Fleet {
 
     /// Starts one more worker and waits until it consumes; returns its index.
     pub async fn spawn_worker(&mut self) -> usize {
-        let port = free_port();
-        let child = self
-            .command("worker")
-            .env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"))
-            .spawn()
-            .expect("start worker");
-        self.workers.push(Some(WorkerProcess { child, port }));
+        let index = self.spawn_worker_alive().await;
+        let port = self.worker_port(index);
         self.wait_ready(&format!("http://127.0.0.1:{port}/readyz"), "worker").await;
+        index
+    }
+
+    /// Starts one more worker and waits only until its HTTP surface answers (it may not consume).
+    pub async fn spawn_worker_alive(&mut self) -> usize {
+        let port = free_port();
+        let mut cmd = self.command("worker");
+        cmd.env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"));
+        if let Some(url) = &self.options.worker_amqp_url {
+            cmd.env("FLEET_AMQP_URL", url);
+        }
+        let child = cmd.spawn().expect("start worker");
+        self.workers.push(Some(WorkerProcess { child, port }));
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        self.wait_ready(&url, "worker HTTP").await;
         self.workers.len() - 1
+    }
+
+    /// GET on a worker's HTTP surface: status and body.
+    pub async fn worker_get(&self, index: usize, path: &str) -> (u16, String) {
+        let url = format!("http://127.0.0.1:{}{path}", self.worker_port(index));
+        let resp = self.http.get(url).send().await.unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap_or_default())
+    }
+
+    /// Sends `signal` to the dispatcher and waits for its exit code.
+    pub async fn stop_dispatcher(&mut self, signal: i32, timeout: Duration) -> Option<i32> {
+        let child = self.dispatcher.as_mut().expect("dispatcher running");
+        // SAFETY: kill(2) on a child process id this test owns.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let status = wait_for("dispatcher exit", timeout, || {
+            let s = child.try_wait().ok().flatten();
+            async move { s }
+        })
+        .await;
+        self.dispatcher = None;
+        status.code()
     }
 
     pub fn worker_pid(&self, index: usize) -> u32 {

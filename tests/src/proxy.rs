@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     cut: Arc<std::sync::Mutex<CancellationToken>>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -19,6 +20,8 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(std::sync::Mutex::new(CancellationToken::new()));
         let cut_for_task = cut.clone();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else { return };
@@ -27,6 +30,7 @@ impl Proxy {
                     drop(inbound);
                     continue;
                 }
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(upstream).await else { return };
                     tokio::select! {
@@ -36,12 +40,17 @@ impl Proxy {
                 });
             }
         });
-        Proxy { addr, cut, _task: task }
+        Proxy { addr, accepted, cut, _task: task }
     }
 
     /// Closes every proxied connection and refuses new ones until `restore`.
     pub fn cut(&self) {
         self.cut.lock().unwrap().cancel();
+    }
+
+    /// Connections forwarded so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn restore(&self) {

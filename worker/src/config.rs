@@ -22,6 +22,8 @@ pub struct WorkerConfig {
     pub async_poll_limit: Duration,
     /// How long SIGTERM waits for held jobs before returning them to the queue.
     pub shutdown_grace: Duration,
+    /// Liveness fails after this long without consumers while jobs wait.
+    pub liveness_grace: Duration,
     /// Names this worker in claims and logs.
     pub worker_id: String,
 }
@@ -48,6 +50,7 @@ impl WorkerConfig {
             async_poll_interval: src.seconds("FLEET_ASYNC_POLL_INTERVAL", Duration::from_secs(2))?,
             async_poll_limit: src.seconds("FLEET_ASYNC_POLL_LIMIT", Duration::from_secs(ASYNC_POLL_LIMIT_SECS))?,
             shutdown_grace: src.seconds("FLEET_SHUTDOWN_GRACE", Duration::from_secs(25))?,
+            liveness_grace: src.seconds("FLEET_LIVENESS_GRACE", Duration::from_secs(60))?,
             worker_id: format!("{host}-{}", std::process::id()),
         })
     }

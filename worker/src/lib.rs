@@ -3,10 +3,10 @@
 
 pub mod callback;
 pub mod config;
+pub mod health;
 pub mod http;
 pub mod process;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,25 +50,34 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
 
     let broker_cancel = CancellationToken::new();
     let (link, supervisor) = broker::supervise(
-        config.common.amqp_url.clone(),
+        config.common.amqp_urls.clone(),
         config.common.topology.clone(),
         config.common.publish_timeout,
         metrics.clone(),
         broker_cancel.clone(),
     );
     let supervisor = tokio::spawn(supervisor);
-    let consuming = Arc::new(AtomicBool::new(false));
+    let consumers = health::Consumers::new();
     let ops_cancel = CancellationToken::new();
     let ops = tokio::spawn(fleet_platform::ops::serve(
         listener,
-        fleet_platform::ops::router(metrics.clone(), readiness(link.clone(), store.clone(), consuming.clone())),
+        fleet_platform::ops::router(
+            metrics.clone(),
+            health::readiness(link.clone(), store.clone(), consumers.clone()),
+            Some(health::liveness(
+                link.clone(),
+                config.common.topology.clone(),
+                consumers.clone(),
+                config.liveness_grace,
+            )),
+        ),
         ops_cancel.clone(),
     ));
     tracing::info!(addr = %config.http_addr, concurrency = config.concurrency, worker_id = %config.worker_id, "worker started");
 
     let processor =
         Arc::new(Processor { client: fleet_platform_client(&config), config: config.clone(), store, metrics });
-    consume(processor, link, consuming, &config, cancel).await;
+    consume(processor, link, consumers, &config, cancel).await;
 
     broker_cancel.cancel();
     let _ = supervisor.await;
@@ -82,26 +91,11 @@ fn fleet_platform_client(config: &WorkerConfig) -> http::CallbackClient {
     http::CallbackClient::new(config.callback_timeout, config.allow_private_callbacks, MAX_RESPONSE_BYTES)
 }
 
-fn readiness(link: BrokerLink, store: Store, consuming: Arc<AtomicBool>) -> fleet_platform::ops::ReadinessCheck {
-    Arc::new(move || {
-        let (link, store, consuming) = (link.clone(), store.clone(), consuming.clone());
-        Box::pin(async move {
-            if link.current().is_none() {
-                return Err("broker not connected".to_string());
-            }
-            if !consuming.load(Ordering::Relaxed) {
-                return Err("not consuming".to_string());
-            }
-            store.ping().await.map_err(|e| e.to_string())
-        })
-    })
-}
-
 /// Consumes from every work queue across broker reconnections until `cancel`, then drains.
 async fn consume(
     processor: Arc<Processor>,
     mut link: BrokerLink,
-    consuming: Arc<AtomicBool>,
+    consumers: Arc<health::Consumers>,
     config: &WorkerConfig,
     cancel: CancellationToken,
 ) {
@@ -117,7 +111,7 @@ async fn consume(
                 }
             }
         };
-        consuming.store(true, Ordering::Relaxed);
+        consumers.set(true);
         loop {
             tokio::select! {
                 biased;
@@ -125,7 +119,7 @@ async fn consume(
                     for tag in &tags {
                         let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
                     }
-                    consuming.store(false, Ordering::Relaxed);
+                    consumers.set(false);
                     drain(&mut tasks, config.shutdown_grace).await;
                     let _ = channel.close(200, "worker shutting down".into()).await;
                     break 'connections;
@@ -139,33 +133,39 @@ async fn consume(
                     }
                 }
                 delivery = deliveries.next() => match delivery {
-                    Some(Ok(delivery)) => {
+                    Some(Some(Ok(delivery))) => {
                         tasks.spawn(processor.clone().handle(delivery, live.publisher.clone()));
                     }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "consumer error; reconnecting");
+                    Some(Some(Err(e))) => {
+                        tracing::warn!(error = %e, "consumer error; resubscribing");
                         break;
                     }
-                    None => {
-                        tracing::warn!("consumer cancelled by the broker; resubscribing");
+                    Some(None) | None => {
+                        tracing::warn!("a consumer was cancelled by the broker; resubscribing");
                         break;
                     }
                 },
             }
         }
-        consuming.store(false, Ordering::Relaxed);
+        consumers.set(false);
         let _ = channel.close(200, "resubscribing".into()).await;
     }
     drain(&mut tasks, config.shutdown_grace).await;
 }
 
-type Deliveries = futures::stream::SelectAll<lapin::Consumer>;
+/// Deliveries from every work queue; `None` marks the end of one queue's consumer (a broker-side
+/// cancel), which must not go unnoticed while the other queues' consumers keep the stream alive.
+type Deliveries = futures::stream::SelectAll<
+    futures::stream::BoxStream<'static, Option<Result<lapin::message::Delivery, lapin::Error>>>,
+>;
 
 async fn open_consumers(
     live: &Live,
     config: &WorkerConfig,
-) -> Result<(lapin::Channel, Deliveries, Vec<String>), lapin::Error> {
+) -> Result<(lapin::Channel, Deliveries, Vec<String>), broker::BrokerError> {
     let channel = live.connection.create_channel().await?;
+    // Redeclared on every subscribe: a queue deleted under the worker comes back.
+    broker::declare_topology(&channel, &config.common.topology).await?;
     channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
     let mut consumers = Vec::new();
     let mut tags = Vec::new();
@@ -179,7 +179,7 @@ async fn open_consumers(
                 FieldTable::default(),
             )
             .await?;
-        consumers.push(consumer);
+        consumers.push(consumer.map(Some).chain(futures::stream::once(async { None })).boxed());
         tags.push(tag);
     }
     Ok((channel, futures::stream::select_all(consumers), tags))
