@@ -46,4 +46,25 @@ if ! port_open 5672; then
     rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1 || true
   fi
 fi
+# A local 3-master Redis Cluster on 7000-7002 for the cluster tests (FLEET_TEST_REDIS_CLUSTER=0 skips it).
+if [ "${FLEET_TEST_REDIS_CLUSTER:-1}" != 0 ]; then
+  if ! redis-cli -p 7000 cluster info 2>/dev/null | grep -q cluster_state:ok; then
+    for port in 7000 7001 7002; do
+      if ! port_open "$port"; then
+        dir="/tmp/fleet-redis-cluster/$port"
+        mkdir -p "$dir"
+        rm -f "$dir/nodes.conf"
+        redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
+          --cluster-config-file "$dir/nodes.conf" --save "" --appendonly no --dir "$dir" --logfile "$dir/redis.log"
+        wait_port "$port" "Redis cluster node $port"
+      fi
+    done
+    redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 --cluster-replicas 0 --cluster-yes >/dev/null
+    for _ in $(seq 1 60); do
+      redis-cli -p 7000 cluster info 2>/dev/null | grep -q cluster_state:ok && break
+      sleep 0.5
+    done
+  fi
+  echo "ensure-services: Redis Cluster 127.0.0.1:7000-7002 is up"
+fi
 echo "ensure-services: RabbitMQ 127.0.0.1:5672 and Redis 127.0.0.1:6379 are up"

@@ -142,8 +142,12 @@ impl CommonConfig {
             return Err(ConfigError::new("FLEET_AMQP_URL", "every endpoint must start with amqp:// or amqps://"));
         }
         let redis_url = src.string("FLEET_REDIS_URL", "redis://127.0.0.1:6379/0");
-        if redis::Client::open(redis_url.as_str()).is_err() {
-            return Err(ConfigError::new("FLEET_REDIS_URL", "is not a valid redis:// URL"));
+        // Several comma-separated nodes name a Redis Cluster.
+        if redis_url.split(',').map(str::trim).any(|node| redis::Client::open(node).is_err()) {
+            return Err(ConfigError::new(
+                "FLEET_REDIS_URL",
+                "is not a valid redis:// URL (or comma-separated cluster nodes)",
+            ));
         }
         let prefix = src.string("FLEET_TOPOLOGY_PREFIX", "fleet");
         if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
@@ -210,6 +214,7 @@ mod tests {
         let bad = |k, v| CommonConfig::load(&Source::from_pairs([(k, v)])).unwrap_err().setting;
         assert_eq!(bad("FLEET_AMQP_URL", "http://x"), "FLEET_AMQP_URL");
         assert_eq!(bad("FLEET_REDIS_URL", "nope"), "FLEET_REDIS_URL");
+        assert_eq!(bad("FLEET_REDIS_URL", "redis://a:7000,nope"), "FLEET_REDIS_URL");
         assert_eq!(bad("FLEET_RETRY_DELAYS", "1,x"), "FLEET_RETRY_DELAYS");
         assert_eq!(bad("FLEET_RETRY_DELAYS", "2,1"), "FLEET_RETRY_DELAYS");
         assert_eq!(bad("FLEET_LOG_FORMAT", "xml"), "FLEET_LOG_FORMAT");

@@ -148,9 +148,55 @@ redis.call('SET', KEYS[1], cjson.encode({state = ARGV[2], token = v.token}), 'EX
 return 1
 "#;
 
+/// A Redis connection: one server (reconnecting manager) or a Redis Cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How the store reaches Redis.
+enum Backend {
+    Single(ConnectionManager),
+    /// Connected on first use (and again after a failed attempt), so a process starts while the
+    /// cluster is still coming up.
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        conn: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
+    },
+}
+
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    backend: std::sync::Arc<Backend>,
     keys: Keys,
     metrics: Metrics,
     claim: Script,
@@ -161,16 +207,26 @@ pub struct Store {
 
 impl Store {
     /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
+    /// Several comma-separated URLs name the seed nodes of a Redis Cluster.
     pub fn open(url: &str, keys: Keys, timeout: Duration, metrics: Metrics) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+        let backend = if nodes.len() > 1 {
+            let client = redis::cluster::ClusterClient::builder(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()?;
+            Backend::Cluster { client, conn: tokio::sync::OnceCell::new() }
+        } else {
+            let client = redis::Client::open(url)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_secs(2));
+            Backend::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+        };
         Ok(Store {
-            conn,
+            backend: std::sync::Arc::new(backend),
             keys,
             metrics,
             claim: Script::new(CLAIM_LUA),
@@ -184,8 +240,14 @@ impl Store {
         &self.keys
     }
 
-    fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        match &*self.backend {
+            Backend::Single(c) => Ok(Conn::Single(c.clone())),
+            Backend::Cluster { client, conn } => {
+                let c = conn.get_or_try_init(|| client.get_async_connection()).await;
+                Ok(Conn::Cluster(self.count(c)?.clone()))
+            }
+        }
     }
 
     fn count<T>(&self, r: Result<T, redis::RedisError>) -> Result<T, StoreError> {
@@ -196,14 +258,14 @@ impl Store {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let pong: Result<String, _> = redis::cmd("PING").query_async(&mut self.conn()).await;
+        let pong: Result<String, _> = redis::cmd("PING").query_async(&mut self.conn().await?).await;
         self.count(pong).map(|_| ())
     }
 
     /// Redis's `maxmemory-policy`, to warn when it may evict idempotency keys.
     pub async fn maxmemory_policy(&self) -> Result<String, StoreError> {
         let r: Result<Vec<String>, _> =
-            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut self.conn()).await;
+            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut self.conn().await?).await;
         Ok(self.count(r)?.get(1).cloned().unwrap_or_default())
     }
 
@@ -225,13 +287,13 @@ impl Store {
             .arg(0)
             .arg(&tool.name)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0.is_none())
     }
 
     pub async fn get_tool(&self, name: &str) -> Result<Option<StoredTool>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().get(self.keys.tool(name)).await;
+        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.tool(name)).await;
         self.count(raw)?
             .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("tool {name}: {e}"))))
             .transpose()
@@ -247,7 +309,7 @@ impl Store {
             .arg("LIMIT")
             .arg(0)
             .arg(limit)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         let mut tools = Vec::new();
         for name in self.count(names)? {
@@ -263,7 +325,7 @@ impl Store {
             .atomic()
             .del(self.keys.tool(name))
             .zrem(self.keys.tools_index(), name)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0 > 0)
     }
@@ -286,13 +348,13 @@ impl Store {
             .arg(0)
             .arg(&hook.id)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0.is_none())
     }
 
     pub async fn get_webhook(&self, id: &str) -> Result<Option<StoredWebhook>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().get(self.keys.webhook(id)).await;
+        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.webhook(id)).await;
         self.count(raw)?
             .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("webhook {id}: {e}"))))
             .transpose()
@@ -308,7 +370,7 @@ impl Store {
             .arg("LIMIT")
             .arg(0)
             .arg(limit)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         let mut hooks = Vec::new();
         for id in self.count(ids)? {
@@ -339,7 +401,7 @@ impl Store {
             .atomic()
             .del(self.keys.webhook(id))
             .zrem(self.keys.webhooks_index(), id)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0 > 0)
     }
@@ -367,16 +429,16 @@ impl Store {
             .ignore()
             .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
             .ignore()
-            .zadd(self.keys.waiting(e.kind), e.execution_id, e.now_ms)
-            .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
+        self.count(r)?;
+        let r: Result<(), _> = self.conn().await?.zadd(self.keys.waiting(e.kind), e.execution_id, e.now_ms).await;
         self.count(r)
     }
 
     /// Marks an execution as started: it no longer counts towards the oldest-waiting-job age.
     pub async fn mark_started(&self, execution_id: &str, kind: &str) -> Result<(), StoreError> {
-        let r: Result<(), _> = self.conn().zrem(self.keys.waiting(kind), execution_id).await;
+        let r: Result<(), _> = self.conn().await?.zrem(self.keys.waiting(kind), execution_id).await;
         self.count(r)
     }
 
@@ -387,21 +449,21 @@ impl Store {
             .arg(0)
             .arg(0)
             .arg("WITHSCORES")
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.first().map(|(_, at)| *at))
     }
 
     /// Removes a record whose job was never accepted (the publish failed).
     pub async fn delete_execution(&self, execution_id: &str, kind: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().await?.zrem(self.keys.waiting(kind), execution_id).await;
+        self.count(r)?;
         let r: Result<(), _> = redis::pipe()
-            .zrem(self.keys.waiting(kind), execution_id)
-            .ignore()
             .del(self.keys.execution(execution_id))
             .ignore()
             .del(self.keys.attempts(execution_id))
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         self.count(r)
     }
@@ -424,7 +486,7 @@ impl Store {
             .ignore()
             .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         self.count(r)
     }
@@ -460,7 +522,7 @@ impl Store {
             .ignore()
             .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         self.count(r)
     }
@@ -474,7 +536,8 @@ impl Store {
             (field::UPDATED_AT_MS, now_ms.to_string()),
             (field::RESULT, result.to_string()),
         ];
-        let r: Result<(), _> = redis::pipe().hset_multiple(&key, &fields).ignore().query_async(&mut self.conn()).await;
+        let r: Result<(), _> =
+            redis::pipe().hset_multiple(&key, &fields).ignore().query_async(&mut self.conn().await?).await;
         self.count(r)
     }
 
@@ -482,7 +545,7 @@ impl Store {
         let r: Result<(std::collections::HashMap<String, String>, Vec<String>), _> = redis::pipe()
             .hgetall(self.keys.execution(execution_id))
             .lrange(self.keys.attempts(execution_id), 0, -1)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         let (hash, attempts) = self.count(r)?;
         if hash.is_empty() {
@@ -525,7 +588,7 @@ impl Store {
             .arg(owner)
             .arg(lease.as_millis() as u64)
             .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await;
         let (state, detail) = self.count(r)?;
         match state.as_str() {
@@ -550,7 +613,7 @@ impl Store {
             .arg(token)
             .arg(lease.as_millis() as u64)
             .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)? == 1)
     }
@@ -564,7 +627,7 @@ impl Store {
             .arg(token)
             .arg(result.to_string())
             .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)? == 1)
     }
@@ -578,7 +641,7 @@ impl Store {
             .arg(token)
             .arg(state)
             .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)? == 1)
     }
@@ -594,7 +657,7 @@ impl Store {
             .arg("EX")
             .arg(IDEMPOTENCY_TTL_SECS)
             .get(key)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         let (set, current) = self.count(r)?;
         Ok(match (set, current.strip_prefix("pending:")) {
@@ -605,12 +668,12 @@ impl Store {
     }
 
     pub async fn confirm_request(&self, key: &str, execution_id: &str) -> Result<(), StoreError> {
-        let r: Result<(), _> = self.conn().set_ex(key, execution_id, IDEMPOTENCY_TTL_SECS).await;
+        let r: Result<(), _> = self.conn().await?.set_ex(key, execution_id, IDEMPOTENCY_TTL_SECS).await;
         self.count(r)
     }
 
     pub async fn release_request(&self, key: &str) -> Result<(), StoreError> {
-        let r: Result<(), _> = self.conn().del(key).await;
+        let r: Result<(), _> = self.conn().await?.del(key).await;
         self.count(r)
     }
 
@@ -626,13 +689,13 @@ impl Store {
             .ignore()
             .zadd(self.keys.dead_letters_index(), id, now_ms)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         self.count(r)
     }
 
     pub async fn get_dead_letter(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().get(self.keys.dead_letter(id)).await;
+        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.dead_letter(id)).await;
         self.count(raw)?
             .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("dead letter {id}: {e}"))))
             .transpose()
@@ -653,7 +716,7 @@ impl Store {
             .arg("LIMIT")
             .arg(0)
             .arg(limit)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         self.count(r)
     }
@@ -662,7 +725,7 @@ impl Store {
         let r: Result<(i64, i64), _> = redis::pipe()
             .del(self.keys.dead_letter(id))
             .zrem(self.keys.dead_letters_index(), id)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0 > 0)
     }

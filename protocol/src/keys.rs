@@ -1,6 +1,7 @@
 //! Redis key names. One optional prefix (empty in production) lets tests share a Redis safely.
 //!
-//! Every key that a single Lua script touches is one key, so the layout works unchanged on Redis Cluster.
+//! Works unchanged on Redis Cluster: every Lua script touches one key, and keys that one pipeline
+//! touches share a `{hash tag}` (an execution's record and its attempts; a registry and its index).
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Keys {
@@ -23,12 +24,12 @@ impl Keys {
 
     /// The execution record (a hash): status, kind, result, timestamps.
     pub fn execution(&self, execution_id: &str) -> String {
-        format!("{}execution:{execution_id}", self.prefix)
+        format!("{}execution:{{{execution_id}}}", self.prefix)
     }
 
     /// The execution's attempt history (a list of JSON attempt records).
     pub fn attempts(&self, execution_id: &str) -> String {
-        format!("{}execution:{execution_id}:attempts", self.prefix)
+        format!("{}execution:{{{execution_id}}}:attempts", self.prefix)
     }
 
     /// Sorted set of executions of `kind` accepted but not yet started, by acceptance time (ms).
@@ -38,22 +39,22 @@ impl Keys {
 
     /// A registered tool (a hash; the secret field is encrypted).
     pub fn tool(&self, name: &str) -> String {
-        format!("{}tool:{name}", self.prefix)
+        format!("{}{{tools}}:tool:{name}", self.prefix)
     }
 
     /// Sorted set of registered tool names, for listing.
     pub fn tools_index(&self) -> String {
-        format!("{}tools", self.prefix)
+        format!("{}{{tools}}:index", self.prefix)
     }
 
     /// A registered webhook (JSON; the secret field is encrypted).
     pub fn webhook(&self, id: &str) -> String {
-        format!("{}webhook:{id}", self.prefix)
+        format!("{}{{webhooks}}:webhook:{id}", self.prefix)
     }
 
     /// Sorted set of webhook ids, for listing and fan-out.
     pub fn webhooks_index(&self) -> String {
-        format!("{}webhooks", self.prefix)
+        format!("{}{{webhooks}}:index", self.prefix)
     }
 
     /// A client's `Idempotency-Key`, namespaced by a digest of its bearer token.
@@ -63,12 +64,12 @@ impl Keys {
 
     /// The dead-letter record of an execution (JSON string).
     pub fn dead_letter(&self, execution_id: &str) -> String {
-        format!("{}dead_letter:{execution_id}", self.prefix)
+        format!("{}{{dead_letters}}:record:{execution_id}", self.prefix)
     }
 
     /// Sorted set of dead-lettered execution ids by time.
     pub fn dead_letters_index(&self) -> String {
-        format!("{}dead_letters", self.prefix)
+        format!("{}{{dead_letters}}:index", self.prefix)
     }
 }
 
@@ -80,13 +81,15 @@ mod tests {
     fn production_keys_match_the_spec() {
         let k = Keys::default();
         assert_eq!(k.idempotency("exec_1"), "idempotency:exec_1");
-        assert_eq!(k.execution("exec_1"), "execution:exec_1");
+        assert_eq!(k.execution("exec_1"), "execution:{exec_1}");
+        assert_eq!(k.attempts("exec_1"), "execution:{exec_1}:attempts");
     }
 
     #[test]
     fn a_prefix_isolates_a_test() {
         let k = Keys::new("t42:");
         assert_eq!(k.idempotency("exec_1"), "t42:idempotency:exec_1");
-        assert_eq!(k.tool("search"), "t42:tool:search");
+        assert_eq!(k.tool("search"), "t42:{tools}:tool:search");
+        assert_eq!(k.tools_index(), "t42:{tools}:index");
     }
 }

@@ -371,6 +371,13 @@ impl Drop for Fleet {
         // Remove this test's queues, exchanges and keys so the shared services stay clean.
         let topology = self.topology.clone();
         let key_prefix = self.key_prefix.clone();
+        let redis_nodes = self
+            .options
+            .env
+            .iter()
+            .find(|(k, _)| k == "FLEET_REDIS_URL")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(redis_url);
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
@@ -385,16 +392,17 @@ impl Drop for Fleet {
                     }
                     let _ = conn.close(200, "".into()).await;
                 }
-                if let Ok(client) = redis::Client::open(redis_url()) {
-                    if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                        let keys: Vec<String> = redis::cmd("KEYS")
-                            .arg(format!("{key_prefix}*"))
-                            .query_async(&mut con)
-                            .await
-                            .unwrap_or_default();
-                        if !keys.is_empty() {
-                            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
-                        }
+                // Every node: a Redis Cluster test's keys are spread over its masters.
+                for node in redis_nodes.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    let Ok(client) = redis::Client::open(node) else { continue };
+                    let Ok(mut con) = client.get_multiplexed_async_connection().await else { continue };
+                    let keys: Vec<String> = redis::cmd("KEYS")
+                        .arg(format!("{key_prefix}*"))
+                        .query_async(&mut con)
+                        .await
+                        .unwrap_or_default();
+                    for key in keys {
+                        let _: Result<(), _> = redis::cmd("DEL").arg(key).query_async(&mut con).await;
                     }
                 }
             });

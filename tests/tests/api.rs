@@ -79,8 +79,11 @@ async fn tool_registry_keeps_secrets_encrypted_and_never_returns_them() {
     // At rest the secret is ciphertext.
     let client = redis::Client::open(redis_url()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
-    let stored: String =
-        redis::cmd("GET").arg(format!("{}tool:search_products", fleet.key_prefix)).query_async(&mut con).await.unwrap();
+    let stored: String = redis::cmd("GET")
+        .arg(fleet_protocol::keys::Keys::new(&fleet.key_prefix).tool("search_products"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
     assert!(!stored.contains(SECRET), "stored tool holds the plaintext secret");
     assert!(stored.contains("\"secret_ciphertext\":\"v1."));
 

@@ -104,7 +104,7 @@ async fn private_targets_are_refused_at_connect_time() {
         let tool = json!({"name": name, "description": "", "parameters": {}, "callback_url": url,
             "secret_ciphertext": key.encrypt(&format!("tool:{name}"), SECRET), "created_at_ms": 0, "updated_at_ms": 0});
         let _: () = redis::cmd("SET")
-            .arg(format!("{}tool:{name}", fleet.key_prefix))
+            .arg(fleet_protocol::keys::Keys::new(&fleet.key_prefix).tool(&name))
             .arg(tool.to_string())
             .query_async(&mut con)
             .await

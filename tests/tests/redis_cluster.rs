@@ -1,0 +1,77 @@
+//! The callback pipeline on a Redis Cluster (the local 3-master cluster on 127.0.0.1:7000-7002
+//! that `scripts/ensure-services.sh` starts): registry, claims, results, retries, dead letters and
+//! `Idempotency-Key` all work when the keys are spread over several masters.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use fleet_tests::{spawn_fleet, FleetOptions, Receiver, Reply};
+
+const SECRET: &str = "whsec_cluster_test_secret";
+const CLUSTER: &str = "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callback_pipeline_runs_on_redis_cluster() {
+    let receiver = Receiver::start(SECRET, |r, n| {
+        if r.json["parameters"]["query"] == "flaky" && n == 0 {
+            Reply::status(503)
+        } else if r.json["parameters"]["query"] == "gone" {
+            Reply::status(404)
+        } else {
+            Reply::result(json!({"ok": r.json["parameters"]["query"].clone()}))
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(
+        FleetOptions::default().workers(2).env("FLEET_REDIS_URL", CLUSTER).env("FLEET_RETRY_DELAYS", "0.2,0.4"),
+    )
+    .await;
+    fleet.register_tool("clustered", &receiver.url("/c"), SECRET).await;
+    let (status, tools) = fleet.get("/v1/tools").await;
+    assert_eq!(status, 200);
+    assert_eq!(tools["data"][0]["name"], "clustered");
+
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        ids.push(fleet.call_tool("clustered", json!({"query": format!("q{n}")})).await);
+    }
+    let flaky = fleet.call_tool("clustered", json!({"query": "flaky"})).await;
+    let gone = fleet.call_tool("clustered", json!({"query": "gone"})).await;
+    for id in &ids {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(20)).await;
+        assert_eq!(receiver.side_effects(id), 1);
+    }
+    let done = fleet.wait_status(&flaky, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(done["attempts"].as_array().unwrap().len(), 2);
+    fleet.wait_status(&gone, "dead_lettered", Duration::from_secs(20)).await;
+    let (status, dl) = fleet.get(&format!("/v1/dead-letters/{gone}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(dl["data"]["reason"], "permanent");
+
+    // The idempotency keys really are spread over the cluster's masters.
+    let mut holding = 0;
+    for port in [7000, 7001, 7002] {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{}idempotency:*", fleet.key_prefix)).query_async(&mut con).await.unwrap();
+        holding += usize::from(!keys.is_empty());
+    }
+    assert!(holding >= 2, "idempotency keys on {holding} master(s)");
+
+    // Idempotency-Key on the cluster too.
+    let send = || async {
+        let resp = fleet
+            .http
+            .post(format!("{}/v1/tool-calls", fleet.api))
+            .bearer_auth(&fleet.token)
+            .header("Idempotency-Key", "cluster-key-1")
+            .json(&json!({"tool_name": "clustered", "parameters": {"query": "keyed"}}))
+            .send()
+            .await
+            .unwrap();
+        resp.json::<serde_json::Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string()
+    };
+    assert_eq!(send().await, send().await);
+}
