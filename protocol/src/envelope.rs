@@ -251,3 +251,34 @@ mod tests {
         assert!(!is_valid_execution_id("exec_a b"));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // Bounded by proptest's default case count, so it runs in CI on every build.
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(body in proptest::collection::vec(any::<u8>(), 0..2048), json_ct in any::<bool>()) {
+            let ct = if json_ct { Some(CONTENT_TYPE) } else { None };
+            let _ = Envelope::decode(&body, ct);
+        }
+
+        #[test]
+        fn decoding_arbitrary_json_never_panics(text in "\\PC{0,300}") {
+            let _ = Envelope::decode(text.as_bytes(), Some(CONTENT_TYPE));
+            let wrapped = format!(r#"{{"v":1,"execution_id":"exec_a","attempt":1,"enqueued_at_ms":1,"kind":"tool_call","tool_name":{:?},"parameters":{{}}}}"#, text);
+            let _ = Envelope::decode(wrapped.as_bytes(), Some(CONTENT_TYPE));
+        }
+
+        #[test]
+        fn valid_envelopes_round_trip(id in "[A-Za-z0-9_-]{1,64}", tool in "[a-z_]{1,20}", attempt in 1u32..7, q in "\\PC{0,50}") {
+            let e = Envelope::new(format!("exec_{id}"), Job::ToolCall(ToolCallJob {
+                tool_name: tool, parameters: serde_json::json!({"q": q}), room_id: None, assistant_id: None,
+            }), 5);
+            let e = Envelope { attempt, ..e };
+            prop_assert_eq!(Envelope::decode(&e.to_bytes(), Some(CONTENT_TYPE)).unwrap(), e);
+        }
+    }
+}

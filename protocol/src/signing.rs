@@ -71,3 +71,33 @@ mod tests {
         assert_eq!(verify(b"s3cret", body, &sig, "noon", now, 300), Err(VerifyError::BadTimestamp));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn signatures_verify_and_any_change_breaks_them(
+            secret in proptest::collection::vec(any::<u8>(), 1..64),
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+            flip in any::<proptest::sample::Index>(),
+        ) {
+            let sig = signature_header(&secret, &body);
+            let now = 1_768_910_400_000;
+            let ts = "2026-01-20T12:00:00Z";
+            prop_assert_eq!(verify(&secret, &body, &sig, ts, now, 300), Ok(()));
+            if !body.is_empty() {
+                let mut tampered = body.clone();
+                tampered[flip.index(body.len())] ^= 0x01;
+                prop_assert_eq!(verify(&secret, &tampered, &sig, ts, now, 300), Err(VerifyError::Mismatch));
+            }
+        }
+
+        #[test]
+        fn verify_never_panics_on_arbitrary_headers(sig in "\\PC{0,100}", ts in "\\PC{0,40}") {
+            let _ = verify(b"k", b"body", &sig, &ts, 0, 300);
+        }
+    }
+}

@@ -6,6 +6,7 @@
 pub mod fleet;
 pub mod proxy;
 pub mod receiver;
+pub mod redis_instance;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

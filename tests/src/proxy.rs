@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
     accepted: Arc<std::sync::atomic::AtomicUsize>,
     cut: Arc<std::sync::Mutex<CancellationToken>>,
     _task: tokio::task::JoinHandle<()>,
@@ -22,30 +23,46 @@ impl Proxy {
         let cut_for_task = cut.clone();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = accepted.clone();
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let frozen_for_task = frozen.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let Ok((inbound, _)) = listener.accept().await else { return };
                 let token = cut_for_task.lock().unwrap().clone();
                 if token.is_cancelled() {
                     drop(inbound);
                     continue;
                 }
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let frozen = frozen_for_task.clone();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(upstream).await else { return };
+                    let Ok(outbound) = TcpStream::connect(upstream).await else { return };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = pump(ri, wo, frozen.clone()) => {}
+                        _ = pump(ro, wi, frozen) => {}
                         _ = token.cancelled() => {}
                     }
                 });
             }
         });
-        Proxy { addr, accepted, cut, _task: task }
+        Proxy { addr, frozen, accepted, cut, _task: task }
     }
 
     /// Closes every proxied connection and refuses new ones until `restore`.
     pub fn cut(&self) {
         self.cut.lock().unwrap().cancel();
+    }
+
+    /// Stops moving bytes but keeps every socket open: a half-open peer, as after a network
+    /// partition, which only heartbeats can detect.
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn thaw(&self) {
+        self.frozen.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Connections forwarded so far.
@@ -55,5 +72,30 @@ impl Proxy {
 
     pub fn restore(&self) {
         *self.cut.lock().unwrap() = CancellationToken::new();
+    }
+}
+
+/// Copies bytes one way, pausing (without closing anything) while `frozen`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        while frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }

@@ -22,6 +22,14 @@ fn v1_routes() -> Vec<(Method, &'static str)> {
         (Method::GET, "/v1/executions/exec_1"),
         (Method::GET, "/v1/dead-letters"),
         (Method::GET, "/v1/dead-letters/exec_1"),
+        (Method::DELETE, "/v1/dead-letters/exec_1"),
+        (Method::POST, "/v1/dead-letters/exec_1/retry"),
+        (Method::POST, "/v1/dead-letters/retry"),
+        (Method::POST, "/v1/dead-letters/purge"),
+        (Method::GET, "/v1/webhooks"),
+        (Method::PUT, "/v1/webhooks/w"),
+        (Method::GET, "/v1/webhooks/w"),
+        (Method::DELETE, "/v1/webhooks/w"),
     ]
 }
 
