@@ -1,7 +1,7 @@
 # The two commands: `make demo` (a local fleet with a demo turn of the callback pipeline) and
 # `make test` (the whole suite). `make bench` measures the fleet against the raw broker.
 SHELL := /bin/bash
-.PHONY: demo test test-rust check-monitoring check-chart bench lint
+.PHONY: demo test test-rust check-monitoring check-chart bench soak lint
 
 demo:
 	scripts/ensure-services.sh
@@ -10,14 +10,23 @@ demo:
 
 test: check-monitoring check-chart test-rust
 
+# broker_restart stops the shared RabbitMQ, so it runs alone after everything else.
 test-rust:
 	scripts/ensure-services.sh
 	cargo build --workspace --all-targets
 	if cargo nextest --version >/dev/null 2>&1; then \
-	  cargo nextest run --workspace --no-fail-fast --test-threads 8; \
+	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E 'not binary(broker_restart)' && \
+	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_restart)'; \
 	else \
-	  cargo test --workspace --no-fail-fast -- --test-threads 8; \
+	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart && \
+	  cargo test -p fleet-tests --test broker_restart; \
 	fi
+
+# The chaos soak at full size (CI runs it with 2000 jobs).
+soak:
+	scripts/ensure-services.sh
+	cargo build --workspace --all-targets
+	FLEET_SOAK_JOBS=10000 cargo nextest run -p fleet-tests --test chaos --no-capture
 
 check-monitoring:
 	bash deploy/prometheus/check.sh
