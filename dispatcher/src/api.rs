@@ -38,6 +38,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tools", get(list_tools))
         .route("/v1/tools/{name}", put(put_tool).get(get_tool).delete(delete_tool))
         .route("/v1/tool-calls", post(create_tool_call))
+        .route("/v1/turns", post(crate::turns::create_turn))
+        .route("/v1/sessions/{id}/stream", get(crate::turns::stream_session))
         .route("/v1/webhooks", get(list_webhooks))
         .route("/v1/webhooks/{id}", put(put_webhook).get(get_webhook).delete(delete_webhook))
         .route("/v1/executions/{id}", get(get_execution))
@@ -94,7 +96,7 @@ async fn require_token(State(state): State<AppState>, mut request: Request, next
 }
 
 /// The raw body, with a too-large body answered as a JSON 413.
-struct Body(Bytes);
+pub(crate) struct Body(pub(crate) Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;
@@ -112,7 +114,7 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     }
 }
 
-fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         None => Ok(()),
         Some(ct) if ct.split(';').next().map(str::trim).is_some_and(|m| m.eq_ignore_ascii_case("application/json")) => {
@@ -463,6 +465,7 @@ async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput) -> 
         parameters: Value::Object(input.parameters),
         room_id: input.room_id,
         assistant_id: input.assistant_id,
+        parent: None,
     });
     let envelope = Envelope::new(execution_id.to_string(), job, now);
     let topology = &state.config.common.topology;
@@ -531,7 +534,13 @@ async fn get_execution(State(state): State<AppState>, Path(id): Path<String>) ->
     }
     let view =
         state.store.get_execution(&id).await?.ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))?;
-    Ok(Json(json!({"data": execution_json(&view)})))
+    let mut data = execution_json(&view);
+    if view.kind == "turn" {
+        if let Some(turn) = crate::turns::turn_summary(&state, &id).await? {
+            data["turn"] = turn;
+        }
+    }
+    Ok(Json(json!({"data": data})))
 }
 
 // ---- dead letters ----

@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod stats;
+pub mod turns;
 pub mod validate;
 
 use std::sync::Arc;

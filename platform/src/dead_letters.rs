@@ -149,6 +149,7 @@ fn read_dead_letter(body: &[u8]) -> Option<DeadLetterRecord> {
     let (tool_name, assistant_id, room_id) = match envelope.job {
         fleet_protocol::envelope::Job::ToolCall(call) => (Some(call.tool_name), call.assistant_id, call.room_id),
         fleet_protocol::envelope::Job::Webhook(_) => (None, None, None),
+        fleet_protocol::envelope::Job::Turn(t) => (None, None, Some(t.session_id)),
     };
     Some(DeadLetterRecord {
         execution_id: Some(envelope.execution_id),

@@ -194,6 +194,52 @@ enum Backend {
     },
 }
 
+const SESSION_ACQUIRE_LUA: &str = r#"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 'held' end
+if holder then return 'busy' end
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head and head ~= ARGV[1] then return 'queued' end
+if head == ARGV[1] then redis.call('LPOP', KEYS[2]) end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 'acquired'
+"#;
+
+const SESSION_STEER_LUA: &str = r#"
+local holder = redis.call('GET', KEYS[1])
+if not holder or holder == ARGV[1] then return 0 end
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+return 1
+"#;
+
+const SESSION_FINISH_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not_holder', ''} end
+if redis.call('LLEN', KEYS[3]) > 0 then return {'steer', ''} end
+redis.call('DEL', KEYS[1])
+return {'released', redis.call('LINDEX', KEYS[2], 0) or ''}
+"#;
+
+/// What `session_acquire` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionSlot {
+    /// This turn runs now (it was first in line, or already held the session).
+    Acquired,
+    /// Another turn runs, or is ahead in line.
+    Wait,
+}
+
+/// What `session_finish` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionFinish {
+    /// Released; the next turn in line (if any) should be woken.
+    Released { next: Option<String> },
+    /// Steer messages arrived meanwhile: the turn keeps the session and calls the model again.
+    SteerPending,
+    /// This turn no longer holds the session (its lock expired).
+    NotHolder,
+}
+
 #[derive(Clone)]
 pub struct Store {
     backend: std::sync::Arc<Backend>,
@@ -404,6 +450,206 @@ impl Store {
             .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0 > 0)
+    }
+
+    // ---- agent turns and sessions ----
+
+    pub async fn save_turn(
+        &self,
+        execution_id: &str,
+        state: &fleet_protocol::turn::TurnState,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_string(state).expect("a turn state serialises");
+        let r: Result<(), _> =
+            self.conn().await?.set_ex(self.keys.turn(execution_id), json, IDEMPOTENCY_TTL_SECS).await;
+        self.count(r)
+    }
+
+    pub async fn load_turn(&self, execution_id: &str) -> Result<Option<fleet_protocol::turn::TurnState>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.turn(execution_id)).await;
+        self.count(raw)?
+            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}"))))
+            .transpose()
+    }
+
+    /// Records a tool call's outcome (the first one wins) and returns every outcome so far.
+    pub async fn record_call_outcome(
+        &self,
+        turn_execution_id: &str,
+        call_id: &str,
+        outcome: &fleet_protocol::turn::CallOutcome,
+    ) -> Result<std::collections::HashMap<String, fleet_protocol::turn::CallOutcome>, StoreError> {
+        let key = self.keys.turn_results(turn_execution_id);
+        let json = serde_json::to_string(outcome).expect("an outcome serialises");
+        let r: Result<((), (), std::collections::HashMap<String, String>), _> = redis::pipe()
+            .hset_nx(&key, call_id, json)
+            .ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
+            .hgetall(&key)
+            .query_async::<(std::collections::HashMap<String, String>,)>(&mut self.conn().await?)
+            .await
+            .map(|(m,)| ((), (), m));
+        Ok(self.count(r)?.2.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect())
+    }
+
+    pub async fn call_outcomes(
+        &self,
+        turn_execution_id: &str,
+    ) -> Result<std::collections::HashMap<String, fleet_protocol::turn::CallOutcome>, StoreError> {
+        let r: Result<std::collections::HashMap<String, String>, _> =
+            self.conn().await?.hgetall(self.keys.turn_results(turn_execution_id)).await;
+        Ok(self.count(r)?.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect())
+    }
+
+    /// Puts a turn in its session's line (at acceptance, so arrival order is the order they run).
+    pub async fn session_enqueue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
+        let key = self.keys.session(session_id, "queue");
+        let r: Result<(), _> = redis::pipe()
+            .rpush(&key, execution_id)
+            .ignore()
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r)
+    }
+
+    pub async fn session_dequeue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().await?.lrem(self.keys.session(session_id, "queue"), 0, execution_id).await;
+        self.count(r)
+    }
+
+    /// Takes (or keeps) the session for `execution_id` if it is its turn; the lock expires after
+    /// `lease` unless taken again, so a crashed turn does not hold its session forever.
+    pub async fn session_acquire(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        lease: Duration,
+    ) -> Result<SessionSlot, StoreError> {
+        let r: Result<String, _> = Script::new(SESSION_ACQUIRE_LUA)
+            .key(self.keys.session(session_id, "lock"))
+            .key(self.keys.session(session_id, "queue"))
+            .arg(execution_id)
+            .arg(lease.as_millis() as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(match self.count(r)?.as_str() {
+            "acquired" | "held" => SessionSlot::Acquired,
+            _ => SessionSlot::Wait,
+        })
+    }
+
+    /// If another turn holds the session, hands it `messages` (JSON) for its next model call and
+    /// returns true; false means nothing runs, so the steer runs as a turn of its own.
+    pub async fn session_steer(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        messages: &[String],
+    ) -> Result<bool, StoreError> {
+        let script = Script::new(SESSION_STEER_LUA);
+        let mut inv = script.prepare_invoke();
+        inv.key(self.keys.session(session_id, "lock"))
+            .key(self.keys.session(session_id, "queue"))
+            .key(self.keys.session(session_id, "steer"))
+            .arg(execution_id);
+        for m in messages {
+            inv.arg(m);
+        }
+        let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// Takes the steer messages waiting for the running turn.
+    pub async fn session_take_steer(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
+        let key = self.keys.session(session_id, "steer");
+        let r: Result<(Vec<String>, ()), _> = redis::pipe()
+            .atomic()
+            .lrange(&key, 0, -1)
+            .del(&key)
+            .ignore()
+            .query_async::<(Vec<String>,)>(&mut self.conn().await?)
+            .await
+            .map(|(v,)| (v, ()));
+        Ok(self.count(r)?.0)
+    }
+
+    pub async fn session_finish(&self, session_id: &str, execution_id: &str) -> Result<SessionFinish, StoreError> {
+        let r: Result<(String, String), _> = Script::new(SESSION_FINISH_LUA)
+            .key(self.keys.session(session_id, "lock"))
+            .key(self.keys.session(session_id, "queue"))
+            .key(self.keys.session(session_id, "steer"))
+            .arg(execution_id)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        let (state, next) = self.count(r)?;
+        Ok(match state.as_str() {
+            "steer" => SessionFinish::SteerPending,
+            "released" => SessionFinish::Released { next: (!next.is_empty()).then_some(next) },
+            _ => SessionFinish::NotHolder,
+        })
+    }
+
+    /// The id of the newest event in the session's stream (`0-0` if none): where a new reader starts.
+    pub async fn last_event_id(&self, session_id: &str) -> Result<String, StoreError> {
+        let r: Result<redis::Value, _> = redis::cmd("XREVRANGE")
+            .arg(self.keys.session(session_id, "events"))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(self.count(r)?).unwrap_or_default();
+        Ok(reply.ids.first().map(|e| e.id.clone()).unwrap_or_else(|| "0-0".into()))
+    }
+
+    /// Appends a streaming event to the session's bounded event stream; returns its id.
+    pub async fn publish_event(&self, session_id: &str, event: &Value) -> Result<String, StoreError> {
+        let key = self.keys.session(session_id, "events");
+        let r: Result<(String,), _> = redis::pipe()
+            .cmd("XADD")
+            .arg(&key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(1000)
+            .arg("*")
+            .arg("data")
+            .arg(event.to_string())
+            .expire(&key, 24 * 3600)
+            .ignore()
+            .query_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)?.0)
+    }
+
+    /// Events after `after` (a stream id). Never blocks: the connection is shared, so a reader
+    /// polls instead of holding it with `XREAD BLOCK`.
+    pub async fn read_events(&self, session_id: &str, after: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let key = self.keys.session(session_id, "events");
+        let r: Result<redis::Value, _> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(100)
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(after)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let reply: Option<redis::streams::StreamReadReply> = match self.count(r)? {
+            redis::Value::Nil => None,
+            v => redis::from_redis_value(v).ok(),
+        };
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(|entry| {
+                let data = entry.get::<String>("data").unwrap_or_default();
+                (entry.id, data)
+            })
+            .collect())
     }
 
     // ---- execution records ----

@@ -18,16 +18,18 @@ pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
 pub enum JobKind {
     ToolCall,
     Webhook,
+    Turn,
 }
 
 impl JobKind {
-    pub const ALL: [JobKind; 2] = [JobKind::ToolCall, JobKind::Webhook];
+    pub const ALL: [JobKind; 3] = [JobKind::ToolCall, JobKind::Webhook, JobKind::Turn];
 
     /// Routing key on the jobs exchange, and the `kind` metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::ToolCall => "tool_call",
             JobKind::Webhook => "webhook",
+            JobKind::Turn => "turn",
         }
     }
 
@@ -36,6 +38,7 @@ impl JobKind {
         match self {
             JobKind::ToolCall => "tool_calls",
             JobKind::Webhook => "webhooks",
+            JobKind::Turn => "turns",
         }
     }
 }
@@ -50,6 +53,24 @@ pub struct ToolCallJob {
     pub room_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assistant_id: Option<String>,
+    /// The agent turn waiting for this call's result, if a model made the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<TurnParent>,
+}
+
+/// Which turn (and which of its tool calls) a tool-call job answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnParent {
+    pub turn_execution_id: String,
+    pub call_id: String,
+    pub round: u32,
+}
+
+/// One model step of an agent turn: the turn's state lives in Redis; the job names the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnJob {
+    pub session_id: String,
+    pub round: u32,
 }
 
 /// A signed event delivery to a subscribed webhook. The URL and secret come from the registry.
@@ -67,6 +88,7 @@ pub struct WebhookJob {
 pub enum Job {
     ToolCall(ToolCallJob),
     Webhook(WebhookJob),
+    Turn(TurnJob),
 }
 
 impl Job {
@@ -74,6 +96,7 @@ impl Job {
         match self {
             Job::ToolCall(_) => JobKind::ToolCall,
             Job::Webhook(_) => JobKind::Webhook,
+            Job::Turn(_) => JobKind::Turn,
         }
     }
 }
@@ -156,6 +179,8 @@ impl Envelope {
                 Err(PoisonReason::Shape("webhook_id and event must not be empty".into()))
             }
             Job::Webhook(_) => Ok(()),
+            Job::Turn(t) if t.session_id.is_empty() => Err(PoisonReason::Shape("session_id must not be empty".into())),
+            Job::Turn(_) => Ok(()),
         }
     }
 }
@@ -204,6 +229,7 @@ mod tests {
                 parameters: json!({"q": "laptop"}),
                 room_id: Some("room_1".into()),
                 assistant_id: None,
+                parent: None,
             }),
             1_000,
         )
@@ -275,7 +301,7 @@ mod properties {
         #[test]
         fn valid_envelopes_round_trip(id in "[A-Za-z0-9_-]{1,64}", tool in "[a-z_]{1,20}", attempt in 1u32..7, q in "\\PC{0,50}") {
             let e = Envelope::new(format!("exec_{id}"), Job::ToolCall(ToolCallJob {
-                tool_name: tool, parameters: serde_json::json!({"q": q}), room_id: None, assistant_id: None,
+                tool_name: tool, parameters: serde_json::json!({"q": q}), room_id: None, assistant_id: None, parent: None,
             }), 5);
             let e = Envelope { attempt, ..e };
             prop_assert_eq!(Envelope::decode(&e.to_bytes(), Some(CONTENT_TYPE)).unwrap(), e);

@@ -37,6 +37,21 @@ impl Keys {
         format!("{}waiting:{kind}", self.prefix)
     }
 
+    /// An agent turn's state (JSON); its tool results share the hash tag.
+    pub fn turn(&self, execution_id: &str) -> String {
+        format!("{}turn:{{{execution_id}}}", self.prefix)
+    }
+
+    /// Hash of a turn's tool-call outcomes by call id.
+    pub fn turn_results(&self, execution_id: &str) -> String {
+        format!("{}turn:{{{execution_id}}}:results", self.prefix)
+    }
+
+    /// A session's keys (`lock`, `queue`, `steer`, `events`), sharing one hash tag.
+    pub fn session(&self, session_id: &str, part: &str) -> String {
+        format!("{}session:{{{session_id}}}:{part}", self.prefix)
+    }
+
     /// A registered tool (a hash; the secret field is encrypted).
     pub fn tool(&self, name: &str) -> String {
         format!("{}{{tools}}:tool:{name}", self.prefix)

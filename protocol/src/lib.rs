@@ -16,6 +16,7 @@ pub mod signing;
 pub mod ssrf;
 pub mod timefmt;
 pub mod topology;
+pub mod turn;
 
 /// Seven days: how long idempotency claims, results and `Idempotency-Key` mappings live.
 pub const IDEMPOTENCY_TTL_SECS: u64 = 7 * 24 * 60 * 60;

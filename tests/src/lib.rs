@@ -4,6 +4,7 @@
 //! proxy that can cut a process off from the broker.
 
 pub mod fleet;
+pub mod llm;
 pub mod proxy;
 pub mod receiver;
 pub mod redis_instance;

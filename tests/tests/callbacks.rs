@@ -186,6 +186,7 @@ async fn a_job_published_twice_runs_once() {
             parameters: json!({"query": "dup"}),
             room_id: None,
             assistant_id: None,
+            parent: None,
         }),
         fleet_platform_now(),
     );

@@ -51,6 +51,7 @@ async fn redis_down_fails_closed_then_resumes() {
             parameters: json!({"query": "q"}),
             room_id: None,
             assistant_id: None,
+            parent: None,
         }),
         now_ms(),
     );

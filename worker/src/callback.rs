@@ -148,6 +148,7 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 poll_accepted: true,
             })
         }
+        Job::Turn(_) => Err(AttemptReport::permanent("a turn step is not a callback".into())),
         Job::Webhook(hook) => {
             let stored = match ctx.store.get_webhook(&hook.webhook_id).await {
                 Ok(Some(h)) => h,

@@ -24,6 +24,14 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Liveness fails after this long without consumers while jobs wait.
     pub liveness_grace: Duration,
+    /// OpenAI-compatible endpoint for agent turns (`…/v1`), its key, and the per-call timeout.
+    pub llm_base_url: Option<String>,
+    pub llm_api_key: Option<String>,
+    pub llm_timeout: Duration,
+    /// Model rounds a turn may take.
+    pub max_rounds: u32,
+    /// How long a session stays held by its turn without the turn touching it.
+    pub session_lease: Duration,
     /// Names this worker in claims and logs.
     pub worker_id: String,
 }
@@ -51,6 +59,15 @@ impl WorkerConfig {
             async_poll_limit: src.seconds("FLEET_ASYNC_POLL_LIMIT", Duration::from_secs(ASYNC_POLL_LIMIT_SECS))?,
             shutdown_grace: src.seconds("FLEET_SHUTDOWN_GRACE", Duration::from_secs(25))?,
             liveness_grace: src.seconds("FLEET_LIVENESS_GRACE", Duration::from_secs(60))?,
+            llm_base_url: match src.get("FLEET_LLM_BASE_URL") {
+                Some(u) if u.starts_with("http://") || u.starts_with("https://") => Some(u.to_string()),
+                Some(_) => return Err(ConfigError::new("FLEET_LLM_BASE_URL", "must be an http(s) URL")),
+                None => None,
+            },
+            llm_api_key: src.get("FLEET_LLM_API_KEY").map(str::to_string),
+            llm_timeout: src.seconds("FLEET_LLM_TIMEOUT", Duration::from_secs(120))?,
+            max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
+            session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
             worker_id: format!("{host}-{}", std::process::id()),
         })
     }

@@ -5,7 +5,9 @@ pub mod callback;
 pub mod config;
 pub mod health;
 pub mod http;
+pub mod llm;
 pub mod process;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,8 +77,13 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
     ));
     tracing::info!(addr = %config.http_addr, concurrency = config.concurrency, worker_id = %config.worker_id, "worker started");
 
-    let processor =
-        Arc::new(Processor { client: fleet_platform_client(&config), config: config.clone(), store, metrics });
+    let processor = Arc::new(Processor {
+        client: fleet_platform_client(&config),
+        llm: llm::LlmClient::new(config.llm_base_url.clone(), config.llm_api_key.clone(), config.llm_timeout),
+        config: config.clone(),
+        store,
+        metrics,
+    });
     consume(processor, link, consumers, &config, cancel).await;
 
     broker_cancel.cancel();

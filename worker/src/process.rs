@@ -18,11 +18,15 @@ use fleet_platform::metrics::Metrics;
 use fleet_platform::now_ms;
 use fleet_platform::store::{Claim, NewExecution, Store};
 use fleet_protocol::deadletter::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
-use fleet_protocol::envelope::{is_valid_execution_id, Envelope, Job, JobKind, PoisonReason, WebhookJob, CONTENT_TYPE};
+use fleet_protocol::envelope::{
+    is_valid_execution_id, Envelope, Job, JobKind, PoisonReason, ToolCallJob, WebhookJob, CONTENT_TYPE,
+};
 use fleet_protocol::events;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::{remaining_hold, RetryDecision};
 use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::turn::CallOutcome;
+use serde_json::json;
 
 use crate::callback::{self, AttemptVerdict, CallbackContext};
 use crate::http::CallbackClient;
@@ -34,10 +38,11 @@ pub struct Processor {
     pub store: Store,
     pub metrics: Metrics,
     pub client: CallbackClient,
+    pub llm: crate::llm::LlmClient,
 }
 
 /// How the delivery is settled once the work is done.
-enum Settle {
+pub(crate) enum Settle {
     Ack,
     /// Put back on the queue (a publish we depend on failed; the broker will redeliver).
     Requeue,
@@ -80,11 +85,13 @@ impl Processor {
             kind,
             tool_name = tracing::field::Empty,
             webhook_id = tracing::field::Empty,
+            session_id = tracing::field::Empty,
         );
         let _ = span.set_parent(telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
         match &envelope.job {
             Job::ToolCall(call) => span.record("tool_name", call.tool_name.as_str()),
             Job::Webhook(hook) => span.record("webhook_id", hook.webhook_id.as_str()),
+            Job::Turn(step) => span.record("session_id", step.session_id.as_str()),
         };
         async {
             if let Some(remaining) = remaining_hold(envelope.not_before_ms, now_ms()) {
@@ -92,7 +99,10 @@ impl Processor {
             }
             let in_flight = self.metrics.jobs_in_flight.with_label_values(&[kind]);
             in_flight.inc();
-            let settle = self.run_job(publisher, &envelope).await;
+            let settle = match &envelope.job {
+                Job::Turn(step) => self.run_turn_step(publisher, &envelope, step).await,
+                _ => self.run_job(publisher, &envelope).await,
+            };
             in_flight.dec();
             settle
         }
@@ -100,7 +110,7 @@ impl Processor {
         .await
     }
 
-    fn finished(&self, envelope: &Envelope, outcome: &str) {
+    pub(crate) fn finished(&self, envelope: &Envelope, outcome: &str) {
         self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
     }
 
@@ -117,6 +127,10 @@ impl Processor {
                     if view.status != ExecutionStatus::Succeeded {
                         let _ = self.store.mark_succeeded(id, &result, now_ms()).await;
                     }
+                }
+                if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
+                    let outcome = CallOutcome { ok: true, result: result.clone() };
+                    self.tool_call_finished(publisher, parent, tool_name, outcome).await;
                 }
                 tracing::info!(execution_id = %id, "already succeeded; not run again");
                 return Settle::Ack;
@@ -187,6 +201,10 @@ impl Processor {
                             .store
                             .record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms())
                             .await;
+                        if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
+                            let outcome = CallOutcome { ok: true, result: result.clone() };
+                            self.tool_call_finished(publisher, parent, tool_name, outcome).await;
+                        }
                         self.finished(envelope, "success");
                         self.observe_latency(envelope, "success");
                         Settle::Ack
@@ -255,6 +273,7 @@ impl Processor {
                         (Some(call.tool_name.clone()), call.assistant_id.clone(), call.room_id.clone())
                     }
                     Job::Webhook(_) => (None, None, None),
+                    Job::Turn(t) => (None, None, Some(t.session_id.clone())),
                 };
                 let dead = DeadLetterRecord {
                     execution_id: Some(id.clone()),
@@ -283,6 +302,11 @@ impl Processor {
                 let settle = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await;
                 if matches!(settle, Settle::Ack) {
                     let _ = self.store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms()).await;
+                    if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
+                        let error = json!({"error": dead.last_error, "dead_lettered": true});
+                        self.tool_call_finished(publisher, parent, tool_name, CallOutcome { ok: false, result: error })
+                            .await;
+                    }
                     self.finished(envelope, if permanent { "permanent" } else { "dead_letter" });
                     self.observe_latency(envelope, "dead_letter");
                 }
@@ -293,7 +317,7 @@ impl Processor {
 
     /// Gives up this worker's claim; `false` means a newer claim fenced it off, so it must not
     /// schedule anything more for the job (the newer holder does).
-    async fn still_holds(&self, id: &str, token: u64, state: &str) -> bool {
+    pub(crate) async fn still_holds(&self, id: &str, token: u64, state: &str) -> bool {
         match self.store.release(id, token, state).await {
             Ok(true) => true,
             Ok(false) => {
@@ -305,13 +329,13 @@ impl Processor {
         }
     }
 
-    fn observe_latency(&self, envelope: &Envelope, outcome: &str) {
+    pub(crate) fn observe_latency(&self, envelope: &Envelope, outcome: &str) {
         let secs = (now_ms() - envelope.enqueued_at_ms).max(0) as f64 / 1000.0;
         self.metrics.job_latency.with_label_values(&[envelope.kind().as_str(), outcome]).observe(secs);
     }
 
     /// Holds a job in the delay queue that fits `remaining` without spending an attempt.
-    async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration) -> Settle {
+    pub(crate) async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration) -> Settle {
         let retry = &self.config.common.retry;
         let step = retry.park_step(remaining);
         let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
@@ -391,7 +415,7 @@ impl Processor {
     }
 
     /// Publishes a dead-letter record (confirmed) and indexes it in Redis; only then may the job be acked.
-    async fn publish_dead_letter(
+    pub(crate) async fn publish_dead_letter(
         &self,
         publisher: &Publisher,
         id: &str,
@@ -426,7 +450,7 @@ fn long_string(text: &str) -> AMQPValue {
 }
 
 /// AMQP headers carrying the current span's trace context, so a retry continues the trace.
-fn trace_headers() -> FieldTable {
+pub(crate) fn trace_headers() -> FieldTable {
     telemetry::amqp_headers(&tracing::Span::current())
 }
 

@@ -1,0 +1,417 @@
+//! Agent turns as plain data and functions: the `POST /v1/turns` input, the turn's persisted state,
+//! the seed's streaming events and their SSE wire format, and the assembly of an OpenAI-compatible
+//! streamed response (content tokens and `delta.tool_calls` fragments) into whole messages.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Model rounds a turn may take before it is stopped (configurable per fleet).
+pub const DEFAULT_MAX_ROUNDS: u32 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Behavior {
+    /// Runs after the session's current turn, in arrival order.
+    #[default]
+    FollowUp,
+    /// Joins the running turn's conversation at its next model call.
+    Steer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    #[serde(default)]
+    pub provider: Option<String>,
+    pub model: String,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assistant {
+    pub id: String,
+    #[serde(default)]
+    pub instructions: String,
+    pub model_config: ModelConfig,
+    #[serde(default)]
+    pub enabled_tools: Vec<String>,
+}
+
+/// One chat message as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    pub fn text(role: &str, content: &str) -> Self {
+        Message { role: role.into(), content: Some(content.into()), tool_calls: vec![], tool_call_id: None }
+    }
+
+    /// The OpenAI chat-completions form of this message.
+    pub fn to_openai(&self) -> Value {
+        let mut m = json!({"role": self.role, "content": self.content});
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(
+                    |c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+                )
+                .collect();
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = json!(id);
+        }
+        m
+    }
+}
+
+/// A tool call the model made: arguments as the raw JSON text the model produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// The body of `POST /v1/turns`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnInput {
+    pub session_id: String,
+    pub assistant: Assistant,
+    pub messages: Vec<InputMessage>,
+    #[serde(default)]
+    pub behavior: Behavior,
+}
+
+impl TurnInput {
+    /// Content checks beyond the shape; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let ident = |field: &str, v: &str| {
+            if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+                Err(format!("{field} must be 1-256 characters without control characters"))
+            } else {
+                Ok(())
+            }
+        };
+        ident("session_id", &self.session_id)?;
+        ident("assistant.id", &self.assistant.id)?;
+        ident("assistant.model_config.model", &self.assistant.model_config.model)?;
+        if let Some(t) = self.assistant.model_config.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err("assistant.model_config.temperature must be between 0 and 2".into());
+            }
+        }
+        if self.assistant.instructions.len() > 64 * 1024 {
+            return Err("assistant.instructions is longer than 64 KiB".into());
+        }
+        for (i, t) in self.assistant.enabled_tools.iter().enumerate() {
+            if t.is_empty() || t.len() > 64 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                return Err(format!("assistant.enabled_tools[{i}] is not a tool name"));
+            }
+        }
+        if self.messages.is_empty() {
+            return Err("messages must hold at least one message".into());
+        }
+        for (i, m) in self.messages.iter().enumerate() {
+            if !matches!(m.role.as_str(), "user" | "system" | "assistant") {
+                return Err(format!("messages[{i}].role must be user, system or assistant"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tool call waiting for its callback.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub call_id: String,
+    pub tool_name: String,
+    pub execution_id: Option<String>,
+}
+
+/// How a tool call ended, as the model will read it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallOutcome {
+    pub ok: bool,
+    pub result: Value,
+}
+
+/// A turn's persisted state between its steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnState {
+    pub session_id: String,
+    pub assistant: Assistant,
+    pub behavior: Behavior,
+    pub conversation: Vec<Message>,
+    /// The model call the next step makes (0-based).
+    pub round: u32,
+    /// Tool calls of the previous round still owed a result.
+    #[serde(default)]
+    pub pending: Vec<PendingCall>,
+    /// Every tool call of the turn, for the execution view.
+    #[serde(default)]
+    pub tool_calls: Vec<PendingCall>,
+    #[serde(default)]
+    pub final_message: Option<Value>,
+    pub message_id: String,
+}
+
+impl TurnState {
+    pub fn new(input: &TurnInput, message_id: String) -> Self {
+        let mut conversation = Vec::new();
+        if !input.assistant.instructions.is_empty() {
+            conversation.push(Message::text("system", &input.assistant.instructions));
+        }
+        conversation.extend(input.messages.iter().map(|m| Message::text(&m.role, &m.content)));
+        TurnState {
+            session_id: input.session_id.clone(),
+            assistant: input.assistant.clone(),
+            behavior: input.behavior,
+            conversation,
+            round: 0,
+            pending: vec![],
+            tool_calls: vec![],
+            final_message: None,
+            message_id,
+        }
+    }
+
+    /// Whether the assistant may call `tool`.
+    pub fn enabled(&self, tool: &str) -> bool {
+        self.assistant.enabled_tools.iter().any(|t| t == tool)
+    }
+}
+
+// ---- streaming events (the seed's Streaming Contract) ----
+
+pub fn token_event(token: &str, index: u64, message_id: &str) -> Value {
+    json!({"type": "token", "token": token, "index": index, "message_id": message_id})
+}
+
+pub fn message_complete_event(message: &Value) -> Value {
+    json!({"type": "message_complete", "message": message})
+}
+
+pub fn tool_call_event(call: &ToolCall, parameters: &Value, message_id: &str) -> Value {
+    json!({"type": "tool_call", "tool_call": {"id": call.id, "tool_name": call.name, "parameters": parameters, "status": "pending"}, "message_id": message_id})
+}
+
+pub fn tool_result_event(call_id: &str, tool_name: &str, outcome: &CallOutcome, message_id: &str) -> Value {
+    let status = if outcome.ok { "completed" } else { "failed" };
+    json!({"type": "tool_result", "tool_call": {"id": call_id, "tool_name": tool_name, "status": status, "result": outcome.result}, "message_id": message_id})
+}
+
+pub fn error_event(code: &str, message: &str, tool_call_id: Option<&str>, message_id: &str) -> Value {
+    let mut error = json!({"code": code, "message": message});
+    if let Some(id) = tool_call_id {
+        error["tool_call_id"] = json!(id);
+    }
+    json!({"type": "error", "error": error, "message_id": message_id})
+}
+
+pub fn done_event(message_id: &str) -> Value {
+    json!({"type": "done", "message_id": message_id})
+}
+
+/// One SSE frame in the seed's wire format, with an `id:` line for `Last-Event-ID` resume.
+pub fn sse_frame(id: &str, event: &Value) -> String {
+    let kind = event["type"].as_str().unwrap_or("message");
+    format!("id: {id}\nevent: {kind}\ndata: {event}\n\n")
+}
+
+// ---- assembling a streamed OpenAI-compatible response ----
+
+/// What one model call produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+}
+
+/// Accumulates `chat.completion.chunk` objects; `delta.tool_calls` fragments are joined by index.
+#[derive(Debug, Default)]
+pub struct CompletionBuilder {
+    completion: Completion,
+    calls: Vec<(u64, ToolCall)>,
+}
+
+impl CompletionBuilder {
+    /// Adds one chunk; returns the content token it carried, if any.
+    pub fn push_chunk(&mut self, chunk: &Value) -> Option<String> {
+        self.usage(chunk);
+        let delta = &chunk["choices"][0]["delta"];
+        for fragment in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = fragment["index"].as_u64().unwrap_or(self.calls.len() as u64);
+            let pos = match self.calls.iter().position(|(i, _)| *i == index) {
+                Some(p) => p,
+                None => {
+                    self.calls
+                        .push((index, ToolCall { id: String::new(), name: String::new(), arguments: String::new() }));
+                    self.calls.len() - 1
+                }
+            };
+            let call = &mut self.calls[pos].1;
+            if let Some(id) = fragment["id"].as_str() {
+                call.id = id.to_string();
+            }
+            if let Some(name) = fragment["function"]["name"].as_str() {
+                call.name.push_str(name);
+            }
+            if let Some(args) = fragment["function"]["arguments"].as_str() {
+                call.arguments.push_str(args);
+            }
+        }
+        let token = delta["content"].as_str().filter(|t| !t.is_empty())?;
+        self.completion.content.push_str(token);
+        Some(token.to_string())
+    }
+
+    fn usage(&mut self, body: &Value) {
+        if let Some(u) = body.get("usage").filter(|u| u.is_object()) {
+            self.completion.prompt_tokens = u["prompt_tokens"].as_u64();
+            self.completion.completion_tokens = u["completion_tokens"].as_u64();
+        }
+    }
+
+    /// A whole (non-streamed) `chat.completion` response.
+    pub fn from_response(body: &Value) -> Completion {
+        let mut b = CompletionBuilder::default();
+        b.usage(body);
+        let message = &body["choices"][0]["message"];
+        b.completion.content = message["content"].as_str().unwrap_or_default().to_string();
+        for (i, c) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
+            b.calls.push((
+                i as u64,
+                ToolCall {
+                    id: c["id"].as_str().unwrap_or_default().to_string(),
+                    name: c["function"]["name"].as_str().unwrap_or_default().to_string(),
+                    arguments: c["function"]["arguments"].as_str().unwrap_or_default().to_string(),
+                },
+            ));
+        }
+        b.finish()
+    }
+
+    pub fn finish(mut self) -> Completion {
+        self.calls.sort_by_key(|(i, _)| *i);
+        self.completion.tool_calls = self
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(n, (_, mut c))| {
+                if c.id.is_empty() {
+                    c.id = format!("call_{n}");
+                }
+                c
+            })
+            .collect();
+        self.completion
+    }
+}
+
+/// Parses a tool call's arguments; arguments that are not a JSON object are an error for the model.
+pub fn parse_arguments(arguments: &str) -> Result<Value, String> {
+    let text = if arguments.trim().is_empty() { "{}" } else { arguments };
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err("tool arguments must be a JSON object".into()),
+        Err(e) => Err(format!("tool arguments are not valid JSON: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_tool_call_fragments_are_assembled_by_index() {
+        let mut b = CompletionBuilder::default();
+        let chunks = [
+            json!({"choices":[{"delta":{"role":"assistant","content":"Let me "}}]}),
+            json!({"choices":[{"delta":{"content":"check."}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"search","arguments":""}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"weather","arguments":"{\"city\""}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"q\":\"x\"}"}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":":\"Oslo\"}"}}]}}]}),
+            json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":12,"completion_tokens":7}}),
+        ];
+        let tokens: Vec<String> = chunks.iter().filter_map(|c| b.push_chunk(c)).collect();
+        assert_eq!(tokens, ["Let me ", "check."]);
+        let c = b.finish();
+        assert_eq!(c.content, "Let me check.");
+        assert_eq!(c.tool_calls.len(), 2);
+        assert_eq!(
+            c.tool_calls[0],
+            ToolCall { id: "call_a".into(), name: "search".into(), arguments: "{\"q\":\"x\"}".into() }
+        );
+        assert_eq!(c.tool_calls[1].arguments, "{\"city\":\"Oslo\"}");
+        assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(12), Some(7)));
+    }
+
+    #[test]
+    fn non_streamed_responses_are_read_too() {
+        let body = json!({"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"t","arguments":"{}"}}]}}],"usage":{"prompt_tokens":3,"completion_tokens":1}});
+        let c = CompletionBuilder::from_response(&body);
+        assert_eq!(c.content, "");
+        assert_eq!(c.tool_calls[0].name, "t");
+        assert_eq!(c.prompt_tokens, Some(3));
+    }
+
+    #[test]
+    fn sse_frames_follow_the_seed() {
+        let frame = sse_frame("7-0", &token_event("Hello", 0, "msg_123"));
+        assert_eq!(frame, "id: 7-0\nevent: token\ndata: {\"index\":0,\"message_id\":\"msg_123\",\"token\":\"Hello\",\"type\":\"token\"}\n\n");
+        assert_eq!(done_event("m")["type"], "done");
+    }
+
+    #[test]
+    fn turn_input_is_validated_by_field() {
+        let input: TurnInput = serde_json::from_value(json!({
+            "session_id": "s1",
+            "assistant": {"id": "a", "instructions": "be brief", "model_config": {"provider": "openai", "model": "m", "temperature": 0.2}, "enabled_tools": ["search"]},
+            "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .unwrap();
+        assert_eq!(input.validate(), Ok(()));
+        assert_eq!(input.behavior, Behavior::FollowUp);
+        let state = TurnState::new(&input, "msg_1".into());
+        assert_eq!(state.conversation[0].role, "system");
+        assert!(state.enabled("search") && !state.enabled("other"));
+        let mut bad = input.clone();
+        bad.assistant.model_config.temperature = Some(3.0);
+        assert!(bad.validate().unwrap_err().contains("temperature"));
+        let mut bad = input.clone();
+        bad.messages.clear();
+        assert!(bad.validate().unwrap_err().contains("messages"));
+        let mut bad = input;
+        bad.messages[0].role = "robot".into();
+        assert!(bad.validate().unwrap_err().contains("messages[0].role"));
+    }
+
+    #[test]
+    fn arguments_must_be_objects() {
+        assert_eq!(parse_arguments("").unwrap(), json!({}));
+        assert!(parse_arguments("[1]").is_err());
+        assert!(parse_arguments("{bad").is_err());
+    }
+}
