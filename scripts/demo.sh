@@ -23,6 +23,12 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+if [ -z "${FLEET_LLM_BASE_URL:-}" ]; then
+  # No model configured: a stand-in OpenAI-compatible server for the demo turn.
+  llm_addr="${FLEET_DEMO_LLM_ADDR:-127.0.0.1:9092}"
+  target/debug/fleet-demo serve-llm "$llm_addr" >"$run/demo-llm.log" 2>&1 & pids+=($!)
+  export FLEET_LLM_BASE_URL="http://$llm_addr/v1"
+fi
 target/debug/dispatcher >"$run/dispatcher.log" 2>&1 & pids+=($!)
 for port in "${worker_ports[@]}"; do
   FLEET_WORKER_HTTP_ADDR="127.0.0.1:$port" target/debug/worker >"$run/worker-$port.log" 2>&1 & pids+=($!)

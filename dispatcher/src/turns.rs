@@ -79,6 +79,7 @@ pub(crate) async fn turn_summary(state: &AppState, execution_id: &str) -> Result
             "rounds": t.round,
             "tool_calls": t.tool_calls,
             "final_message": t.final_message,
+            "usage": t.usage,
         })
     }))
 }

@@ -172,6 +172,15 @@ pub struct TurnState {
     #[serde(default)]
     pub final_message: Option<Value>,
     pub message_id: String,
+    /// Tokens the provider reported across the turn's model calls.
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 impl TurnState {
@@ -191,6 +200,7 @@ impl TurnState {
             tool_calls: vec![],
             final_message: None,
             message_id,
+            usage: Usage::default(),
         }
     }
 

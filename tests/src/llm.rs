@@ -71,8 +71,13 @@ pub struct MockLlm {
 impl MockLlm {
     /// Starts the server; `script` gets the request body and how many requests came before it.
     pub async fn start(script: impl Fn(&Value, usize) -> LlmReply + Send + Sync + 'static) -> Self {
+        Self::start_on("127.0.0.1:0", script).await
+    }
+
+    /// Starts the server on `addr`.
+    pub async fn start_on(addr: &str, script: impl Fn(&Value, usize) -> LlmReply + Send + Sync + 'static) -> Self {
         let inner = Arc::new(Inner { script: Arc::new(script), requests: Mutex::new(vec![]) });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app =
             axum::Router::new().route("/v1/chat/completions", axum::routing::post(complete)).with_state(inner.clone());

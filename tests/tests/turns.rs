@@ -115,6 +115,7 @@ async fn a_plain_turn_streams_tokens_and_completes() {
     assert_eq!(done["kind"], "turn");
     assert_eq!(done["turn"]["final_message"]["content"], "Hello world");
     assert_eq!(done["turn"]["rounds"], 1);
+    assert_eq!(done["turn"]["usage"], json!({"prompt_tokens": 11, "completion_tokens": 3}), "usage from the stream");
     let sent = &llm.requests()[0];
     assert_eq!(sent.body["model"], "test-model");
     assert_eq!(sent.body["stream"], true);
@@ -378,4 +379,22 @@ async fn malformed_turns_get_a_4xx_naming_the_field() {
     b["assistant"]["model_config"].as_object_mut().unwrap().remove("model");
     let (s, r) = fleet.post("/v1/turns", &b).await;
     check(422, "model", s, r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_are_bounded() {
+    let llm = MockLlm::start(|_, n| {
+        LlmReply::ToolCalls(vec![(format!("call_{n}"), "echo".into(), r#"{"query":"again"}"#.into())])
+    })
+    .await;
+    let echo = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_TURN_MAX_ROUNDS", "3")).await;
+    fleet.register_tool("echo", &echo.url("/echo"), SECRET).await;
+    let id = post_turn(&fleet, &turn_body("s_loop", "loop forever", &["echo"])).await;
+    let failed = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(20)).await;
+    assert_eq!(llm.requests().len(), 3, "three model rounds, then the turn stops");
+    assert_eq!(echo.received().len(), 3);
+    assert!(failed["turn"]["rounds"].as_u64().unwrap() >= 3);
+    let (_, dl) = fleet.get(&format!("/v1/dead-letters/{id}")).await;
+    assert!(dl["data"]["last_error"].as_str().unwrap().contains("3 model rounds"), "{dl}");
 }

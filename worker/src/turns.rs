@@ -239,6 +239,8 @@ impl Processor {
                     .await;
             }
         };
+        state.usage.prompt_tokens += completion.prompt_tokens.unwrap_or(0);
+        state.usage.completion_tokens += completion.completion_tokens.unwrap_or(0);
         for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
             if let Some(n) = n {
                 self.metrics.llm_tokens.with_label_values(&[&model, kind]).inc_by(n);

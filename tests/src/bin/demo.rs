@@ -11,6 +11,9 @@ use fleet_tests::{wait_for, Receiver, Reply};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if let Some(addr) = std::env::args().nth(2).filter(|_| std::env::args().nth(1).as_deref() == Some("serve-llm")) {
+        return serve_llm(&addr).await;
+    }
     let api = std::env::var("FLEET_DEMO_API").unwrap_or_else(|_| "http://127.0.0.1:8080".into());
     let token = std::env::var("FLEET_API_TOKENS")
         .context("FLEET_API_TOKENS must be set")?
@@ -88,5 +91,73 @@ async fn main() -> anyhow::Result<()> {
     if execution["status"] != "succeeded" {
         bail!("the demo call did not succeed");
     }
+    demo_turn(&http, &api, &token).await
+}
+
+/// An agent turn: the model calls the demo tool, reads its result and answers; the session's SSE
+/// stream is printed as it arrives.
+async fn demo_turn(http: &reqwest::Client, api: &str, token: &str) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let session = format!("demo_session_{}", std::process::id());
+    println!("\n--- agent turn (session {session}) ---");
+    let stream =
+        reqwest::Client::new().get(format!("{api}/v1/sessions/{session}/stream")).bearer_auth(token).send().await?;
+    let turn = json!({
+        "session_id": session,
+        "assistant": {"id": "asst_demo", "instructions": "Help the user shop.", "model_config": {"provider": "openai", "model": "demo-model", "temperature": 0.2}, "enabled_tools": ["search_products"]},
+        "messages": [{"role": "user", "content": "Find me a laptop"}]
+    });
+    let resp = http.post(format!("{api}/v1/turns")).bearer_auth(token).json(&turn).send().await?;
+    let body: Value = resp.json().await?;
+    println!("POST /v1/turns -> {body}");
+    let mut bytes = stream.bytes_stream();
+    let mut buf = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    'read: while let Ok(Some(chunk)) = tokio::time::timeout_at(deadline, bytes.next()).await {
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            print!("{frame}");
+            if frame.contains("\nevent: done\n") {
+                break 'read;
+            }
+        }
+    }
+    let id = body["data"]["execution_id"].as_str().context("no execution_id")?;
+    let v: Value = http.get(format!("{api}/v1/executions/{id}")).bearer_auth(token).send().await?.json().await?;
+    println!(
+        "turn {} after {} round(s): {}",
+        v["data"]["status"], v["data"]["turn"]["rounds"], v["data"]["turn"]["final_message"]["content"]
+    );
+    if v["data"]["status"] != "succeeded" {
+        bail!("the demo turn did not succeed");
+    }
+    Ok(())
+}
+
+/// A stand-in OpenAI-compatible model for the demo (used unless FLEET_LLM_BASE_URL is set): it
+/// calls `search_products` with the user's words, then answers from the tool's result.
+async fn serve_llm(addr: &str) -> anyhow::Result<()> {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    let llm = MockLlm::start_on(addr, |body, _| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        match messages.iter().rev().find(|m| m["role"] == "tool") {
+            None => {
+                LlmReply::ToolCalls(vec![("call_1".into(), "search_products".into(), r#"{"query":"laptop"}"#.into())])
+            }
+            Some(tool) => {
+                let result: Value =
+                    serde_json::from_str(tool["content"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
+                let name = result["products"][0]["name"].as_str().unwrap_or("nothing").to_string();
+                LlmReply::Text {
+                    tokens: format!("I found the {name} for you.").split_inclusive(' ').map(str::to_string).collect(),
+                    delay: Duration::from_millis(40),
+                }
+            }
+        }
+    })
+    .await;
+    println!("demo model listening at {}", llm.base_url());
+    std::future::pending::<()>().await;
     Ok(())
 }
