@@ -1,14 +1,9 @@
 //! `fleet-bench` (`make bench`): the fleet against the raw broker, measured in one run on the same
-//! quorum queue type with persistence, publisher confirms and manual acks.
-//!
-//! 1. raw broker: confirmed publishes of N job-sized messages (pipelined), then a consumer that
-//!    acks them with the worker's prefetch and does no work: the ceiling;
-//! 2. the fleet: N `POST /v1/tool-calls` from concurrent clients, then workers draining them with
-//!    a claim in Redis, a signed POST to a fast local receiver, the result stored and the ack;
-//! 3. latency: enqueue → callback received, at half the fleet's measured drain rate.
+//! quorum queue type with persistence, publisher confirms and manual acks, plus memory, scaling and
+//! per-turn overhead. Prints one table: figure, value, target, ratio.
 //!
 //! Settings: FLEET_BENCH_JOBS (5000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
-//! FLEET_BENCH_CONCURRENCY (32, per worker), FLEET_BENCH_LATENCY_JOBS (1000).
+//! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,46 +15,173 @@ use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::State;
 use futures::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{json, Value};
 
+use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::{amqp_url, free_port, redis_url};
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-#[derive(Default)]
-struct Arrivals {
-    at: Mutex<HashMap<String, Instant>>,
+/// A tool owner that answers after `delay`, recording when each execution first arrived.
+struct Receiver {
+    addr: std::net::SocketAddr,
+    arrivals: Arc<Mutex<HashMap<String, Instant>>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    _task: tokio::task::JoinHandle<()>,
 }
 
-async fn receive(State(arrivals): State<Arc<Arrivals>>, body: Bytes) -> &'static str {
+#[derive(Clone)]
+struct ReceiverState {
+    arrivals: Arc<Mutex<HashMap<String, Instant>>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    delay: Duration,
+}
+
+async fn receive(State(s): State<ReceiverState>, body: Bytes) -> &'static str {
+    use std::sync::atomic::Ordering;
     if let Ok(v) = serde_json::from_slice::<Value>(&body) {
         if let Some(id) = v["execution_id"].as_str() {
-            arrivals.at.lock().unwrap().entry(id.to_string()).or_insert_with(Instant::now);
+            s.arrivals.lock().unwrap().entry(id.to_string()).or_insert_with(Instant::now);
         }
+    }
+    if !s.delay.is_zero() {
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(s.delay).await;
+        s.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
     r#"{"result":{"ok":true}}"#
 }
 
-fn sibling_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    exe.parent().expect("bin dir").join(name)
+impl Receiver {
+    async fn start(delay: Duration) -> Self {
+        let state = ReceiverState { arrivals: Default::default(), in_flight: Default::default(), delay };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().fallback(receive).with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { addr, arrivals: state.arrivals, in_flight: state.in_flight, _task: task }
+    }
+    fn count(&self) -> usize {
+        self.arrivals.lock().unwrap().len()
+    }
 }
 
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
+fn sibling_binary(name: &str) -> PathBuf {
+    std::env::current_exe().expect("bench path").parent().expect("bin dir").join(name)
+}
+
+/// A dispatcher and workers (release binaries) with their own topology and key prefix.
+struct BenchFleet {
+    id: String,
+    api: String,
+    token: String,
+    http: reqwest::Client,
+    env: Vec<(String, String)>,
+    dispatcher: Child,
+    workers: Vec<Child>,
+}
+
+impl BenchFleet {
+    async fn start(env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let id = format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let port = free_port();
+        let mut fleet = BenchFleet {
+            api: format!("http://127.0.0.1:{port}"),
+            token: format!("bench-token-{id}"),
+            http: reqwest::Client::builder().pool_max_idle_per_host(64).build()?,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            dispatcher: Command::new("true").spawn()?,
+            workers: vec![],
+            id,
+        };
+        let mut cmd = fleet.command("dispatcher");
+        cmd.env("FLEET_HTTP_ADDR", format!("127.0.0.1:{port}"));
+        fleet.dispatcher = cmd.spawn().context("start dispatcher (cargo build --release --workspace --bins)")?;
+        wait_ready(&fleet.http, &format!("{}/readyz", fleet.api)).await?;
+        Ok(fleet)
+    }
+
+    fn command(&self, bin: &str) -> Command {
+        let mut cmd = Command::new(sibling_binary(bin));
+        cmd.env("FLEET_AMQP_URL", amqp_url())
+            .env("FLEET_REDIS_URL", redis_url())
+            .env("FLEET_TOPOLOGY_PREFIX", format!("fleet-{}", self.id))
+            .env("FLEET_REDIS_KEY_PREFIX", format!("{}:", self.id))
+            .env("FLEET_API_TOKENS", &self.token)
+            .env("FLEET_SECRETS_KEY", "6b6579206f6620746865207465737420666c6565742c2033322062797465732e")
+            .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    async fn add_worker(&mut self) -> anyhow::Result<u32> {
+        let port = free_port();
+        let mut cmd = self.command("worker");
+        cmd.env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"));
+        let child = cmd.spawn().context("start worker")?;
+        let pid = child.id();
+        self.workers.push(child);
+        wait_ready(&self.http, &format!("http://127.0.0.1:{port}/readyz")).await?;
+        Ok(pid)
+    }
+
+    async fn register(&self, url: &str) -> anyhow::Result<()> {
+        let tool = json!({"description":"bench","parameters":{"type":"object"},"callback_url": url,"callback_secret":"bench_secret_0123456789"});
+        let r = self.http.put(format!("{}/v1/tools/bench", self.api)).bearer_auth(&self.token).json(&tool).send().await?;
+        anyhow::ensure!(r.status().is_success(), "register tool: {}", r.status());
+        Ok(())
+    }
+
+    async fn enqueue(&self, n: usize) -> anyhow::Result<(String, Instant)> {
+        let body = json!({"tool_name":"bench","parameters":{"query":"benchmark payload","n":n},"room_id":"room_1","assistant_id":"asst_1"});
+        let sent = Instant::now();
+        let resp = self.http.post(format!("{}/v1/tool-calls", self.api)).bearer_auth(&self.token).json(&body).send().await?;
+        anyhow::ensure!(resp.status().as_u16() == 202, "enqueue answered {}", resp.status());
+        let v: Value = resp.json().await?;
+        Ok((v["data"]["execution_id"].as_str().unwrap_or_default().to_string(), sent))
+    }
+
+    async fn enqueue_many(&self, range: std::ops::Range<usize>, clients: usize) -> anyhow::Result<f64> {
+        let n = range.len();
+        let started = Instant::now();
+        let results: Vec<_> = futures::stream::iter(range).map(|i| self.enqueue(i)).buffer_unordered(clients).collect().await;
+        for r in results {
+            r?;
+        }
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    async fn stop(mut self, conn: &Connection) {
+        for c in self.workers.iter_mut().chain(std::iter::once(&mut self.dispatcher)) {
             let _ = c.kill();
             let _ = c.wait();
         }
+        cleanup(&self.id, conn).await;
     }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))))
+        .unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -76,18 +198,142 @@ async fn main() -> anyhow::Result<()> {
     let clients = setting("FLEET_BENCH_CLIENTS", 32);
     let concurrency = setting("FLEET_BENCH_CONCURRENCY", 32);
     let latency_jobs = setting("FLEET_BENCH_LATENCY_JOBS", 1000);
-    let id = format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let turns = setting("FLEET_BENCH_TURNS", 200);
     println!("fleet-bench: {jobs} jobs, {workers} worker(s) × concurrency {concurrency}, {clients} API clients");
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
 
     // ---- 1. raw broker ceiling ----
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
+    let (raw_publish_rate, raw_drain_rate) = raw_broker(&conn, jobs, clients, concurrency * workers).await?;
+
+    // ---- 2. fleet throughput and 3. latency ----
+    let conc = concurrency.to_string();
+    let receiver = Receiver::start(Duration::ZERO).await;
+    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", &conc)]).await?;
+    fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
+    let enqueue_rate = fleet.enqueue_many(0..jobs, clients).await?;
+    let started = Instant::now();
+    for _ in 0..workers {
+        fleet.add_worker().await?;
+    }
+    wait_until(Duration::from_secs(600), || receiver.count() >= jobs).await?;
+    let fleet_drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
+
+    let rate = (fleet_drain_rate / 2.0).max(1.0);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent = Vec::with_capacity(latency_jobs);
+    let mut inflight = futures::stream::FuturesUnordered::new();
+    for n in 0..latency_jobs {
+        tick.tick().await;
+        inflight.push(fleet.enqueue(jobs + n));
+        while let Some(Some(done)) = futures::FutureExt::now_or_never(inflight.next()) {
+            sent.push(done?);
+        }
+    }
+    while let Some(done) = inflight.next().await {
+        sent.push(done?);
+    }
+    wait_until(Duration::from_secs(120), || {
+        let at = receiver.arrivals.lock().unwrap();
+        sent.iter().all(|(id, _)| at.contains_key(id))
+    })
+    .await?;
+    let mut latencies: Vec<f64> = {
+        let at = receiver.arrivals.lock().unwrap();
+        sent.iter().map(|(id, t)| at[id].duration_since(*t).as_secs_f64() * 1000.0).collect()
+    };
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    fleet.stop(&conn).await;
+
+    // ---- 4. memory: one worker holding 1000 callbacks to a slow receiver ----
+    let slow = Receiver::start(Duration::from_secs(3)).await;
+    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", "1000")]).await?;
+    fleet.register(&format!("http://{}/slow", slow.addr)).await?;
+    let pid = fleet.add_worker().await?;
+    // Warm the client's code paths, then take the idle baseline.
+    fleet.enqueue(0).await?;
+    wait_until(Duration::from_secs(30), || slow.count() >= 1).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let baseline = rss_kib(pid);
+    fleet.enqueue_many(1..1001, clients).await?;
+    wait_until(Duration::from_secs(60), || slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) >= 1000).await?;
+    let peak = rss_kib(pid);
+    wait_until(Duration::from_secs(60), || slow.count() >= 1001 && slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = rss_kib(pid);
+    fleet.stop(&conn).await;
+
+    // ---- 5. scaling: 1 vs 4 workers against a 50 ms receiver ----
+    let scale_jobs = 800;
+    let mut rates = Vec::new();
+    for n in [1usize, 4] {
+        let r = Receiver::start(Duration::from_millis(50)).await;
+        let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", "8")]).await?;
+        fleet.register(&format!("http://{}/scale", r.addr)).await?;
+        fleet.enqueue_many(0..scale_jobs, clients).await?;
+        let started = Instant::now();
+        for _ in 0..n {
+            fleet.add_worker().await?;
+        }
+        wait_until(Duration::from_secs(300), || r.count() >= scale_jobs).await?;
+        rates.push(scale_jobs as f64 / started.elapsed().as_secs_f64());
+        fleet.stop(&conn).await;
+    }
+
+    // ---- 6. turns: the fleet's own time per turn, beside the model's ----
+    let llm = MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay: Duration::ZERO }).await;
+    let base = llm.base_url();
+    let mut fleet = BenchFleet::start(&[("FLEET_LLM_BASE_URL", &base)]).await?;
+    fleet.add_worker().await?;
+    let mut overheads = Vec::new();
+    for n in 0..turns {
+        let body = json!({"session_id": format!("bench_{n}"), "assistant": {"id": "a", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": "hi"}]});
+        let t0 = Instant::now();
+        let resp: Value = fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?.json().await?;
+        let id = resp["data"]["execution_id"].as_str().context("turn id")?.to_string();
+        loop {
+            let v: Value = fleet.http.get(format!("{}/v1/executions/{id}", fleet.api)).bearer_auth(&fleet.token).send().await?.json().await?;
+            if v["data"]["status"] == "succeeded" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let total = t0.elapsed();
+        let model = llm.requests().last().and_then(|r| r.ended.map(|e| e - r.started)).unwrap_or_default();
+        overheads.push((total.saturating_sub(model)).as_secs_f64() * 1000.0);
+    }
+    fleet.stop(&conn).await;
+
+    let _ = conn.close(200, "".into()).await;
+    let row = |figure: &str, value: String, target: &str, ratio: String| println!("{figure:<58} {value:>12} {target:>14} {ratio:>10}");
+    println!();
+    row("figure", "value".into(), "target".into(), "ratio".into());
+    row("raw broker: drain, consume+ack (msg/s)", format!("{raw_drain_rate:.0}"), "ceiling".into(), "".into());
+    row(
+        "fleet: drain, claim+signed POST+result+ack (jobs/s)",
+        format!("{fleet_drain_rate:.0}"),
+        ">= 60 %",
+        format!("{:.0} %", 100.0 * fleet_drain_rate / raw_drain_rate),
+    );
+    row("raw broker: confirmed publish (msg/s)", format!("{raw_publish_rate:.0}"), "ceiling".into(), "".into());
+    row("fleet: POST /v1/tool-calls, 202 after confirm (jobs/s)", format!("{enqueue_rate:.0}"), ">= 50 %", format!("{:.0} %", 100.0 * enqueue_rate / raw_publish_rate));
+    row(&format!("latency enqueue→callback p50 (ms) at {rate:.0} jobs/s"), format!("{:.1}", percentile(&latencies, 0.50)), "", "".into());
+    row(&format!("latency enqueue→callback p99 (ms) at {rate:.0} jobs/s"), format!("{:.1}", percentile(&latencies, 0.99)), "<= 15 ms", "".into());
+    row("worker RSS: idle (MiB)", format!("{:.1}", baseline as f64 / 1024.0), "", "".into());
+    row("worker RSS: 1000 callbacks in flight (MiB)", format!("{:.1}", peak as f64 / 1024.0), "< 64 MiB", "".into());
+    row("worker RSS: after they finished (MiB)", format!("{:.1}", after as f64 / 1024.0), "~ idle", format!("{:.2}×", after as f64 / baseline.max(1) as f64));
+    row("scaling, 50 ms receiver: 1 worker × 8 (jobs/s)", format!("{:.0}", rates[0]), "", "".into());
+    row("scaling, 50 ms receiver: 4 workers × 8 (jobs/s)", format!("{:.0}", rates[1]), ">= 3.5×", format!("{:.2}×", rates[1] / rates[0]));
+    row("turn: fleet overhead per turn, median (ms)", format!("{:.1}", median(overheads)), "<= 5 ms", "".into());
+    Ok(())
+}
+
+async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usize) -> anyhow::Result<(f64, f64)> {
     let channel = conn.create_channel().await?;
-    let raw_queue = format!("{id}.raw");
+    let raw_queue = format!("bench-raw-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from(b"quorum".to_vec())));
-    channel
-        .queue_declare(raw_queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
-        .await?;
+    channel.queue_declare(raw_queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args).await?;
     channel.confirm_select(Default::default()).await?;
     let payload = json!({"v":1,"execution_id":"exec_0123456789abcdef0123456789abcdef","attempt":1,"enqueued_at_ms":1,
         "kind":"tool_call","tool_name":"bench","parameters":{"query":"benchmark payload"},"room_id":"room_1","assistant_id":"asst_1"})
@@ -105,153 +351,25 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
         pending.push(confirm);
-        if pending.len() >= clients {
+        if pending.len() >= window {
             pending.next().await.context("confirm")??;
         }
     }
     while let Some(c) = pending.next().await {
         c?;
     }
-    let raw_publish_rate = jobs as f64 / started.elapsed().as_secs_f64();
-
-    let consume_channel = conn.create_channel().await?;
-    consume_channel.basic_qos((concurrency * workers) as u16, BasicQosOptions::default()).await?;
-    let mut consumer = consume_channel
-        .basic_consume(raw_queue.as_str().into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default())
-        .await?;
+    let publish_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let consume = conn.create_channel().await?;
+    consume.basic_qos(prefetch as u16, BasicQosOptions::default()).await?;
+    let mut consumer = consume.basic_consume(raw_queue.as_str().into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default()).await?;
     let started = Instant::now();
     for _ in 0..jobs {
         let delivery = consumer.next().await.context("raw consumer ended")??;
         delivery.ack(BasicAckOptions::default()).await?;
     }
-    let raw_drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
     channel.queue_delete(raw_queue.as_str().into(), QueueDeleteOptions::default()).await?;
-
-    // ---- 2. the fleet ----
-    let arrivals = Arc::new(Arrivals::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let receiver_addr = listener.local_addr()?;
-    let app = axum::Router::new().fallback(receive).with_state(arrivals.clone());
-    let receiver = tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let token = format!("bench-token-{id}");
-    let port = free_port();
-    let api = format!("http://127.0.0.1:{port}");
-    let env = |cmd: &mut Command| {
-        cmd.env("FLEET_AMQP_URL", amqp_url())
-            .env("FLEET_REDIS_URL", redis_url())
-            .env("FLEET_TOPOLOGY_PREFIX", format!("fleet-{id}"))
-            .env("FLEET_REDIS_KEY_PREFIX", format!("{id}:"))
-            .env("FLEET_API_TOKENS", &token)
-            .env("FLEET_SECRETS_KEY", "6b6579206f6620746865207465737420666c6565742c2033322062797465732e")
-            .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")
-            .env("FLEET_WORKER_CONCURRENCY", concurrency.to_string())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-    };
-    let mut procs = Procs(vec![]);
-    let mut cmd = Command::new(sibling_binary("dispatcher"));
-    env(&mut cmd);
-    cmd.env("FLEET_HTTP_ADDR", format!("127.0.0.1:{port}"));
-    procs.0.push(cmd.spawn().context("start dispatcher (build with cargo build --release --workspace --bins)")?);
-    let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
-    wait_ready(&http, &format!("{api}/readyz")).await?;
-    let tool = json!({"description":"bench","parameters":{"type":"object"},"callback_url": format!("http://{receiver_addr}/bench"),
-        "callback_secret":"bench_secret_0123456789"});
-    let r = http.put(format!("{api}/v1/tools/bench")).bearer_auth(&token).json(&tool).send().await?;
-    anyhow::ensure!(r.status().is_success(), "register tool: {}", r.status());
-
-    let enqueue = |n: usize| {
-        let (http, api, token) = (http.clone(), api.clone(), token.clone());
-        async move {
-            let body = json!({"tool_name":"bench","parameters":{"query":"benchmark payload","n":n},"room_id":"room_1","assistant_id":"asst_1"});
-            let sent = Instant::now();
-            let resp = http.post(format!("{api}/v1/tool-calls")).bearer_auth(&token).json(&body).send().await?;
-            anyhow::ensure!(resp.status().as_u16() == 202, "enqueue answered {}", resp.status());
-            let v: Value = resp.json().await?;
-            Ok::<_, anyhow::Error>((v["data"]["execution_id"].as_str().unwrap_or_default().to_string(), sent))
-        }
-    };
-    let started = Instant::now();
-    let results: Vec<_> = futures::stream::iter(0..jobs).map(enqueue).buffer_unordered(clients).collect().await;
-    let enqueue_rate = jobs as f64 / started.elapsed().as_secs_f64();
-    for r in &results {
-        if let Err(e) = r {
-            anyhow::bail!("enqueue failed: {e}");
-        }
-    }
-
-    let started = Instant::now();
-    for _ in 0..workers {
-        let mut cmd = Command::new(sibling_binary("worker"));
-        env(&mut cmd);
-        cmd.env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{}", free_port()));
-        procs.0.push(cmd.spawn().context("start worker")?);
-    }
-    wait_until(Duration::from_secs(600), || arrivals.at.lock().unwrap().len() >= jobs).await?;
-    let drain_elapsed = started.elapsed();
-    let fleet_drain_rate = jobs as f64 / drain_elapsed.as_secs_f64();
-
-    // ---- 3. latency at half the drain rate ----
-    let rate = (fleet_drain_rate / 2.0).max(1.0);
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let mut sent: Vec<(String, Instant)> = Vec::with_capacity(latency_jobs);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut inflight = futures::stream::FuturesUnordered::new();
-    for n in 0..latency_jobs {
-        tick.tick().await;
-        inflight.push(enqueue(jobs + n));
-        while let Some(Some(done)) = futures::FutureExt::now_or_never(inflight.next()) {
-            sent.push(done?);
-        }
-    }
-    while let Some(done) = inflight.next().await {
-        sent.push(done?);
-    }
-    wait_until(Duration::from_secs(120), || {
-        let at = arrivals.at.lock().unwrap();
-        sent.iter().all(|(id, _)| at.contains_key(id))
-    })
-    .await?;
-    let mut latencies: Vec<f64> = {
-        let at = arrivals.at.lock().unwrap();
-        sent.iter().map(|(id, t)| (at[id].duration_since(*t)).as_secs_f64() * 1000.0).collect()
-    };
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
-
-    drop(procs);
-    receiver.abort();
-    cleanup(&id, &conn).await;
-
-    println!();
-    println!("{:<52} {:>12} {:>14}", "figure", "value", "ratio");
-    println!("{:<52} {:>12.0} {:>14}", "raw broker: drain, consume+ack (msg/s)", raw_drain_rate, "ceiling");
-    println!(
-        "{:<52} {:>12.0} {:>13.0}%",
-        "fleet: drain, claim+signed POST+result+ack (jobs/s)",
-        fleet_drain_rate,
-        100.0 * fleet_drain_rate / raw_drain_rate
-    );
-    println!("{:<52} {:>12.0} {:>14}", "raw broker: confirmed publish (msg/s)", raw_publish_rate, "ceiling");
-    println!(
-        "{:<52} {:>12.0} {:>13.0}%",
-        "fleet: POST /v1/tool-calls, 202 after confirm (jobs/s)",
-        enqueue_rate,
-        100.0 * enqueue_rate / raw_publish_rate
-    );
-    println!(
-        "{:<52} {:>12.1}",
-        format!("latency enqueue→callback p50 (ms) at {rate:.0} jobs/s"),
-        percentile(&latencies, 0.50)
-    );
-    println!(
-        "{:<52} {:>12.1}",
-        format!("latency enqueue→callback p99 (ms) at {rate:.0} jobs/s"),
-        percentile(&latencies, 0.99)
-    );
-    Ok(())
+    Ok((publish_rate, drain_rate))
 }
 
 async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
@@ -269,14 +387,13 @@ async fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow
     let deadline = Instant::now() + timeout;
     while !done() {
         anyhow::ensure!(Instant::now() < deadline, "timed out after {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     Ok(())
 }
 
 async fn cleanup(id: &str, conn: &Connection) {
-    let topology =
-        fleet_protocol::topology::Topology::new(format!("fleet-{id}"), fleet_protocol::retry::default_delays());
+    let topology = fleet_protocol::topology::Topology::new(format!("fleet-{id}"), fleet_protocol::retry::default_delays());
     if let Ok(ch) = conn.create_channel().await {
         for q in topology.queues() {
             let _ = ch.queue_delete(q.name.as_str().into(), QueueDeleteOptions::default()).await;
@@ -287,10 +404,11 @@ async fn cleanup(id: &str, conn: &Connection) {
     }
     if let Ok(client) = redis::Client::open(redis_url()) {
         if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-            let keys: Vec<String> =
-                redis::cmd("KEYS").arg(format!("{id}:*")).query_async(&mut con).await.unwrap_or_default();
-            for chunk in keys.chunks(1000) {
-                let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut con).await;
+            let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{id}:*")).query_async(&mut con).await.unwrap_or_default();
+            for chunk in keys.chunks(500) {
+                for key in chunk {
+                    let _: Result<(), _> = redis::cmd("DEL").arg(key).query_async(&mut con).await;
+                }
             }
         }
     }
