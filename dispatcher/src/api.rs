@@ -260,7 +260,25 @@ async fn list_tools(State(state): State<AppState>, Query(page): Query<Page>) -> 
     Ok(Json(json!({"data": data, "next_cursor": next})))
 }
 
+/// Whether `name` is registered, from a 2-second cache of positive answers.
+async fn tool_exists(state: &AppState, name: &str) -> Result<bool, ApiError> {
+    const TTL: std::time::Duration = std::time::Duration::from_secs(2);
+    if state.known_tools.lock().unwrap().get(name).is_some_and(|at| at.elapsed() < TTL) {
+        return Ok(true);
+    }
+    let exists = state.store.get_tool(name).await?.is_some();
+    if exists {
+        let mut known = state.known_tools.lock().unwrap();
+        if known.len() > 10_000 {
+            known.clear();
+        }
+        known.insert(name.to_string(), Instant::now());
+    }
+    Ok(exists)
+}
+
 async fn delete_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    state.known_tools.lock().unwrap().remove(&name);
     if state.store.delete_tool(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -402,7 +420,7 @@ async fn create_tool_call(
         }
         None => None,
     };
-    if state.store.get_tool(&input.tool_name).await?.is_none() {
+    if !tool_exists(&state, &input.tool_name).await? {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_tool",

@@ -25,6 +25,8 @@ pub struct AppState {
     pub broker: BrokerLink,
     pub store: Store,
     pub metrics: Metrics,
+    /// Tool names seen registered recently (2 s), so enqueueing does not read Redis every time.
+    pub known_tools: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +71,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         config.stats_interval,
         broker_cancel.clone(),
     ));
-    let state = AppState { config: Arc::new(config), broker: link, store, metrics };
+    let state = AppState { config: Arc::new(config), broker: link, store, metrics, known_tools: Default::default() };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
     let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
     broker_cancel.cancel();

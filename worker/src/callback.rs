@@ -17,6 +17,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use tracing::Instrument;
 
 use crate::http::{CallbackClient, ReadResponse};
+use crate::registry::Target;
 
 /// What an attempt came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +54,7 @@ impl AttemptReport {
 
 pub struct CallbackContext<'a> {
     pub store: &'a Store,
+    pub targets: &'a crate::registry::TargetCache,
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,
     pub secrets: &'a SecretsKey,
@@ -119,17 +121,27 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
     let timestamp = rfc3339_from_millis(now_ms());
     match job {
         Job::ToolCall(call) => {
-            let tool = match ctx.store.get_tool(&call.tool_name).await {
-                Ok(Some(tool)) => tool,
-                Ok(None) => {
-                    return Err(AttemptReport::permanent(format!("tool {:?} is no longer registered", call.tool_name)))
+            let owner = format!("tool:{}", call.tool_name);
+            let target = match ctx.targets.get(&owner) {
+                Some(t) => t,
+                None => {
+                    let tool = match ctx.store.get_tool(&call.tool_name).await {
+                        Ok(Some(tool)) => tool,
+                        Ok(None) => {
+                            return Err(AttemptReport::permanent(format!(
+                                "tool {:?} is no longer registered",
+                                call.tool_name
+                            )))
+                        }
+                        Err(e) => return Err(registry_unavailable(e)),
+                    };
+                    let secret = ctx
+                        .secrets
+                        .decrypt(&owner, &tool.secret_ciphertext)
+                        .map_err(|e| AttemptReport::permanent(format!("callback secret cannot be used: {e}")))?;
+                    ctx.targets.put(&owner, Target { url: tool.callback_url, secret })
                 }
-                Err(e) => return Err(registry_unavailable(e)),
             };
-            let secret = ctx
-                .secrets
-                .decrypt(&format!("tool:{}", tool.name), &tool.secret_ciphertext)
-                .map_err(|e| AttemptReport::permanent(format!("callback secret cannot be used: {e}")))?;
             let body = CallbackBody {
                 tool_name: &call.tool_name,
                 parameters: &call.parameters,
@@ -140,8 +152,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             }
             .to_bytes();
             Ok(Prepared {
-                url: tool.callback_url,
-                secret,
+                url: target.url.clone(),
+                secret: target.secret.clone(),
                 body,
                 timestamp,
                 timeout: ctx.callback_timeout,

@@ -32,6 +32,8 @@ pub struct WorkerConfig {
     pub max_rounds: u32,
     /// How long a session stays held by its turn without the turn touching it.
     pub session_lease: Duration,
+    /// How long a tool or webhook registration is cached by the worker.
+    pub registry_cache_ttl: Duration,
     /// Names this worker in claims and logs.
     pub worker_id: String,
 }
@@ -68,6 +70,7 @@ impl WorkerConfig {
             llm_timeout: src.seconds("FLEET_LLM_TIMEOUT", Duration::from_secs(120))?,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
             session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
+            registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,
             worker_id: format!("{host}-{}", std::process::id()),
         })
     }

@@ -57,6 +57,7 @@ impl CallbackClient {
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
             .user_agent(concat!("agent-fleet-worker/", env!("CARGO_PKG_VERSION")));
         if !allow_private {
             builder = builder.dns_resolver(Arc::new(GuardedResolver));

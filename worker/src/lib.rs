@@ -7,6 +7,7 @@ pub mod health;
 pub mod http;
 pub mod llm;
 pub mod process;
+pub mod registry;
 mod turns;
 
 use std::sync::Arc;
@@ -80,6 +81,7 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
     let processor = Arc::new(Processor {
         client: fleet_platform_client(&config),
         llm: llm::LlmClient::new(config.llm_base_url.clone(), config.llm_api_key.clone(), config.llm_timeout),
+        targets: registry::TargetCache::new(config.registry_cache_ttl),
         config: config.clone(),
         store,
         metrics,
@@ -137,6 +139,9 @@ async fn consume(
                         if e.is_panic() {
                             tracing::error!("a job task panicked; its delivery returns to the queue");
                         }
+                    }
+                    if tasks.is_empty() {
+                        release_freed_memory();
                     }
                 }
                 delivery = deliveries.next() => match delivery {
@@ -222,5 +227,23 @@ async fn warn_if_keys_may_be_evicted(store: &Store) {
             );
         }
         _ => {}
+    }
+}
+
+/// Hands memory freed after a burst back to the system when the worker falls idle: glibc's
+/// allocator otherwise keeps it in its arenas, and the worker's RSS would stay at its peak.
+/// At most once a second: a trim walks the heap, and at low load the worker idles between jobs.
+fn release_freed_memory() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST_TRIM_MS: AtomicI64 = AtomicI64::new(0);
+    let now = fleet_platform::now_ms();
+    if now - LAST_TRIM_MS.load(Ordering::Relaxed) < 1000 {
+        return;
+    }
+    LAST_TRIM_MS.store(now, Ordering::Relaxed);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns unused heap pages to the kernel; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

@@ -39,6 +39,7 @@ pub struct Processor {
     pub metrics: Metrics,
     pub client: CallbackClient,
     pub llm: crate::llm::LlmClient,
+    pub targets: crate::registry::TargetCache,
 }
 
 /// How the delivery is settled once the work is done.
@@ -150,15 +151,20 @@ impl Processor {
         self.metrics.jobs_started.with_label_values(&[envelope.kind().as_str()]).inc();
         let started_ms = now_ms();
         let first_attempt_at_ms = envelope.first_attempt_at_ms.unwrap_or(started_ms);
-        let _ = self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms).await;
-        if envelope.attempt == 1 {
-            let _ = self.store.mark_started(id, envelope.kind().as_str()).await;
-        }
+        // Independent writes: sent together rather than one round trip after the other.
+        let running = self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms);
+        let started = async {
+            if envelope.attempt == 1 {
+                let _ = self.store.mark_started(id, envelope.kind().as_str()).await;
+            }
+        };
+        let _ = tokio::join!(running, started);
 
         let started = Instant::now();
         let report = {
             let ctx = CallbackContext {
                 store: &self.store,
+                targets: &self.targets,
                 callback_timeout: self.config.callback_timeout,
                 client: &self.client,
                 secrets: &self.config.secrets_key,
