@@ -220,6 +220,34 @@ redis.call('DEL', KEYS[1])
 return {'released', redis.call('LINDEX', KEYS[2], 0) or ''}
 "#;
 
+/// Which registry an entry belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Registry {
+    Tools,
+    Webhooks,
+}
+
+impl Registry {
+    fn entry(self, keys: &Keys, id: &str) -> String {
+        match self {
+            Registry::Tools => keys.tool(id),
+            Registry::Webhooks => keys.webhook(id),
+        }
+    }
+    fn index(self, keys: &Keys) -> String {
+        match self {
+            Registry::Tools => keys.tools_index(),
+            Registry::Webhooks => keys.webhooks_index(),
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Registry::Tools => "tool",
+            Registry::Webhooks => "webhook",
+        }
+    }
+}
+
 /// What `session_acquire` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionSlot {
@@ -315,41 +343,53 @@ impl Store {
         Ok(self.count(r)?.get(1).cloned().unwrap_or_default())
     }
 
-    // ---- tool registry ----
+    // ---- registries (tools, webhooks): an entry per id plus a lexically sorted index ----
 
-    /// Creates or replaces a tool; returns whether it is new.
-    pub async fn put_tool(&self, tool: &StoredTool) -> Result<bool, StoreError> {
-        let json = serde_json::to_string(tool).expect("a tool serialises");
+    /// Creates or replaces an entry; returns whether it is new.
+    async fn registry_put<T: Serialize>(&self, reg: Registry, id: &str, value: &T) -> Result<bool, StoreError> {
+        let key = reg.entry(&self.keys, id);
+        let json = serde_json::to_string(value).expect("a registry entry serialises");
         let r: Result<(Option<String>,), _> = redis::pipe()
             .atomic()
             .cmd("GET")
-            .arg(self.keys.tool(&tool.name))
+            .arg(&key)
             .cmd("SET")
-            .arg(self.keys.tool(&tool.name))
+            .arg(&key)
             .arg(json)
             .ignore()
             .cmd("ZADD")
-            .arg(self.keys.tools_index())
+            .arg(reg.index(&self.keys))
             .arg(0)
-            .arg(&tool.name)
+            .arg(id)
             .ignore()
             .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0.is_none())
     }
 
-    pub async fn get_tool(&self, name: &str) -> Result<Option<StoredTool>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.tool(name)).await;
+    async fn registry_get<T: serde::de::DeserializeOwned>(
+        &self,
+        reg: Registry,
+        id: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().await?.get(reg.entry(&self.keys, id)).await;
         self.count(raw)?
-            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("tool {name}: {e}"))))
+            .map(|raw| {
+                serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("{} {id}: {e}", reg.label())))
+            })
             .transpose()
     }
 
-    /// Tools in name order after `after`, at most `limit`.
-    pub async fn list_tools(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredTool>, StoreError> {
+    /// Entries in id order after `after`, at most `limit`.
+    async fn registry_list<T: serde::de::DeserializeOwned>(
+        &self,
+        reg: Registry,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<T>, StoreError> {
         let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
-        let names: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.keys.tools_index())
+        let ids: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
+            .arg(reg.index(&self.keys))
             .arg(min)
             .arg("+")
             .arg("LIMIT")
@@ -357,74 +397,55 @@ impl Store {
             .arg(limit)
             .query_async(&mut self.conn().await?)
             .await;
-        let mut tools = Vec::new();
-        for name in self.count(names)? {
-            if let Some(tool) = self.get_tool(&name).await? {
-                tools.push(tool);
+        let mut entries = Vec::new();
+        for id in self.count(ids)? {
+            if let Some(entry) = self.registry_get(reg, &id).await? {
+                entries.push(entry);
             }
         }
-        Ok(tools)
+        Ok(entries)
     }
 
-    pub async fn delete_tool(&self, name: &str) -> Result<bool, StoreError> {
+    async fn registry_delete(&self, reg: Registry, id: &str) -> Result<bool, StoreError> {
         let r: Result<(i64, i64), _> = redis::pipe()
             .atomic()
-            .del(self.keys.tool(name))
-            .zrem(self.keys.tools_index(), name)
+            .del(reg.entry(&self.keys, id))
+            .zrem(reg.index(&self.keys), id)
             .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.0 > 0)
     }
 
-    // ---- webhook registry ----
+    /// Creates or replaces a tool; returns whether it is new.
+    pub async fn put_tool(&self, tool: &StoredTool) -> Result<bool, StoreError> {
+        self.registry_put(Registry::Tools, &tool.name, tool).await
+    }
+
+    pub async fn get_tool(&self, name: &str) -> Result<Option<StoredTool>, StoreError> {
+        self.registry_get(Registry::Tools, name).await
+    }
+
+    /// Tools in name order after `after`, at most `limit`.
+    pub async fn list_tools(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredTool>, StoreError> {
+        self.registry_list(Registry::Tools, after, limit).await
+    }
+
+    pub async fn delete_tool(&self, name: &str) -> Result<bool, StoreError> {
+        self.registry_delete(Registry::Tools, name).await
+    }
 
     /// Creates or replaces a webhook; returns whether it is new.
     pub async fn put_webhook(&self, hook: &StoredWebhook) -> Result<bool, StoreError> {
-        let json = serde_json::to_string(hook).expect("a webhook serialises");
-        let r: Result<(Option<String>,), _> = redis::pipe()
-            .atomic()
-            .cmd("GET")
-            .arg(self.keys.webhook(&hook.id))
-            .cmd("SET")
-            .arg(self.keys.webhook(&hook.id))
-            .arg(json)
-            .ignore()
-            .cmd("ZADD")
-            .arg(self.keys.webhooks_index())
-            .arg(0)
-            .arg(&hook.id)
-            .ignore()
-            .query_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)?.0.is_none())
+        self.registry_put(Registry::Webhooks, &hook.id, hook).await
     }
 
     pub async fn get_webhook(&self, id: &str) -> Result<Option<StoredWebhook>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.webhook(id)).await;
-        self.count(raw)?
-            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("webhook {id}: {e}"))))
-            .transpose()
+        self.registry_get(Registry::Webhooks, id).await
     }
 
     /// Webhooks in id order after `after`, at most `limit`.
     pub async fn list_webhooks(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredWebhook>, StoreError> {
-        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
-        let ids: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.keys.webhooks_index())
-            .arg(min)
-            .arg("+")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.conn().await?)
-            .await;
-        let mut hooks = Vec::new();
-        for id in self.count(ids)? {
-            if let Some(hook) = self.get_webhook(&id).await? {
-                hooks.push(hook);
-            }
-        }
-        Ok(hooks)
+        self.registry_list(Registry::Webhooks, after, limit).await
     }
 
     /// Every webhook subscribed to `event`.
@@ -443,13 +464,7 @@ impl Store {
     }
 
     pub async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
-        let r: Result<(i64, i64), _> = redis::pipe()
-            .atomic()
-            .del(self.keys.webhook(id))
-            .zrem(self.keys.webhooks_index(), id)
-            .query_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)?.0 > 0)
+        self.registry_delete(Registry::Webhooks, id).await
     }
 
     // ---- agent turns and sessions ----

@@ -26,7 +26,7 @@ use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::{remaining_hold, RetryDecision};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::callback::{self, AttemptVerdict, CallbackContext};
 use crate::http::CallbackClient;
@@ -387,35 +387,43 @@ impl Processor {
     /// subscribed webhook.
     async fn emit_failure_events(&self, publisher: &Publisher, dead: &DeadLetterRecord) -> Result<(), String> {
         let source = dead.execution_id.clone().unwrap_or_default();
-        for (event, payload) in [
-            (events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()),
-            (events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()),
-        ] {
-            for hook in self.store.subscribers(event).await.map_err(|e| e.to_string())? {
-                let id = fleet_protocol::derived_execution_id(&[&source, event, &hook.id]);
-                let job = Job::Webhook(WebhookJob {
-                    webhook_id: hook.id.clone(),
-                    event: event.to_string(),
-                    payload: payload.clone(),
-                });
-                let envelope = Envelope::new(id.clone(), job, now_ms());
-                let _ = self
-                    .store
-                    .create_execution(&NewExecution {
-                        execution_id: &id,
-                        kind: JobKind::Webhook.as_str(),
-                        tool_name: None,
-                        room_id: None,
-                        assistant_id: None,
-                        now_ms: now_ms(),
-                    })
-                    .await;
-                publisher
-                    .publish_job(&self.config.common.topology, &envelope, trace_headers())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
-            }
+        self.notify(publisher, &source, events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()).await?;
+        self.notify(publisher, &source, events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()).await
+    }
+
+    /// Publishes (confirmed) a signed delivery of `payload` to every subscriber of `event`. The
+    /// deliveries' ids derive from `source`, so emitting again after a crash delivers once.
+    pub(crate) async fn notify(
+        &self,
+        publisher: &Publisher,
+        source: &str,
+        event: &str,
+        payload: Value,
+    ) -> Result<(), String> {
+        for hook in self.store.subscribers(event).await.map_err(|e| e.to_string())? {
+            let id = fleet_protocol::derived_execution_id(&[source, event, &hook.id]);
+            let job = Job::Webhook(WebhookJob {
+                webhook_id: hook.id.clone(),
+                event: event.to_string(),
+                payload: payload.clone(),
+            });
+            let envelope = Envelope::new(id.clone(), job, now_ms());
+            let _ = self
+                .store
+                .create_execution(&NewExecution {
+                    execution_id: &id,
+                    kind: JobKind::Webhook.as_str(),
+                    tool_name: None,
+                    room_id: None,
+                    assistant_id: None,
+                    now_ms: now_ms(),
+                })
+                .await;
+            publisher
+                .publish_job(&self.config.common.topology, &envelope, trace_headers())
+                .await
+                .map_err(|e| e.to_string())?;
+            self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
         }
         Ok(())
     }

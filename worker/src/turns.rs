@@ -9,7 +9,7 @@ use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
 use fleet_platform::store::{Claim, NewExecution, SessionFinish, SessionSlot};
 use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
-use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent, WebhookJob};
+use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::RetryDecision;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -489,7 +489,9 @@ impl Processor {
         let result = json!({"message": message});
         let _ = self.store.mark_succeeded(turn_id, &result, now_ms()).await;
         let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": state.session_id, "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
-        self.notify(publisher, turn_id, events::AGENT_ROOM_MESSAGE, payload).await;
+        if let Err(e) = self.notify(publisher, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
+            tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries");
+        }
         let _ = self.store.complete(step_id, token, &json!({"step": "done"})).await;
         self.finished(envelope, "success");
         self.observe_latency(envelope, "success");
@@ -551,36 +553,5 @@ impl Processor {
             now_ms(),
         );
         let _ = publisher.publish_job(&self.config.common.topology, &envelope, trace_headers()).await;
-    }
-
-    /// Delivers `payload` as a signed webhook to every subscriber of `event`.
-    async fn notify(&self, publisher: &Publisher, source: &str, event: &str, payload: Value) {
-        let Ok(hooks) = self.store.subscribers(event).await else { return };
-        for hook in hooks {
-            let id = derived_execution_id(&[source, event, &hook.id]);
-            let job = Job::Webhook(WebhookJob {
-                webhook_id: hook.id.clone(),
-                event: event.to_string(),
-                payload: payload.clone(),
-            });
-            let _ = self
-                .store
-                .create_execution(&NewExecution {
-                    execution_id: &id,
-                    kind: JobKind::Webhook.as_str(),
-                    tool_name: None,
-                    room_id: None,
-                    assistant_id: None,
-                    now_ms: now_ms(),
-                })
-                .await;
-            if publisher
-                .publish_job(&self.config.common.topology, &Envelope::new(id, job, now_ms()), trace_headers())
-                .await
-                .is_ok()
-            {
-                self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
-            }
-        }
     }
 }
