@@ -36,6 +36,12 @@ if ! port_open 6379; then
   wait_port 6379 Redis
 fi
 
+# A node whose app was stopped (rabbitmqctl stop_app) only needs its app started.
+if ! port_open 5672 && command -v rabbitmqctl >/dev/null && rabbitmqctl status >/dev/null 2>&1; then
+  echo "ensure-services: starting the stopped RabbitMQ app"
+  rabbitmqctl start_app >/dev/null 2>&1 || true
+  wait_port 5672 RabbitMQ || true
+fi
 if ! port_open 5672; then
   command -v rabbitmq-server >/dev/null || install_pkg rabbitmq-server
   echo "ensure-services: starting rabbitmq-server"

@@ -42,6 +42,7 @@ async fn a_broker_restart_under_load_loses_no_accepted_job() {
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let _restart_even_on_failure = StartAppOnDrop;
     rabbitmqctl(&["stop_app"]);
     let ready = format!("{}/readyz", fleet.api);
     wait_for("readiness to report the outage", Duration::from_secs(20), || async {
@@ -72,4 +73,13 @@ async fn a_broker_restart_under_load_loses_no_accepted_job() {
         refused.lock().unwrap(),
         recovery.as_secs_f64()
     );
+}
+
+/// Whatever happens in the test, the shared broker is running again when it ends.
+struct StartAppOnDrop;
+
+impl Drop for StartAppOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl").arg("start_app").output();
+    }
 }
