@@ -187,7 +187,10 @@ async fn a_half_open_broker_connection_is_detected_by_heartbeats() {
     .await;
     let detected = frozen.elapsed();
     println!("half-open broker connection detected after {:.1} s (heartbeat 2 s)", detected.as_secs_f64());
-    assert!(detected <= Duration::from_secs(4) + Duration::from_secs(2), "within 2x the heartbeat (+ margin): {detected:?}");
+    assert!(
+        detected <= Duration::from_secs(4) + Duration::from_secs(2),
+        "within 2x the heartbeat (+ margin): {detected:?}"
+    );
     proxy.thaw();
     proxy.cut();
     proxy.restore();
