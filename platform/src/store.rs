@@ -184,6 +184,7 @@ impl redis::aio::ConnectionLike for Conn {
 }
 
 /// How the store reaches Redis.
+#[allow(clippy::large_enum_variant)] // one per process, behind an Arc
 enum Backend {
     Single(ConnectionManager),
     /// Connected on first use (and again after a failed attempt), so a process starts while the

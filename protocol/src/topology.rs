@@ -133,7 +133,7 @@ impl Topology {
 /// `1s`, `16s`, `250ms`: a delay as it appears in a queue name.
 pub fn duration_label(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

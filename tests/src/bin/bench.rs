@@ -346,15 +346,15 @@ async fn main() -> anyhow::Result<()> {
         println!("{figure:<58} {value:>12} {target:>14} {ratio:>10}")
     };
     println!();
-    row("figure", "value".into(), "target".into(), "ratio".into());
-    row("raw broker: drain, consume+ack (msg/s)", format!("{raw_drain_rate:.0}"), "ceiling".into(), "".into());
+    row("figure", "value".into(), "target", "ratio".into());
+    row("raw broker: drain, consume+ack (msg/s)", format!("{raw_drain_rate:.0}"), "ceiling", "".into());
     row(
         "fleet: drain, claim+signed POST+result+ack (jobs/s)",
         format!("{fleet_drain_rate:.0}"),
         ">= 60 %",
         format!("{:.0} %", 100.0 * fleet_drain_rate / raw_drain_rate),
     );
-    row("raw broker: confirmed publish (msg/s)", format!("{raw_publish_rate:.0}"), "ceiling".into(), "".into());
+    row("raw broker: confirmed publish (msg/s)", format!("{raw_publish_rate:.0}"), "ceiling", "".into());
     row(
         "fleet: POST /v1/tool-calls, 202 after confirm (jobs/s)",
         format!("{enqueue_rate:.0}"),
