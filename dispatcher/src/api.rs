@@ -596,32 +596,43 @@ async fn list_dead_letters(
         until: q.until,
     };
     filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
-    let mut before = match q.cursor.as_deref() {
-        Some(c) => Some(c.parse::<i64>().map_err(|_| ApiError::invalid("cursor is not a cursor this API returned"))?),
+    // The cursor is the last returned entry, `<ms>:<id>`: entries dead-lettered in the same
+    // millisecond are told apart by id, so none is skipped between pages.
+    let mut cursor: Option<(i64, String)> = match q.cursor.as_deref() {
+        Some(c) => Some(
+            c.split_once(':')
+                .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
+                .ok_or_else(|| ApiError::invalid("cursor is not a cursor this API returned"))?,
+        ),
         None => None,
     };
     let mut data = Vec::new();
     let mut next = None;
     // Bounded scan: at most ten pages of the index per request.
-    for _ in 0..10 {
-        let page = state.store.list_dead_letters(before, 200).await?;
-        let exhausted = page.len() < 200;
-        for (id, at) in &page {
-            if data.len() == limit {
-                next = Some(before.unwrap_or(i64::MAX).to_string());
-                break;
+    'scan: for _ in 0..10 {
+        let page = state.store.list_dead_letters(cursor.as_ref().map(|(ms, _)| *ms), 200).await?;
+        let full = page.len() == 200;
+        let mut advanced = false;
+        for (id, at) in page {
+            // Newest first, and by id descending within one millisecond: skip what was returned.
+            if cursor.as_ref().is_some_and(|(ms, last)| at == *ms && id.as_str() >= last.as_str()) {
+                continue;
             }
-            before = Some(*at);
-            if let Some(record) = state.store.get_dead_letter(id).await? {
+            advanced = true;
+            cursor = Some((at, id.clone()));
+            if let Some(record) = state.store.get_dead_letter(&id).await? {
                 if filter.matches(&record) {
                     data.push(serde_json::to_value(record).expect("a record serialises"));
+                    if data.len() == limit {
+                        next = Some(format!("{at}:{id}"));
+                        break 'scan;
+                    }
                 }
             }
         }
-        if next.is_some() || exhausted {
+        if !full || !advanced {
             break;
         }
-        next = before.map(|b| b.to_string());
     }
     Ok(Json(json!({"data": data, "next_cursor": next})))
 }

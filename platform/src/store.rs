@@ -963,13 +963,14 @@ impl Store {
             .transpose()
     }
 
-    /// Dead-lettered ids, newest first, after `before_ms` (exclusive) if given.
+    /// Dead-lettered ids with their time, newest first (ties by id, descending), from
+    /// `at_or_before_ms` (inclusive) if given.
     pub async fn list_dead_letters(
         &self,
-        before_ms: Option<i64>,
+        at_or_before_ms: Option<i64>,
         limit: usize,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        let max = before_ms.map(|b| format!("({b}")).unwrap_or_else(|| "+inf".into());
+        let max = at_or_before_ms.map(|b| b.to_string()).unwrap_or_else(|| "+inf".into());
         let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZREVRANGEBYSCORE")
             .arg(self.keys.dead_letters_index())
             .arg(max)

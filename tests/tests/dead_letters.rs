@@ -147,3 +147,40 @@ fn fleetctl(fleet: &fleet_tests::Fleet, args: &[&str]) -> String {
 fn fleetctl_status(fleet: &fleet_tests::Fleet, args: &[&str]) -> std::process::ExitStatus {
     fleetctl_command(fleet, args).output().expect("run fleetctl").status
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_never_skips_dead_letters_of_the_same_millisecond() {
+    let fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
+    let keys = fleet_protocol::keys::Keys::new(&fleet.key_prefix);
+    let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let ids = ["exec_same_a", "exec_same_b", "exec_same_c", "exec_other"];
+    for (n, id) in ids.iter().enumerate() {
+        let at: i64 = if n < 3 { 1_768_910_400_000 } else { 1_768_910_300_000 };
+        let record = json!({"execution_id": id, "tool_name": "t", "assistant_id": null, "room_id": null, "attempts": 1,
+            "last_error": "HTTP 404", "first_attempt_at": null, "last_attempt_at": null, "reason": "permanent",
+            "dead_lettered_at": "2026-01-20T12:00:00Z", "history": []});
+        let _: () =
+            redis::cmd("SET").arg(keys.dead_letter(id)).arg(record.to_string()).query_async(&mut con).await.unwrap();
+        let _: () =
+            redis::cmd("ZADD").arg(keys.dead_letters_index()).arg(at).arg(id).query_async(&mut con).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..6 {
+        let path = match &cursor {
+            Some(c) => format!("/v1/dead-letters?limit=1&cursor={c}"),
+            None => "/v1/dead-letters?limit=1".to_string(),
+        };
+        let (status, page) = fleet.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        for r in page["data"].as_array().unwrap() {
+            seen.push(r["execution_id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["exec_same_c", "exec_same_b", "exec_same_a", "exec_other"], "newest first, none skipped");
+}
