@@ -124,10 +124,15 @@ impl Processor {
                 // A redelivery, duplicate publish or replay of a finished job: nothing runs again.
                 self.metrics.idempotency_hits.with_label_values(&[envelope.kind().as_str()]).inc();
                 self.finished(envelope, "duplicate");
-                if let Ok(Some(view)) = self.store.get_execution(id).await {
-                    if view.status != ExecutionStatus::Succeeded {
-                        let _ = self.store.mark_succeeded(id, &result, now_ms()).await;
-                    }
+                // Repair a record left behind when the result was stored but the record was not.
+                let repaired = match self.store.get_execution(id).await {
+                    Ok(Some(view)) if view.status == ExecutionStatus::Succeeded => Ok(()),
+                    Ok(_) => self.store.mark_succeeded(id, &result, now_ms()).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = repaired {
+                    tracing::warn!(execution_id = %id, error = %e, "cannot repair the execution record; parked");
+                    return self.park(publisher, envelope, self.config.common.retry.delays()[0]).await;
                 }
                 if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
                     let outcome = CallOutcome { ok: true, result: result.clone() };
@@ -203,10 +208,16 @@ impl Processor {
             AttemptVerdict::Succeeded(result) => {
                 return match self.store.complete(id, token, result).await {
                     Ok(true) => {
-                        let _ = self
+                        let recorded = self
                             .store
                             .record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms())
                             .await;
+                        if let Err(e) = recorded {
+                            // The result is stored; the record is not. The redelivery finds the
+                            // result (nothing runs again) and repairs the record.
+                            tracing::warn!(execution_id = %id, error = %e, "result stored but not recorded; requeued");
+                            return Settle::Requeue;
+                        }
                         if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
                             let outcome = CallOutcome { ok: true, result: result.clone() };
                             self.tool_call_finished(publisher, parent, tool_name, outcome).await;
