@@ -867,45 +867,40 @@ impl Store {
         }
     }
 
-    /// Extends the lease if `token` still holds it.
-    pub async fn renew(&self, execution_id: &str, token: u64, lease: Duration) -> Result<bool, StoreError> {
-        let r: Result<i64, _> = self
-            .renew
+    /// Runs one of the fenced claim scripts (renew, complete, release), which all take
+    /// `token, argument, ttl` and act only if `token` still holds the claim.
+    async fn fenced(
+        &self,
+        script: &Script,
+        execution_id: &str,
+        token: u64,
+        argument: impl redis::ToRedisArgs,
+    ) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = script
             .key(self.keys.idempotency(execution_id))
             .arg(token)
-            .arg(lease.as_millis() as u64)
+            .arg(argument)
             .arg(IDEMPOTENCY_TTL_SECS)
             .invoke_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)? == 1)
+    }
+
+    /// Extends the lease if `token` still holds it.
+    pub async fn renew(&self, execution_id: &str, token: u64, lease: Duration) -> Result<bool, StoreError> {
+        self.fenced(&self.renew, execution_id, token, lease.as_millis() as u64).await
     }
 
     /// Stores the final result if `token` still holds the claim; `false` means a newer claim
     /// fenced this writer off and nothing was written.
     pub async fn complete(&self, execution_id: &str, token: u64, result: &Value) -> Result<bool, StoreError> {
-        let r: Result<i64, _> = self
-            .complete
-            .key(self.keys.idempotency(execution_id))
-            .arg(token)
-            .arg(result.to_string())
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)? == 1)
+        self.fenced(&self.complete, execution_id, token, result.to_string()).await
     }
 
     /// Gives up the claim after a failed attempt so the next attempt can claim at once.
     /// `state` says why (`released`, `dead_lettered`).
     pub async fn release(&self, execution_id: &str, token: u64, state: &str) -> Result<bool, StoreError> {
-        let r: Result<i64, _> = self
-            .release
-            .key(self.keys.idempotency(execution_id))
-            .arg(token)
-            .arg(state)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)? == 1)
+        self.fenced(&self.release, execution_id, token, state).await
     }
 
     // ---- client Idempotency-Key ----
