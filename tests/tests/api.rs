@@ -223,3 +223,31 @@ async fn metrics_are_exposed_with_fleet_names() {
     let worker = fleet.worker_metrics(0).await;
     assert!(worker.contains("fleet_build_info{process=\"worker\""));
 }
+
+#[test]
+fn a_bad_or_missing_setting_stops_the_process_with_one_line_naming_it() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    for (bin, env, setting) in [
+        ("dispatcher", vec![("FLEET_API_TOKENS", "token-0123456789abcdef")], "FLEET_SECRETS_KEY"),
+        ("dispatcher", vec![("FLEET_SECRETS_KEY", fleet_tests::fleet::TEST_SECRETS_KEY)], "FLEET_API_TOKENS"),
+        (
+            "worker",
+            vec![("FLEET_SECRETS_KEY", fleet_tests::fleet::TEST_SECRETS_KEY), ("FLEET_WORKER_CONCURRENCY", "lots")],
+            "FLEET_WORKER_CONCURRENCY",
+        ),
+        ("worker", vec![("FLEET_SECRETS_KEY", "too-short")], "FLEET_SECRETS_KEY"),
+    ] {
+        let out = std::process::Command::new(dir.join(bin))
+            .env_clear()
+            .envs(env)
+            .env("FLEET_HTTP_ADDR", "127.0.0.1:1")
+            .env("FLEET_WORKER_HTTP_ADDR", "127.0.0.1:1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bin} exits with a configuration error");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(setting), "{bin}: {stderr:?} names {setting}");
+    }
+}
