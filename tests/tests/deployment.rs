@@ -79,8 +79,11 @@ async fn a_consumer_cancelled_by_the_broker_is_restored() {
         q.ok().filter(|q| q.consumer_count() == 1).map(|_| ())
     })
     .await;
-    let (status, _) = fleet.worker_get(0, "/readyz").await;
-    assert_eq!(status, 200);
+    // Readiness follows once the worker holds all its consumers again.
+    wait_for("the worker to be ready again", Duration::from_secs(10), || async {
+        (fleet.worker_get(0, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
     let id = fleet.call_tool("echo", json!({"query": "after cancel"})).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
 }
