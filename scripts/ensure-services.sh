@@ -52,6 +52,36 @@ if ! port_open 5672; then
     rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1 || true
   fi
 fi
+# An open port is not a working broker: a wedged node keeps 5672 open and never answers the AMQP
+# header. Ask for Connection.Start; restart the node if it does not come, and as a last resort
+# start it on a fresh database (the old one is kept aside for inspection).
+amqp_answers() {
+  timeout 10 python3 -c '
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 5672), timeout=5)
+s.sendall(b"AMQP\x00\x00\x09\x01")
+sys.exit(0 if s.recv(1) == b"\x01" else 1)' 2>/dev/null
+}
+restart_rabbitmq() {
+  timeout 60 rabbitmqctl stop >/dev/null 2>&1 || pkill -9 -f beam.smp || true
+  for _ in $(seq 1 40); do port_open 5672 || break; sleep 0.5; done
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+  wait_port 5672 RabbitMQ || true
+  rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1 || true
+}
+if command -v rabbitmq-server >/dev/null && ! amqp_answers; then
+  echo "ensure-services: RabbitMQ does not answer AMQP; restarting it"
+  restart_rabbitmq
+  if ! amqp_answers; then
+    echo "ensure-services: RabbitMQ still silent; starting it on a fresh database"
+    timeout 60 rabbitmqctl stop >/dev/null 2>&1 || pkill -9 -f beam.smp || true
+    for dir in /var/lib/rabbitmq/mnesia; do
+      [ -d "$dir" ] && mv "$dir" "$dir.wedged-$(date +%s)"
+    done
+    restart_rabbitmq
+  fi
+  amqp_answers || { echo "ensure-services: RabbitMQ does not answer AMQP on 127.0.0.1:5672" >&2; exit 1; }
+fi
 # A local 3-master Redis Cluster on 7000-7002 for the cluster tests (FLEET_TEST_REDIS_CLUSTER=0 skips it).
 if [ "${FLEET_TEST_REDIS_CLUSTER:-1}" != 0 ]; then
   if ! redis-cli -p 7000 cluster info 2>/dev/null | grep -q cluster_state:ok; then

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Deletes what killed test runs left on the local RabbitMQ: queues and exchanges of test topologies
+# (`fleet-t…`) and throw-away test users (`fleet-` and 10 hex digits). Only for a machine where no
+# test is running (CI's clean start). Idempotent; a no-op when nothing is left.
+set -uo pipefail
+command -v rabbitmqctl >/dev/null || exit 0
+prefix=${SWEEP_TOPOLOGY_PATTERN:-'fleet-t[0-9a-f]{12}'}
+user_pattern=${SWEEP_USER_PATTERN:-'fleet-[0-9a-f]{10}'}
+list() { rabbitmqctl "$@" --no-table-headers --quiet 2>/dev/null | awk '{print $1}'; }
+queues=$(list list_queues name | grep -E "^$prefix\." || true)
+exchanges=$(list list_exchanges name | grep -E "^$prefix\." || true)
+users=$(list list_users | grep -E "^$user_pattern$" || true)
+count() { printf '%s' "$1" | grep -c . || true; }
+if [ -n "$queues$exchanges$users" ]; then
+  echo "sweep: deleting $(count "$queues") queues, $(count "$exchanges") exchanges, $(count "$users") users left by earlier test runs"
+  for q in $queues; do rabbitmqctl delete_queue "$q" >/dev/null 2>&1; done
+  for e in $exchanges; do
+    rabbitmqctl eval "rabbit_exchange:delete(rabbit_misc:r(<<\"/\">>, exchange, <<\"$e\">>), false, <<\"sweep\">>)." >/dev/null 2>&1
+  done
+  for u in $users; do rabbitmqctl delete_user "$u" >/dev/null 2>&1; done
+fi
+exit 0
