@@ -8,6 +8,7 @@ pub mod llm;
 pub mod proxy;
 pub mod receiver;
 pub mod redis_instance;
+pub mod schedule;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
