@@ -24,6 +24,11 @@ pub enum LlmReply {
     Status(u16),
     /// A non-streamed `chat.completion` with this text.
     Whole(String),
+    /// An event stream written byte for byte as given, one network write per piece, 30 ms apart
+    /// (so a piece boundary can fall inside a UTF-8 character or an SSE line).
+    Raw(Vec<Vec<u8>>),
+    /// A model that never stops: a token every millisecond until the client hangs up.
+    Runaway,
 }
 
 impl LlmReply {
@@ -115,6 +120,12 @@ async fn complete(
         let inner = inner.clone();
         move || inner.requests.lock().unwrap()[index].ended = Some(Instant::now())
     };
+    if let LlmReply::Raw(pieces) = &reply {
+        return raw_stream(pieces.clone(), finish);
+    }
+    if let LlmReply::Runaway = &reply {
+        return runaway_stream();
+    }
     let chunk = |delta: Value, finish_reason: Value| json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]});
     let frames: Vec<(Duration, String)> = match reply {
         LlmReply::Status(code) => {
@@ -126,6 +137,7 @@ async fn complete(
             finish();
             return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})).into_response();
         }
+        LlmReply::Raw(_) | LlmReply::Runaway => unreachable!("answered above"),
         LlmReply::Text { tokens, delay } => {
             let mut f =
                 vec![(Duration::ZERO, chunk(json!({"role": "assistant", "content": ""}), Value::Null).to_string())];
@@ -171,5 +183,35 @@ async fn complete(
             None
         },
     );
+    ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(stream)).into_response()
+}
+
+fn raw_stream(pieces: Vec<Vec<u8>>, finish: impl FnOnce() + Send + 'static) -> Response {
+    let stream = futures::stream::unfold((pieces.into_iter(), Some(finish)), |(mut pieces, mut fin)| async move {
+        match pieces.next() {
+            Some(piece) => {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                Some((Ok::<_, std::io::Error>(piece), (pieces, fin)))
+            }
+            None => {
+                if let Some(f) = fin.take() {
+                    f();
+                }
+                None
+            }
+        }
+    });
+    ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(stream)).into_response()
+}
+
+fn runaway_stream() -> Response {
+    let frame = format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "la "}, "finish_reason": null}]})
+    );
+    let stream = futures::stream::unfold(frame, |frame| async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Some((Ok::<_, std::io::Error>(frame.clone()), frame))
+    });
     ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(stream)).into_response()
 }
