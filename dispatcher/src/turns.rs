@@ -30,7 +30,7 @@ pub(crate) async fn create_turn(
     let input: TurnInput = validate::parse_body(&body)?;
     input.validate().map_err(ApiError::invalid)?;
     let execution_id = fleet_protocol::new_execution_id();
-    let message_id = format!("msg_{}", &execution_id["exec_".len()..]);
+    let message_id = fleet_protocol::turn::attempt_message_id(&execution_id, 0, 1);
     let span =
         tracing::info_span!("turn", otel.name = "POST /v1/turns", otel.kind = "server", execution_id = %execution_id);
     let _ = span.set_parent(telemetry::from_http_headers(&headers));

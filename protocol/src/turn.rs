@@ -26,6 +26,9 @@ pub struct ModelConfig {
     pub model: String,
     #[serde(default)]
     pub temperature: Option<f64>,
+    /// The most tokens one model call may generate (else `FLEET_LLM_MAX_TOKENS`).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,6 +120,11 @@ impl TurnInput {
         if let Some(t) = self.assistant.model_config.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err("assistant.model_config.temperature must be between 0 and 2".into());
+            }
+        }
+        if let Some(n) = self.assistant.model_config.max_tokens {
+            if !(1..=1_000_000).contains(&n) {
+                return Err("assistant.model_config.max_tokens must be between 1 and 1000000".into());
             }
         }
         if self.assistant.instructions.len() > 64 * 1024 {
@@ -237,6 +245,23 @@ pub fn error_event(code: &str, message: &str, tool_call_id: Option<&str>, messag
     json!({"type": "error", "error": error, "message_id": message_id})
 }
 
+/// An abandoned model attempt: the client drops the tokens it received under `message_id`; the
+/// next attempt streams under a new message id.
+pub fn retry_event(message_id: &str, attempt: u32, error: &str) -> Value {
+    json!({"type": "retry", "message_id": message_id, "attempt": attempt, "error": {"code": "llm_retry", "message": error}})
+}
+
+/// The message id of one model attempt: the turn's own id (`msg_…`, returned with the turn) for its
+/// first call, a derived one for every later round or attempt, so no two attempts share tokens.
+pub fn attempt_message_id(turn_id: &str, round: u32, attempt: u32) -> String {
+    let base = format!("msg_{}", turn_id.strip_prefix("exec_").unwrap_or(turn_id));
+    if round == 0 && attempt <= 1 {
+        base
+    } else {
+        format!("{base}_r{round}a{attempt}")
+    }
+}
+
 pub fn done_event(message_id: &str) -> Value {
     json!({"type": "done", "message_id": message_id})
 }
@@ -256,6 +281,112 @@ pub struct Completion {
     pub tool_calls: Vec<ToolCall>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// `stop`, `tool_calls`, `length` (cut at `max_tokens`), … as the provider said.
+    pub finish_reason: Option<String>,
+}
+
+/// One `chat.completion.chunk` (or a whole `chat.completion`), as far as the fleet reads it.
+#[derive(Debug, Default, Deserialize)]
+pub struct Chunk {
+    #[serde(default)]
+    pub choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    pub usage: Option<ChunkUsage>,
+    /// An error reported inside a 200 stream.
+    #[serde(default)]
+    pub error: Option<StreamError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ChunkChoice {
+    #[serde(default)]
+    pub delta: Option<Delta>,
+    /// A whole (non-streamed) response's message.
+    #[serde(default)]
+    pub message: Option<Delta>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Delta {
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ToolCallDelta {
+    #[serde(default)]
+    pub index: Option<u64>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub function: Option<FunctionDelta>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct FunctionDelta {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub arguments: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ChunkUsage {
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamError {
+    #[serde(default)]
+    pub message: Option<String>,
+    /// A number (an HTTP-like status) or a string code, depending on the server.
+    #[serde(default)]
+    pub code: Option<Value>,
+}
+
+impl StreamError {
+    /// Whether the error is worth another attempt: an HTTP-like 408/429/5xx code, or no code.
+    pub fn is_retryable(&self) -> bool {
+        match self.code.as_ref().and_then(Value::as_u64) {
+            Some(code) => code == 408 || code == 429 || code >= 500,
+            None => true,
+        }
+    }
+    pub fn describe(&self) -> String {
+        let message = self.message.as_deref().unwrap_or("no message");
+        match &self.code {
+            Some(code) => format!("LLM stream error ({code}): {message}"),
+            None => format!("LLM stream error: {message}"),
+        }
+    }
+}
+
+/// One SSE event's `data` from the provider, classified.
+#[derive(Debug)]
+pub enum StreamItem {
+    Done,
+    Chunk(Chunk),
+    Error(StreamError),
+    /// Not JSON (a comment-like payload some servers send): skipped.
+    Ignored,
+}
+
+pub fn classify_stream_data(data: &str) -> StreamItem {
+    if data.trim() == "[DONE]" {
+        return StreamItem::Done;
+    }
+    match serde_json::from_str::<Chunk>(data) {
+        Ok(Chunk { error: Some(error), .. }) => StreamItem::Error(error),
+        Ok(chunk) => StreamItem::Chunk(chunk),
+        Err(_) => StreamItem::Ignored,
+    }
 }
 
 /// Accumulates `chat.completion.chunk` objects; `delta.tool_calls` fragments are joined by index.
@@ -267,57 +398,74 @@ pub struct CompletionBuilder {
 
 impl CompletionBuilder {
     /// Adds one chunk; returns the content token it carried, if any.
-    pub fn push_chunk(&mut self, chunk: &Value) -> Option<String> {
-        self.usage(chunk);
-        let delta = &chunk["choices"][0]["delta"];
-        for fragment in delta["tool_calls"].as_array().into_iter().flatten() {
-            let index = fragment["index"].as_u64().unwrap_or(self.calls.len() as u64);
-            let pos = match self.calls.iter().position(|(i, _)| *i == index) {
-                Some(p) => p,
-                None => {
-                    self.calls
-                        .push((index, ToolCall { id: String::new(), name: String::new(), arguments: String::new() }));
-                    self.calls.len() - 1
-                }
-            };
-            let call = &mut self.calls[pos].1;
-            if let Some(id) = fragment["id"].as_str() {
-                call.id = id.to_string();
-            }
-            if let Some(name) = fragment["function"]["name"].as_str() {
-                call.name.push_str(name);
-            }
-            if let Some(args) = fragment["function"]["arguments"].as_str() {
-                call.arguments.push_str(args);
-            }
+    pub fn push(&mut self, chunk: Chunk) -> Option<String> {
+        self.usage(chunk.usage.as_ref());
+        let choice = chunk.choices.into_iter().next()?;
+        if let Some(reason) = choice.finish_reason {
+            self.completion.finish_reason = Some(reason);
         }
-        let token = delta["content"].as_str().filter(|t| !t.is_empty())?;
-        self.completion.content.push_str(token);
-        Some(token.to_string())
+        let delta = choice.delta?;
+        for fragment in delta.tool_calls {
+            self.tool_call_fragment(fragment);
+        }
+        let token = delta.content.filter(|t| !t.is_empty())?;
+        self.completion.content.push_str(&token);
+        Some(token)
     }
 
-    fn usage(&mut self, body: &Value) {
-        if let Some(u) = body.get("usage").filter(|u| u.is_object()) {
-            self.completion.prompt_tokens = u["prompt_tokens"].as_u64();
-            self.completion.completion_tokens = u["completion_tokens"].as_u64();
+    /// Adds one chunk given as JSON (chunks that do not parse carry nothing).
+    pub fn push_chunk(&mut self, chunk: &Value) -> Option<String> {
+        self.push(serde_json::from_value(chunk.clone()).ok()?)
+    }
+
+    fn tool_call_fragment(&mut self, fragment: ToolCallDelta) {
+        let index = fragment.index.unwrap_or(self.calls.len() as u64);
+        let pos = match self.calls.iter().position(|(i, _)| *i == index) {
+            Some(p) => p,
+            None => {
+                self.calls.push((index, ToolCall { id: String::new(), name: String::new(), arguments: String::new() }));
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[pos].1;
+        if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+            call.id = id;
         }
+        let function = fragment.function.unwrap_or_default();
+        // A name arrives whole (some servers repeat it in every fragment): assigned, not appended.
+        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+            call.name = name;
+        }
+        if let Some(args) = function.arguments {
+            call.arguments.push_str(&args);
+        }
+    }
+
+    fn usage(&mut self, usage: Option<&ChunkUsage>) {
+        if let Some(u) = usage {
+            self.completion.prompt_tokens = u.prompt_tokens;
+            self.completion.completion_tokens = u.completion_tokens;
+        }
+    }
+
+    /// Whether the provider said the answer ended (a `finish_reason`).
+    pub fn finished(&self) -> bool {
+        self.completion.finish_reason.is_some()
     }
 
     /// A whole (non-streamed) `chat.completion` response.
     pub fn from_response(body: &Value) -> Completion {
         let mut b = CompletionBuilder::default();
-        b.usage(body);
-        let message = &body["choices"][0]["message"];
-        b.completion.content = message["content"].as_str().unwrap_or_default().to_string();
-        for (i, c) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
-            b.calls.push((
-                i as u64,
-                ToolCall {
-                    id: c["id"].as_str().unwrap_or_default().to_string(),
-                    name: c["function"]["name"].as_str().unwrap_or_default().to_string(),
-                    arguments: c["function"]["arguments"].as_str().unwrap_or_default().to_string(),
-                },
-            ));
+        let Ok(chunk) = serde_json::from_value::<Chunk>(body.clone()) else { return b.finish() };
+        b.usage(chunk.usage.as_ref());
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            b.completion.finish_reason = choice.finish_reason;
+            let message = choice.message.unwrap_or_default();
+            b.completion.content = message.content.unwrap_or_default();
+            for (i, mut c) in message.tool_calls.into_iter().enumerate() {
+                c.index = Some(i as u64);
+                b.tool_call_fragment(c);
+            }
         }
         b.finish()
     }
@@ -376,6 +524,49 @@ mod tests {
         );
         assert_eq!(c.tool_calls[1].arguments, "{\"city\":\"Oslo\"}");
         assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(12), Some(7)));
+    }
+
+    #[test]
+    fn a_repeated_function_name_is_assigned_not_appended() {
+        let mut b = CompletionBuilder::default();
+        for args in ["{\"q\":", "\"x\"}"] {
+            b.push_chunk(&json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"search","arguments":args}}]}}]}));
+        }
+        b.push_chunk(&json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}));
+        assert!(b.finished());
+        let c = b.finish();
+        assert_eq!(c.tool_calls[0].name, "search");
+        assert_eq!(c.tool_calls[0].arguments, "{\"q\":\"x\"}");
+        assert_eq!(c.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    #[test]
+    fn stream_data_is_classified() {
+        assert!(matches!(classify_stream_data("[DONE]"), StreamItem::Done));
+        assert!(matches!(classify_stream_data("not json"), StreamItem::Ignored));
+        assert!(matches!(classify_stream_data(r#"{"choices":[]}"#), StreamItem::Chunk(_)));
+        let StreamItem::Error(e) = classify_stream_data(r#"{"error":{"message":"overloaded","code":503}}"#) else {
+            panic!("an in-stream error")
+        };
+        assert!(e.is_retryable());
+        assert_eq!(e.describe(), "LLM stream error (503): overloaded");
+        let StreamItem::Error(e) = classify_stream_data(r#"{"error":{"message":"bad","code":400}}"#) else {
+            panic!("an in-stream error")
+        };
+        assert!(!e.is_retryable());
+        let StreamItem::Error(e) =
+            classify_stream_data(r#"{"error":{"message":"x","code":"context_length_exceeded"}}"#)
+        else {
+            panic!("an in-stream error")
+        };
+        assert!(e.is_retryable(), "a string code says nothing about retrying; the schedule bounds it");
+    }
+
+    #[test]
+    fn each_model_attempt_has_its_own_message_id() {
+        assert_eq!(attempt_message_id("exec_abc", 0, 1), "msg_abc");
+        assert_eq!(attempt_message_id("exec_abc", 0, 2), "msg_abc_r0a2");
+        assert_eq!(attempt_message_id("exec_abc", 1, 1), "msg_abc_r1a1");
     }
 
     #[test]

@@ -72,4 +72,3 @@ pub fn llm_fleet(llm: &MockLlm) -> FleetOptions {
         .env("FLEET_LLM_API_KEY", "sk-test-key")
         .env("FLEET_RETRY_DELAYS", "0.2,0.4,0.8,1.6,3.2")
 }
-

@@ -60,7 +60,8 @@ async fn characters_split_across_reads_and_multi_line_data_are_decoded_exactly()
     stream.extend(frame(&chunk(json!({"content": "Café ☕"}), Value::Null)));
     // One event whose JSON spans two `data:` lines (joined by a newline, as SSE says).
     stream.extend(b"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\n");
-    stream.extend(b"data: \"choices\":[{\"index\":0,\"delta\":{\"content\":\" for Ada\"},\"finish_reason\":null}]}\n\n");
+    stream
+        .extend(b"data: \"choices\":[{\"index\":0,\"delta\":{\"content\":\" for Ada\"},\"finish_reason\":null}]}\n\n");
     stream.extend(frame(&chunk(json!({}), json!("stop"))));
     stream.extend(frame("[DONE]"));
     // Cut inside `é` (2 bytes) and inside `☕` (3 bytes).
@@ -107,10 +108,9 @@ async fn a_length_cut_answer_is_kept_as_such_and_max_tokens_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runaway_response_is_bounded_and_ends_the_turn_with_a_clear_error() {
     let llm = MockLlm::start(|_, _| LlmReply::Runaway).await;
-    let fleet = spawn_fleet(
-        llm_fleet(&llm).env("FLEET_RETRY_DELAYS", "0.2").env("FLEET_LLM_MAX_RESPONSE_BYTES", "65536"),
-    )
-    .await;
+    let fleet =
+        spawn_fleet(llm_fleet(&llm).env("FLEET_RETRY_DELAYS", "0.2").env("FLEET_LLM_MAX_RESPONSE_BYTES", "65536"))
+            .await;
     let id = post_turn(&fleet, &turn_body("s_runaway", "sing", &[])).await;
     let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(30)).await;
     let attempts = done["attempts"].as_array().unwrap();
@@ -131,7 +131,10 @@ async fn in_stream_errors_and_cut_streams_are_retried_and_the_client_is_told() {
             LlmReply::Raw(vec![s])
         }
         // Cut: no finish_reason, no [DONE].
-        1 => LlmReply::Raw(vec![frame(&chunk(json!({"content": "Hel"}), Value::Null)), frame(&chunk(json!({"content": "lo"}), Value::Null))]),
+        1 => LlmReply::Raw(vec![
+            frame(&chunk(json!({"content": "Hel"}), Value::Null)),
+            frame(&chunk(json!({"content": "lo"}), Value::Null)),
+        ]),
         _ => LlmReply::text("Hello world"),
     })
     .await;
@@ -142,7 +145,12 @@ async fn in_stream_errors_and_cut_streams_are_retried_and_the_client_is_told() {
         post_turn(&fleet, &turn_body("s_retry", "hi", &[])).await
     });
     let retries: Vec<&Value> = frames.iter().filter(|f| f.2 == "retry").map(|f| &f.3).collect();
-    assert_eq!(retries.len(), 2, "one retry event per abandoned attempt: {:?}", frames.iter().map(|f| &f.3).collect::<Vec<_>>());
+    assert_eq!(
+        retries.len(),
+        2,
+        "one retry event per abandoned attempt: {:?}",
+        frames.iter().map(|f| &f.3).collect::<Vec<_>>()
+    );
     let complete = frames.iter().find(|f| f.2 == "message_complete").expect("message_complete").3.clone();
     let message_id = complete["message"]["id"].as_str().unwrap();
     assert!(retries.iter().all(|r| r["message_id"] != message_id), "each attempt streams under its own message id");

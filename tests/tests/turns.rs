@@ -219,8 +219,12 @@ async fn provider_errors_retry_on_the_broker_schedule_or_end_the_turn() {
         post_turn(&fleet, &turn_body("s_fail", "always 500", &[])).await
     });
     let kinds: Vec<&str> = frames.iter().map(|(_, _, e, _)| e.as_str()).collect();
-    assert_eq!(kinds, ["error", "done"]);
-    assert_eq!(frames[0].3["error"]["code"], "llm_unavailable");
+    // One `retry` per abandoned attempt (each under its own message id), then the error.
+    assert_eq!(kinds, ["retry", "retry", "retry", "retry", "retry", "error", "done"]);
+    let retried: std::collections::HashSet<&str> =
+        frames[..5].iter().map(|f| f.3["message_id"].as_str().unwrap()).collect();
+    assert_eq!(retried.len(), 5, "a new message id per attempt");
+    assert_eq!(frames[5].3["error"]["code"], "llm_unavailable");
     let failed = fleet.wait_status(&failing, "dead_lettered", Duration::from_secs(5)).await;
     assert_eq!(failed["attempts"].as_array().unwrap().len(), 6, "six attempts on the schedule");
     let (status, dl) = fleet.get(&format!("/v1/dead-letters/{failing}")).await;

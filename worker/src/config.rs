@@ -28,6 +28,10 @@ pub struct WorkerConfig {
     pub llm_base_url: Option<String>,
     pub llm_api_key: Option<String>,
     pub llm_timeout: Duration,
+    /// `max_tokens` sent when the assistant's `model_config` names none.
+    pub llm_max_tokens: u32,
+    /// The most bytes of one model response a worker holds before failing the attempt.
+    pub llm_max_response_bytes: usize,
     /// Model rounds a turn may take.
     pub max_rounds: u32,
     /// How long a session stays held by its turn without the turn touching it.
@@ -68,6 +72,8 @@ impl WorkerConfig {
             },
             llm_api_key: src.get("FLEET_LLM_API_KEY").map(str::to_string),
             llm_timeout: src.seconds("FLEET_LLM_TIMEOUT", Duration::from_secs(120))?,
+            llm_max_tokens: src.parse("FLEET_LLM_MAX_TOKENS", 4096)?,
+            llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
             session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
             registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,

@@ -1,14 +1,16 @@
-//! The LLM client: any OpenAI-compatible `/chat/completions`, streamed (SSE chunks, with
+//! The LLM client: any OpenAI-compatible `/chat/completions`, streamed (the body decoded as one
+//! UTF-8 event stream, so a network split inside a character or an event changes nothing;
 //! `delta.tool_calls` fragments assembled into whole calls), with a non-streaming fallback when the
-//! server answers with a plain JSON completion.
+//! server answers with a plain JSON completion. What the worker holds of a response is bounded.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use eventsource_stream::{EventStreamError, Eventsource};
 use fleet_protocol::classify::{classify_status, ResponseClass};
-use fleet_protocol::turn::{Completion, CompletionBuilder};
+use fleet_protocol::turn::{classify_stream_data, Completion, CompletionBuilder, StreamItem};
 
 /// Why a model call failed.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,24 +39,39 @@ pub struct LlmClient {
     http: reqwest::Client,
     base_url: Option<String>,
     api_key: Option<String>,
+    /// The most bytes of one response the worker holds (`FLEET_LLM_MAX_RESPONSE_BYTES`).
+    max_response_bytes: usize,
 }
 
 /// One model call's request.
 pub struct ChatRequest<'a> {
     pub model: &'a str,
     pub temperature: Option<f64>,
+    pub max_tokens: u32,
     pub messages: Vec<Value>,
     pub tools: Vec<Value>,
 }
 
+/// Why reading a response body stopped early.
+#[derive(Debug)]
+enum BodyFailure {
+    Network(reqwest::Error),
+    TooLarge(usize),
+}
+
 impl LlmClient {
-    pub fn new(base_url: Option<String>, api_key: Option<String>, timeout: Duration) -> Self {
+    pub fn new(
+        base_url: Option<String>,
+        api_key: Option<String>,
+        timeout: Duration,
+        max_response_bytes: usize,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .build()
             .expect("the LLM HTTP client builds");
-        LlmClient { http, base_url: base_url.map(|u| u.trim_end_matches('/').to_string()), api_key }
+        LlmClient { http, base_url: base_url.map(|u| u.trim_end_matches('/').to_string()), api_key, max_response_bytes }
     }
 
     /// Calls the model, handing every content token to `on_token` as it streams in.
@@ -68,12 +85,62 @@ impl LlmClient {
         F: FnMut(String) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        let response = self.send(req, traceparent).await?;
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if !streamed {
+            let completion = self.whole(response).await?;
+            if !completion.content.is_empty() {
+                on_token(completion.content.clone()).await;
+            }
+            return Ok(completion);
+        }
+        let mut builder = CompletionBuilder::default();
+        let mut events = self.bounded_body(response).eventsource();
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|e| self.stream_failure(e))?;
+            match classify_stream_data(&event.data) {
+                StreamItem::Done => return Ok(builder.finish()),
+                StreamItem::Chunk(chunk) => {
+                    if let Some(token) = builder.push(chunk) {
+                        on_token(token).await;
+                    }
+                }
+                StreamItem::Error(error) if error.is_retryable() => {
+                    return Err(LlmError::Retryable { status: None, retry_after: None, message: error.describe() })
+                }
+                StreamItem::Error(error) => {
+                    return Err(LlmError::Permanent { status: None, message: error.describe() })
+                }
+                StreamItem::Ignored => {}
+            }
+        }
+        if builder.finished() {
+            return Ok(builder.finish());
+        }
+        Err(LlmError::Retryable {
+            status: None,
+            retry_after: None,
+            message: "LLM stream ended without a finish_reason or [DONE]".into(),
+        })
+    }
+
+    /// Sends the request; a non-success status is the error it means for the turn.
+    async fn send(
+        &self,
+        req: ChatRequest<'_>,
+        traceparent: Vec<(String, String)>,
+    ) -> Result<reqwest::Response, LlmError> {
         let Some(base) = &self.base_url else {
             return Err(LlmError::Permanent { status: None, message: "no LLM configured (FLEET_LLM_BASE_URL)".into() });
         };
         let mut body = json!({
             "model": req.model,
             "messages": req.messages,
+            "max_tokens": req.max_tokens,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -95,65 +162,81 @@ impl LlmClient {
         let retry_after =
             response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
         match classify_status(status, retry_after.as_deref(), fleet_platform::now_ms() / 1000) {
-            ResponseClass::Success | ResponseClass::Accepted => {}
+            ResponseClass::Success | ResponseClass::Accepted => Ok(response),
             ResponseClass::Retryable { retry_after } => {
                 let text = response.text().await.unwrap_or_default();
-                return Err(LlmError::Retryable {
+                Err(LlmError::Retryable {
                     status: Some(status),
                     retry_after,
                     message: format!("LLM answered HTTP {status}: {}", excerpt(&text)),
-                });
+                })
             }
             ResponseClass::Permanent => {
                 let text = response.text().await.unwrap_or_default();
-                return Err(LlmError::Permanent {
+                Err(LlmError::Permanent {
                     status: Some(status),
                     message: format!("LLM answered HTTP {status}: {}", excerpt(&text)),
-                });
+                })
             }
         }
-        let streamed = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        if !streamed {
-            let value: Value = response.json().await.map_err(|e| LlmError::Retryable {
-                status: Some(status),
-                retry_after: None,
-                message: format!("LLM response is not JSON: {e}"),
-            })?;
-            let completion = CompletionBuilder::from_response(&value);
-            if !completion.content.is_empty() {
-                on_token(completion.content.clone()).await;
+    }
+
+    /// The response body as a byte stream that fails once it passes `max_response_bytes`.
+    fn bounded_body(
+        &self,
+        response: reqwest::Response,
+    ) -> impl futures::Stream<Item = Result<bytes::Bytes, BodyFailure>> {
+        let limit = self.max_response_bytes;
+        let mut read = 0usize;
+        response.bytes_stream().map(move |chunk| {
+            let chunk = chunk.map_err(BodyFailure::Network)?;
+            read += chunk.len();
+            if read > limit {
+                return Err(BodyFailure::TooLarge(limit));
             }
-            return Ok(completion);
+            Ok(chunk)
+        })
+    }
+
+    /// A non-streamed `chat.completion`, read within the same bound.
+    async fn whole(&self, response: reqwest::Response) -> Result<Completion, LlmError> {
+        let mut body = Vec::new();
+        let mut chunks = std::pin::pin!(self.bounded_body(response));
+        while let Some(chunk) = chunks.next().await {
+            body.extend_from_slice(&chunk.map_err(|e| self.stream_failure(EventStreamError::Transport(e)))?);
         }
-        let mut builder = CompletionBuilder::default();
-        let mut bytes = response.bytes_stream();
-        let mut pending = String::new();
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk.map_err(network)?;
-            pending.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = pending.find('\n') {
-                let line: String = pending.drain(..=end).collect();
-                let Some(data) = line.trim().strip_prefix("data:").map(str::trim) else { continue };
-                if data == "[DONE]" {
-                    return Ok(builder.finish());
-                }
-                let Ok(value) = serde_json::from_str::<Value>(data) else { continue };
-                if let Some(token) = builder.push_chunk(&value) {
-                    on_token(token).await;
-                }
-            }
-        }
-        Ok(builder.finish())
+        let value: Value = serde_json::from_slice(&body).map_err(|e| LlmError::Retryable {
+            status: None,
+            retry_after: None,
+            message: format!("LLM response is not JSON: {e}"),
+        })?;
+        Ok(CompletionBuilder::from_response(&value))
+    }
+
+    fn stream_failure(&self, e: EventStreamError<BodyFailure>) -> LlmError {
+        let message = match e {
+            EventStreamError::Transport(BodyFailure::Network(e)) => return network(e),
+            EventStreamError::Transport(BodyFailure::TooLarge(limit)) => format!(
+                "LLM response exceeded FLEET_LLM_MAX_RESPONSE_BYTES ({limit} bytes); the model may be repeating itself"
+            ),
+            EventStreamError::Utf8(e) => format!("LLM stream is not UTF-8: {e}"),
+            EventStreamError::Parser(e) => format!("LLM stream is not a valid event stream: {e}"),
+        };
+        LlmError::Retryable { status: None, retry_after: None, message }
     }
 }
 
+/// A transport error, without the request URL: it may carry credentials or a query-string key.
 fn network(e: reqwest::Error) -> LlmError {
     let what = if e.is_timeout() { "timed out" } else { "request failed" };
-    LlmError::Retryable { status: None, retry_after: None, message: format!("LLM {what}: {e}") }
+    let e = e.without_url();
+    let mut message = format!("LLM {what}: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    LlmError::Retryable { status: None, retry_after: None, message }
 }
 
 fn excerpt(text: &str) -> String {

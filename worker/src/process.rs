@@ -201,6 +201,8 @@ impl Processor {
             http_status: report.http_status,
             error: report.error.clone(),
             outcome: AttemptOutcome::Success,
+            prompt_tokens: None,
+            completion_tokens: None,
         };
         tracing::info!(http_status = report.http_status, error = report.error.as_deref(), "attempt finished");
 

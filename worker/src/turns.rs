@@ -126,10 +126,14 @@ impl Processor {
         let request = ChatRequest {
             model: &model,
             temperature: state.assistant.model_config.temperature,
+            max_tokens: state.assistant.model_config.max_tokens.unwrap_or(self.config.llm_max_tokens),
             messages: state.conversation.iter().map(Message::to_openai).collect(),
             tools,
         };
         let mut index = 0u64;
+        // Every attempt streams under its own message id: a retried attempt's tokens are never
+        // mixed with the next one's (the client is told to drop them with a `retry` event).
+        state.message_id = turn::attempt_message_id(turn_id, job.round, envelope.attempt);
         let message_id = state.message_id.clone();
         let span = tracing::info_span!("llm", otel.name = "chat.completions", otel.kind = "client", gen_ai.request.model = %model);
         let traceparent = fleet_platform::telemetry::http_headers(&span);
@@ -146,6 +150,7 @@ impl Processor {
         };
         let elapsed = started.elapsed();
         self.metrics.llm_request_duration.with_label_values(&[&model]).observe(elapsed.as_secs_f64());
+        log_model_attempt(envelope.attempt, elapsed, &result);
         let attempt = |error: Option<String>, status: Option<u16>, outcome| AttemptRecord {
             attempt: envelope.attempt,
             started_at: rfc3339_from_millis(now_ms() - elapsed.as_millis() as i64),
@@ -153,13 +158,16 @@ impl Processor {
             http_status: status,
             error,
             outcome,
+            prompt_tokens: result.as_ref().ok().and_then(|c| c.prompt_tokens),
+            completion_tokens: result.as_ref().ok().and_then(|c| c.completion_tokens),
         };
-        let completion = match result {
+        let completion = match result.clone() {
             Ok(c) => c,
             Err(LlmError::Retryable { status, retry_after, message }) => {
                 let _ = self.store.release(&step_id, token, "released").await;
                 return match self.config.common.retry.after_failure(envelope.attempt, retry_after) {
                     RetryDecision::Retry { next_attempt, wait, step } => {
+                        self.emit(&session, turn::retry_event(&message_id, envelope.attempt, &message)).await;
                         let _ = self
                             .store
                             .record_attempt(
@@ -258,7 +266,7 @@ impl Processor {
             .await;
 
         if completion.tool_calls.is_empty() {
-            return self.finish_turn(publisher, envelope, &mut state, &step_id, token, completion.content).await;
+            return self.finish_turn(publisher, envelope, &mut state, &step_id, token, completion).await;
         }
         // Tool calls: record them, answer refused ones at once, fan the rest out, suspend.
         state.conversation.push(Message {
@@ -454,16 +462,21 @@ impl Processor {
         state: &mut TurnState,
         step_id: &str,
         token: u64,
-        content: String,
+        completion: turn::Completion,
     ) -> Settle {
         let turn_id = &envelope.execution_id;
-        let message = json!({
+        let content = completion.content;
+        let mut message = json!({
             "id": state.message_id,
             "role": "assistant",
             "content": content,
             "tool_calls": [],
             "created_at": rfc3339_from_millis(now_ms()),
         });
+        // `length`: the answer was cut at max_tokens, and the client must be able to tell.
+        if let Some(reason) = completion.finish_reason {
+            message["finish_reason"] = json!(reason);
+        }
         state.conversation.push(Message::text("assistant", &content));
         state.round += 1;
         match self.store.session_finish(&state.session_id, turn_id).await {
@@ -553,5 +566,23 @@ impl Processor {
             now_ms(),
         );
         let _ = publisher.publish_job(&self.config.common.topology, &envelope, trace_headers()).await;
+    }
+}
+
+/// Every model attempt leaves a log line, like a callback attempt: duration, outcome, tokens.
+fn log_model_attempt(attempt: u32, elapsed: std::time::Duration, result: &Result<turn::Completion, LlmError>) {
+    let duration_ms = elapsed.as_millis() as u64;
+    match result {
+        Ok(c) => tracing::info!(
+            attempt,
+            duration_ms,
+            finish_reason = c.finish_reason.as_deref(),
+            prompt_tokens = c.prompt_tokens,
+            completion_tokens = c.completion_tokens,
+            "model attempt finished"
+        ),
+        Err(e) => {
+            tracing::warn!(attempt, duration_ms, http_status = e.status(), error = e.message(), "model attempt failed")
+        }
     }
 }
