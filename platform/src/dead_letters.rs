@@ -121,7 +121,7 @@ pub async fn sweep(
                     enqueued_at_ms: now_ms(),
                     ..envelope
                 };
-                let _ = store.set_status(&id, ExecutionStatus::Queued, None, now_ms()).await;
+                let _ = store.set_status(&id, ExecutionStatus::Queued, None, now_ms(), None).await;
                 publisher.publish_job(topology, &fresh, FieldTable::default()).await?;
                 delivery.ack(BasicAckOptions::default()).await?;
                 let _ = store.delete_dead_letter(&id).await;

@@ -1,7 +1,8 @@
 //! Redis: the tool registry, execution records, idempotency claims (leases with fencing tokens),
 //! client `Idempotency-Key` reservations and dead-letter records.
 //!
-//! Each Lua script touches exactly one key, so every operation works on Redis Cluster as well.
+//! Every Lua script touches keys of one hash slot only (one key, or keys sharing a `{hash tag}`),
+//! so every operation works on Redis Cluster as well.
 
 use std::time::Duration;
 
@@ -148,6 +149,24 @@ redis.call('SET', KEYS[1], cjson.encode({state = ARGV[2], token = v.token}), 'EX
 return 1
 "#;
 
+// One execution's record and its attempts list share a hash tag, so on Redis Cluster they live in
+// one slot and one script may touch both. The claim key does not share it (its name is the
+// spec's), so the record keeps its own fence: the newest claim token that wrote to it.
+// ARGV: token, ttl, attempt JSON (or ''), then field, value pairs.
+const FENCED_RECORD_LUA: &str = r#"
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+if fence > tonumber(ARGV[1]) then return 0 end
+local fields = {'fence', ARGV[1]}
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+"#;
+
 /// A Redis connection: one server (reconnecting manager) or a Redis Cluster.
 #[derive(Clone)]
 enum Conn {
@@ -278,6 +297,7 @@ pub struct Store {
     renew: Script,
     complete: Script,
     release: Script,
+    fenced_record: Script,
 }
 
 impl Store {
@@ -308,6 +328,7 @@ impl Store {
             renew: Script::new(RENEW_LUA),
             complete: Script::new(COMPLETE_LUA),
             release: Script::new(RELEASE_LUA),
+            fenced_record: Script::new(FENCED_RECORD_LUA),
         })
     }
 
@@ -730,30 +751,25 @@ impl Store {
         self.count(r)
     }
 
-    /// Sets the status (and, if given, the attempt count) of an execution.
+    /// Sets the status (and, if given, the attempt count) of an execution. With `fence` (the
+    /// writer's claim token) the write is refused, returning `false`, once a newer claim wrote.
     pub async fn set_status(
         &self,
         execution_id: &str,
         status: ExecutionStatus,
         attempt: Option<u32>,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let key = self.keys.execution(execution_id);
+        fence: Option<u64>,
+    ) -> Result<bool, StoreError> {
         let mut fields = vec![(field::STATUS, status.as_str().to_string()), (field::UPDATED_AT_MS, now_ms.to_string())];
         if let Some(a) = attempt {
             fields.push((field::ATTEMPTS, a.to_string()));
         }
-        let r: Result<(), _> = redis::pipe()
-            .hset_multiple(&key, &fields)
-            .ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
-            .ignore()
-            .query_async(&mut self.conn().await?)
-            .await;
-        self.count(r)
+        self.write_record(execution_id, &fields, None, fence).await
     }
 
-    /// Appends an attempt to the history and sets the execution's status (and result or last error).
+    /// Appends an attempt to the history and sets the execution's status (and result or last
+    /// error). With `fence`, refused (`false`) once a newer claim wrote, as `set_status`.
     pub async fn record_attempt(
         &self,
         execution_id: &str,
@@ -761,9 +777,8 @@ impl Store {
         status: ExecutionStatus,
         result: Option<&Value>,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let key = self.keys.execution(execution_id);
-        let attempts_key = self.keys.attempts(execution_id);
+        fence: Option<u64>,
+    ) -> Result<bool, StoreError> {
         let mut fields = vec![
             (field::STATUS, status.as_str().to_string()),
             (field::UPDATED_AT_MS, now_ms.to_string()),
@@ -775,18 +790,42 @@ impl Store {
         if let Some(result) = result {
             fields.push((field::RESULT, result.to_string()));
         }
-        let r: Result<(), _> = redis::pipe()
-            .rpush(&attempts_key, serde_json::to_string(attempt).expect("an attempt serialises"))
+        let entry = serde_json::to_string(attempt).expect("an attempt serialises");
+        self.write_record(execution_id, &fields, Some(&entry), fence).await
+    }
+
+    /// Writes record fields (and appends an attempt entry), fenced by a claim token if given.
+    async fn write_record(
+        &self,
+        execution_id: &str,
+        fields: &[(&str, String)],
+        attempt: Option<&str>,
+        fence: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let key = self.keys.execution(execution_id);
+        let attempts_key = self.keys.attempts(execution_id);
+        let ttl = IDEMPOTENCY_TTL_SECS as i64;
+        if let Some(token) = fence {
+            let mut invocation = self.fenced_record.key(&key);
+            invocation.key(&attempts_key).arg(token).arg(ttl).arg(attempt.unwrap_or(""));
+            for (name, value) in fields {
+                invocation.arg(*name).arg(value);
+            }
+            let r: Result<i64, _> = invocation.invoke_async(&mut self.conn().await?).await;
+            return Ok(self.count(r)? == 1);
+        }
+        let mut pipe = redis::pipe();
+        if let Some(entry) = attempt {
+            pipe.rpush(&attempts_key, entry).ignore().expire(&attempts_key, ttl).ignore();
+        }
+        let r: Result<(), _> = pipe
+            .hset_multiple(&key, fields)
             .ignore()
-            .expire(&attempts_key, IDEMPOTENCY_TTL_SECS as i64)
-            .ignore()
-            .hset_multiple(&key, &fields)
-            .ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .expire(&key, ttl)
             .ignore()
             .query_async(&mut self.conn().await?)
             .await;
-        self.count(r)
+        self.count(r).map(|_| true)
     }
 
     /// Marks an execution succeeded with `result` without a new attempt (repair after a crash

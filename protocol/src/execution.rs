@@ -15,6 +15,8 @@ pub mod field {
     pub const ATTEMPTS: &str = "attempts";
     pub const RESULT: &str = "result";
     pub const LAST_ERROR: &str = "last_error";
+    /// The newest claim token that wrote to the record; a write carrying an older one is refused.
+    pub const FENCE: &str = "fence";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,9 @@
 //! Redis key names. One optional prefix (empty in production) lets tests share a Redis safely.
 //!
-//! Works unchanged on Redis Cluster: every Lua script touches one key, and keys that one pipeline
-//! touches share a `{hash tag}` (an execution's record and its attempts; a registry and its index).
+//! Works unchanged on Redis Cluster: keys that one Lua script or pipeline touches share a
+//! `{hash tag}` (an execution's record and its attempts; a session's keys; a registry and its
+//! index). The claim key (`idempotency:…`, the spec's name) shares no slot with the record, so the
+//! record carries its own fence (`field::FENCE`).
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Keys {

@@ -77,6 +77,8 @@ struct Inner {
     script: Script,
     received: Mutex<Vec<Received>>,
     side_effects: Mutex<HashMap<String, u32>>,
+    /// Requests being answered right now, and the most there ever were at once.
+    in_flight: Mutex<(usize, usize)>,
 }
 
 #[derive(Clone)]
@@ -94,6 +96,7 @@ impl Receiver {
             script: Arc::new(script),
             received: Mutex::new(Vec::new()),
             side_effects: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new((0, 0)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -130,6 +133,11 @@ impl Receiver {
     pub fn total_side_effects(&self) -> u32 {
         self.inner.side_effects.lock().unwrap().values().sum()
     }
+
+    /// The most requests this receiver was answering at the same time.
+    pub fn max_concurrent(&self) -> usize {
+        self.inner.in_flight.lock().unwrap().1
+    }
 }
 
 async fn handle(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: HeaderMap, body: Bytes) -> Response {
@@ -146,9 +154,16 @@ async fn handle(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: 
         before
     };
     let reply = (inner.script)(&received, before);
+    {
+        let mut n = inner.in_flight.lock().unwrap();
+        n.0 += 1;
+        n.1 = n.1.max(n.0);
+    }
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    // Counted down before the answer leaves, so the count never exceeds what the sender holds.
+    inner.in_flight.lock().unwrap().0 -= 1;
     if (200..300).contains(&reply.status) && received.verified.is_ok() {
         let mut effects = inner.side_effects.lock().unwrap();
         let count = effects.entry(received.execution_id().to_string()).or_insert(0);

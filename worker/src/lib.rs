@@ -13,9 +13,12 @@ mod turns;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use std::convert::Infallible;
+
+use futures::{FutureExt, StreamExt};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +40,7 @@ pub enum WorkerError {
 }
 
 /// Runs a worker until `cancel` fires, then stops taking jobs, finishes what it holds within the
-/// grace period, and returns the rest to the queue (by closing its channel unacked).
+/// grace period, and returns the rest to the queue (by closing its channels unacked).
 pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), WorkerError> {
     let metrics = Metrics::new("worker");
     let store = Store::open(
@@ -106,6 +109,11 @@ fn fleet_platform_client(config: &WorkerConfig) -> http::CallbackClient {
 }
 
 /// Consumes from every work queue across broker reconnections until `cancel`, then drains.
+///
+/// Prefetch is per consumer (quorum queues have no per-channel QoS), so the channel may hold a
+/// delivery of every kind at once; the bound is the worker's own: one permit of `concurrency` per
+/// running job, whatever its kind and whichever subscription delivered it, taken before the job
+/// task is spawned and released once its delivery is settled.
 async fn consume(
     processor: Arc<Processor>,
     mut link: BrokerLink,
@@ -113,9 +121,12 @@ async fn consume(
     config: &WorkerConfig,
     cancel: CancellationToken,
 ) {
+    let permits = Arc::new(Semaphore::new(usize::from(config.concurrency)));
+    let mut permit: Option<OwnedSemaphorePermit> = None;
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut closers: JoinSet<()> = JoinSet::new();
     'connections: while let Some(live) = link.wait_live(&cancel).await {
-        let (channel, mut deliveries, tags) = match open_consumers(&live, config).await {
+        let (lane, mut deliveries) = match open_consumers(&live, config).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start consuming; retrying");
@@ -130,14 +141,12 @@ async fn consume(
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
-                    for tag in &tags {
-                        let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
-                    }
                     consumers.set(false);
-                    drain(&mut tasks, config.shutdown_grace).await;
-                    let _ = channel.close(200, "worker shutting down".into()).await;
+                    lane.retire(&mut deliveries, &mut closers).await;
                     break 'connections;
                 }
+                // The channel is gone with its connection: its jobs' deliveries return to the queue
+                // by themselves, and the claim fences off whichever copy runs second.
                 _ = link.lost(&live) => break,
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     if let Err(e) = done {
@@ -149,25 +158,51 @@ async fn consume(
                         release_freed_memory();
                     }
                 }
-                delivery = deliveries.next() => match delivery {
-                    Some(Some(Ok(delivery))) => {
-                        tasks.spawn(processor.clone().handle(delivery, live.publisher.clone()));
+                Some(_) = closers.join_next(), if !closers.is_empty() => {}
+                acquired = permits.clone().acquire_owned(), if permit.is_none() => permit = acquired.ok(),
+                delivery = deliveries.next(), if permit.is_some() => match next_step(delivery) {
+                    Step::Run(delivery) => {
+                        let job = processor.clone().handle(delivery, live.publisher.clone());
+                        let held = (permit.take(), lane.hold());
+                        tasks.spawn(async move {
+                            job.await;
+                            drop(held);
+                        });
                     }
-                    Some(Some(Err(e))) => {
-                        tracing::warn!(error = %e, "consumer error; resubscribing");
-                        break;
-                    }
-                    Some(None) | None => {
-                        tracing::warn!("a consumer was cancelled by the broker; resubscribing");
-                        break;
+                    Step::Resubscribe(why) => {
+                        tracing::warn!(why, "resubscribing; running jobs finish on the retired channel");
+                        consumers.set(false);
+                        lane.retire(&mut deliveries, &mut closers).await;
+                        continue 'connections;
                     }
                 },
             }
         }
         consumers.set(false);
-        let _ = channel.close(200, "resubscribing".into()).await;
     }
     drain(&mut tasks, config.shutdown_grace).await;
+    // Every job has settled (or was aborted): the retired channels close now, returning whatever
+    // they still hold unacked.
+    while closers.join_next().await.is_some() {}
+}
+
+/// What one item of the merged consumer stream asks for.
+#[derive(Debug, PartialEq)]
+enum Step<T> {
+    Run(T),
+    /// A consumer errored or was cancelled by the broker (its queue deleted, a node lost).
+    Resubscribe(&'static str),
+}
+
+fn next_step<T, E: std::fmt::Display>(item: Option<Option<Result<T, E>>>) -> Step<T> {
+    match item {
+        Some(Some(Ok(delivery))) => Step::Run(delivery),
+        Some(Some(Err(e))) => {
+            tracing::warn!(error = %e, "consumer error");
+            Step::Resubscribe("consumer error")
+        }
+        Some(None) | None => Step::Resubscribe("a consumer was cancelled by the broker"),
+    }
 }
 
 /// Deliveries from every work queue; `None` marks the end of one queue's consumer (a broker-side
@@ -176,13 +211,46 @@ type Deliveries = futures::stream::SelectAll<
     futures::stream::BoxStream<'static, Option<Result<lapin::message::Delivery, lapin::Error>>>,
 >;
 
-async fn open_consumers(
-    live: &Live,
-    config: &WorkerConfig,
-) -> Result<(lapin::Channel, Deliveries, Vec<String>), broker::BrokerError> {
+/// One subscription: a channel, its consumers, and a count of the jobs it delivered that have not
+/// settled yet (each job holds a clone of `holds`; the channel may close once all are dropped).
+struct Lane {
+    channel: lapin::Channel,
+    tags: Vec<String>,
+    holds: mpsc::Sender<Infallible>,
+    settled: mpsc::Receiver<Infallible>,
+}
+
+impl Lane {
+    fn hold(&self) -> mpsc::Sender<Infallible> {
+        self.holds.clone()
+    }
+
+    /// Stops consuming on this channel without closing it under running jobs: deliveries not yet
+    /// started go back to the queue now, running ones settle on this channel, and only then does
+    /// it close (closing it earlier would requeue deliveries whose jobs keep running).
+    async fn retire(self, deliveries: &mut Deliveries, closers: &mut JoinSet<()>) {
+        let Lane { channel, tags, holds, mut settled } = self;
+        for tag in &tags {
+            let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+        }
+        while let Some(Some(item)) = deliveries.next().now_or_never() {
+            if let Some(Ok(delivery)) = item {
+                let _ = delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+            }
+        }
+        drop(holds);
+        closers.spawn(async move {
+            while settled.recv().await.is_some() {}
+            let _ = channel.close(200, "retired".into()).await;
+        });
+    }
+}
+
+async fn open_consumers(live: &Live, config: &WorkerConfig) -> Result<(Lane, Deliveries), broker::BrokerError> {
     let channel = live.connection.create_channel().await?;
     // Redeclared on every subscribe: a queue deleted under the worker comes back.
     broker::declare_topology(&channel, &config.common.topology).await?;
+    // Per consumer: any one kind may use every permit.
     channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
     let mut consumers = Vec::new();
     let mut tags = Vec::new();
@@ -199,7 +267,8 @@ async fn open_consumers(
         consumers.push(consumer.map(Some).chain(futures::stream::once(async { None })).boxed());
         tags.push(tag);
     }
-    Ok((channel, futures::stream::select_all(consumers), tags))
+    let (holds, settled) = mpsc::channel(1);
+    Ok((Lane { channel, tags, holds, settled }, futures::stream::select_all(consumers)))
 }
 
 /// Lets held jobs finish within `grace`; the rest are aborted and their deliveries, never acked,
@@ -250,5 +319,22 @@ fn release_freed_memory() {
     // SAFETY: malloc_trim only returns unused heap pages to the kernel; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_runs_and_a_consumer_end_or_error_resubscribes() {
+        assert_eq!(next_step::<u32, String>(Some(Some(Ok(7)))), Step::Run(7));
+        assert_eq!(
+            next_step::<u32, String>(Some(Some(Err("channel closed".into())))),
+            Step::Resubscribe("consumer error")
+        );
+        let cancelled = Step::Resubscribe("a consumer was cancelled by the broker");
+        assert_eq!(next_step::<u32, String>(Some(None)), cancelled);
+        assert_eq!(next_step::<u32, String>(None), cancelled);
     }
 }

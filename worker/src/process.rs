@@ -157,13 +157,18 @@ impl Processor {
         let started_ms = now_ms();
         let first_attempt_at_ms = envelope.first_attempt_at_ms.unwrap_or(started_ms);
         // Independent writes: sent together rather than one round trip after the other.
-        let running = self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms);
+        // Fenced like every record write of the attempt; it also registers this claim's token on
+        // the record before the attempt starts, so an older worker can no longer write over it.
+        let running =
+            self.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms, Some(token));
         let started = async {
             if envelope.attempt == 1 {
                 let _ = self.store.mark_started(id, envelope.kind().as_str()).await;
             }
         };
-        let _ = tokio::join!(running, started);
+        if let (Ok(false), ()) = tokio::join!(running, started) {
+            return self.fenced_off(envelope, token);
+        }
 
         let started = Instant::now();
         let report = {
@@ -212,8 +217,18 @@ impl Processor {
                     Ok(true) => {
                         let recorded = self
                             .store
-                            .record_attempt(id, &record, ExecutionStatus::Succeeded, Some(result), now_ms())
+                            .record_attempt(
+                                id,
+                                &record,
+                                ExecutionStatus::Succeeded,
+                                Some(result),
+                                now_ms(),
+                                Some(token),
+                            )
                             .await;
+                        if let Ok(false) = recorded {
+                            return self.fenced_off(envelope, token);
+                        }
                         if let Err(e) = recorded {
                             // The result is stored; the record is not. The redelivery finds the
                             // result (nothing runs again) and repairs the record.
@@ -228,11 +243,7 @@ impl Processor {
                         self.observe_latency(envelope, "success");
                         Settle::Ack
                     }
-                    Ok(false) => {
-                        tracing::warn!(execution_id = %id, token, "result rejected: a newer claim fenced this worker off");
-                        self.finished(envelope, "fenced");
-                        Settle::Ack
-                    }
+                    Ok(false) => self.fenced_off(envelope, token),
                     Err(e) => {
                         // The callback ran but its result is not stored: run the attempt again later.
                         tracing::warn!(execution_id = %id, error = %e, "cannot store result; requeued");
@@ -249,8 +260,14 @@ impl Processor {
         match decision {
             RetryDecision::Retry { next_attempt, wait, step } => {
                 record.outcome = AttemptOutcome::Retry;
-                let _ = self.store.record_attempt(id, &record, ExecutionStatus::Retrying, None, now_ms()).await;
-                if !self.still_holds(id, token, "released").await {
+                let recorded = self
+                    .store
+                    .record_attempt(id, &record, ExecutionStatus::Retrying, None, now_ms(), Some(token))
+                    .await;
+                if let Ok(false) = recorded {
+                    return self.fenced_off(envelope, token);
+                }
+                if !self.still_holds(envelope, token, "released").await {
                     return Settle::Ack;
                 }
                 let next = Envelope {
@@ -278,8 +295,12 @@ impl Processor {
             RetryDecision::Exhausted => {
                 record.outcome = if permanent { AttemptOutcome::Permanent } else { AttemptOutcome::Exhausted };
                 // The status says dead_lettered only once the dead letter is durable (below).
-                let _ = self.store.record_attempt(id, &record, ExecutionStatus::Running, None, now_ms()).await;
-                if !self.still_holds(id, token, "dead_lettered").await {
+                let recorded =
+                    self.store.record_attempt(id, &record, ExecutionStatus::Running, None, now_ms(), Some(token)).await;
+                if let Ok(false) = recorded {
+                    return self.fenced_off(envelope, token);
+                }
+                if !self.still_holds(envelope, token, "dead_lettered").await {
                     return Settle::Ack;
                 }
                 let reason = if permanent { DeadLetterReason::Permanent } else { DeadLetterReason::Exhausted };
@@ -320,7 +341,7 @@ impl Processor {
                 }
                 let settle = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await;
                 if matches!(settle, Settle::Ack) {
-                    let _ = self.store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms()).await;
+                    let _ = self.store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms(), Some(token)).await;
                     if let Job::ToolCall(ToolCallJob { parent: Some(parent), tool_name, .. }) = &envelope.job {
                         let error = json!({"error": dead.last_error, "dead_lettered": true});
                         self.tool_call_finished(publisher, parent, tool_name, CallOutcome { ok: false, result: error })
@@ -334,13 +355,21 @@ impl Processor {
         }
     }
 
+    /// A newer claim fenced this worker off (its write was refused): the newer holder owns the
+    /// job, so this delivery is acked with nothing more written or scheduled.
+    fn fenced_off(&self, envelope: &Envelope, token: u64) -> Settle {
+        tracing::warn!(execution_id = %envelope.execution_id, token, "a newer claim fenced this worker off; its writes are dropped");
+        self.finished(envelope, "fenced");
+        Settle::Ack
+    }
+
     /// Gives up this worker's claim; `false` means a newer claim fenced it off, so it must not
     /// schedule anything more for the job (the newer holder does).
-    pub(crate) async fn still_holds(&self, id: &str, token: u64, state: &str) -> bool {
-        match self.store.release(id, token, state).await {
+    async fn still_holds(&self, envelope: &Envelope, token: u64, state: &str) -> bool {
+        match self.store.release(&envelope.execution_id, token, state).await {
             Ok(true) => true,
             Ok(false) => {
-                tracing::warn!(execution_id = %id, token, "claim taken over by another worker; this attempt's follow-up is dropped");
+                self.fenced_off(envelope, token);
                 false
             }
             // Redis failed: scheduling the retry anyway loses nothing (the claim's lease expires).

@@ -114,7 +114,7 @@ impl Processor {
                 state.conversation.push(m);
             }
         }
-        let _ = self.store.set_status(turn_id, ExecutionStatus::Running, Some(envelope.attempt), now_ms()).await;
+        let _ = self.store.set_status(turn_id, ExecutionStatus::Running, Some(envelope.attempt), now_ms(), None).await;
         if state.round >= self.config.max_rounds {
             let error = format!("the turn took more than {} model rounds", self.config.max_rounds);
             return self.fail_turn(publisher, envelope, &mut state, &step_id, token, "max_rounds", &error, None).await;
@@ -176,6 +176,7 @@ impl Processor {
                                 ExecutionStatus::Retrying,
                                 None,
                                 now_ms(),
+                                None,
                             )
                             .await;
                         let next = Envelope {
@@ -206,6 +207,7 @@ impl Processor {
                                 ExecutionStatus::Running,
                                 None,
                                 now_ms(),
+                                None,
                             )
                             .await;
                         self.fail_turn(
@@ -231,6 +233,7 @@ impl Processor {
                         ExecutionStatus::Running,
                         None,
                         now_ms(),
+                        None,
                     )
                     .await;
                 return self
@@ -262,6 +265,7 @@ impl Processor {
                 ExecutionStatus::Running,
                 None,
                 now_ms(),
+                None,
             )
             .await;
 
@@ -547,7 +551,7 @@ impl Processor {
         if !matches!(settle, Settle::Ack) {
             return settle;
         }
-        let _ = self.store.set_status(turn_id, ExecutionStatus::DeadLettered, None, now_ms()).await;
+        let _ = self.store.set_status(turn_id, ExecutionStatus::DeadLettered, None, now_ms(), None).await;
         if let Ok(SessionFinish::Released { next: Some(next) }) =
             self.store.session_finish(&state.session_id, turn_id).await
         {
