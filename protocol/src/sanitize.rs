@@ -107,13 +107,17 @@ mod tests {
             "GET https://internal.example/api failed"
         );
         assert_eq!(sanitize_error("(amqp://guest:guest@rabbit:5672/%2f)"), "(amqp://rabbit:5672/%2f)");
-        assert_eq!(sanitize_error("see http://a.example/x?y=1, http://b.example"), "see http://a.example/x, http://b.example");
+        assert_eq!(
+            sanitize_error("see http://a.example/x?y=1, http://b.example"),
+            "see http://a.example/x, http://b.example"
+        );
         assert_eq!(sanitize_error("HTTP 500"), "HTTP 500");
     }
 
     #[test]
     fn stack_traces_and_controls_are_dropped_into_one_line() {
-        let java = "java.lang.IllegalStateException: boom\n\tat com.example.Foo.bar(Foo.java:42)\n\t... 3 more\nCaused by: x";
+        let java =
+            "java.lang.IllegalStateException: boom\n\tat com.example.Foo.bar(Foo.java:42)\n\t... 3 more\nCaused by: x";
         assert_eq!(sanitize_error(java), "java.lang.IllegalStateException: boom Caused by: x");
         let python = "Traceback (most recent call last):\n  File \"app.py\", line 3, in <module>\nValueError: bad";
         assert_eq!(sanitize_error(python), "ValueError: bad");

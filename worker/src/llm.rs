@@ -49,7 +49,9 @@ pub struct ChatRequest<'a> {
 
 impl LlmClient {
     pub fn new(base_url: Option<String>, api_key: Option<String>, timeout: Duration) -> Self {
+        // Proxy variables are ignored, as for callbacks: the model is reached directly.
         let http = reqwest::Client::builder()
+            .no_proxy()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .build()
