@@ -66,7 +66,6 @@ pub struct CallbackContext<'a> {
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,
     pub secrets: &'a SecretsKey,
-    pub poll_interval: Duration,
     pub poll_limit: Duration,
 }
 
@@ -211,8 +210,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
     }
 }
 
-/// When a poll of an attempt started now (or already polling) must have finished.
 impl CallbackContext<'_> {
+    /// (attempt start, poll deadline) in ms: carried over while polling, else starting now.
     fn poll_deadline(&self, polling: Option<&PollState>) -> (i64, i64) {
         match polling {
             Some(p) => (p.started_at_ms, p.deadline_ms),

@@ -175,7 +175,6 @@ impl Processor {
                 callback_timeout: self.config.callback_timeout,
                 client: &self.client,
                 secrets: &self.config.secrets_key,
-                poll_interval: self.config.async_poll_interval,
                 poll_limit: self.config.async_poll_limit,
             };
             let attempt = callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref());
