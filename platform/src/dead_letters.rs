@@ -118,6 +118,7 @@ pub async fn sweep(
                     attempt: 1,
                     first_attempt_at_ms: None,
                     not_before_ms: None,
+                    poll: None,
                     enqueued_at_ms: now_ms(),
                     ..envelope
                 };

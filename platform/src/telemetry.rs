@@ -64,7 +64,7 @@ pub fn init(format: LogFormat, service: &'static str) -> Telemetry {
         // The blocking client owns a runtime of its own, which must not be built (or dropped)
         // inside the process's async runtime.
         let client = std::thread::spawn(|| {
-            reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(10)).build()
+            reqwest::blocking::Client::builder().no_proxy().timeout(std::time::Duration::from_secs(10)).build()
         })
         .join()
         .expect("building the OTLP client does not panic");

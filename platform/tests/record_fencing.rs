@@ -16,6 +16,8 @@ fn attempt(n: u32, outcome: AttemptOutcome) -> AttemptRecord {
         http_status: Some(503),
         error: Some("HTTP 503".into()),
         outcome,
+        prompt_tokens: None,
+        completion_tokens: None,
     }
 }
 

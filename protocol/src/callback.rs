@@ -41,6 +41,17 @@ pub fn async_status_url(body: &Value, location: Option<&str>) -> Option<String> 
         .map(str::to_string)
 }
 
+/// A 202's status URL made absolute: a relative reference (`/jobs/1`, `status/1`) is resolved
+/// against the callback URL, as a browser resolves a link. Only http(s) results are usable.
+pub fn resolve_status_url(callback_url: &str, reference: &str) -> Result<String, String> {
+    let base = url::Url::parse(callback_url).map_err(|e| format!("callback URL is not a URL: {e}"))?;
+    let resolved = base.join(reference.trim()).map_err(|e| format!("status URL cannot be resolved: {e}"))?;
+    match resolved.scheme() {
+        "http" | "https" => Ok(resolved.to_string()),
+        other => Err(format!("status URL must be http(s), got {other}:")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +79,17 @@ mod tests {
         assert_eq!(async_status_url(&json!({"status_url": "http://a/s"}), Some("http://b")), Some("http://a/s".into()));
         assert_eq!(async_status_url(&json!({}), Some("http://b")), Some("http://b".into()));
         assert_eq!(async_status_url(&json!(null), None), None);
+    }
+
+    #[test]
+    fn relative_status_urls_resolve_against_the_callback_url() {
+        let base = "https://tools.example.com/hooks/search?x=1";
+        assert_eq!(resolve_status_url(base, "/jobs/7").unwrap(), "https://tools.example.com/jobs/7");
+        assert_eq!(resolve_status_url(base, "status/7").unwrap(), "https://tools.example.com/hooks/status/7");
+        assert_eq!(resolve_status_url(base, "../s/7?t=1").unwrap(), "https://tools.example.com/s/7?t=1");
+        assert_eq!(resolve_status_url(base, "//other.example/s").unwrap(), "https://other.example/s");
+        assert_eq!(resolve_status_url(base, "http://abs.example/s").unwrap(), "http://abs.example/s");
+        assert!(resolve_status_url(base, "ftp://files.example/s").is_err());
+        assert!(resolve_status_url("not a url", "/s").is_err());
     }
 }

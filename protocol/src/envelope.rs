@@ -116,8 +116,23 @@ pub struct Envelope {
     /// The job must not run before this time (ms since epoch); set when a wait outlasts one delay queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<i64>,
+    /// Set while a tool's 202 is being polled: the next delivery GETs the status URL instead of
+    /// POSTing the callback. Absent in envelopes written before polling lived in the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<PollState>,
     #[serde(flatten)]
     pub job: Job,
+}
+
+/// An attempt that was answered 202 and is polled from the broker, one delivery per poll.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PollState {
+    /// Absolute (already resolved against the callback URL).
+    pub status_url: String,
+    /// After this (ms since epoch) a still-pending answer fails the attempt retryably.
+    pub deadline_ms: i64,
+    /// When the attempt's POST was sent: the attempt's start in its history.
+    pub started_at_ms: i64,
 }
 
 impl Envelope {
@@ -130,6 +145,7 @@ impl Envelope {
             enqueued_at_ms: now_ms,
             first_attempt_at_ms: None,
             not_before_ms: None,
+            poll: None,
             job,
         }
     }
@@ -250,6 +266,17 @@ mod tests {
         assert_eq!(v["tool_name"], "search");
         assert_eq!(v["v"], 1);
         assert!(v.get("callback_secret").is_none());
+    }
+
+    #[test]
+    fn envelopes_without_poll_state_still_decode_and_poll_state_round_trips() {
+        let old = br#"{"v":1,"execution_id":"exec_a","attempt":2,"enqueued_at_ms":1,"kind":"tool_call","tool_name":"t","parameters":{}}"#;
+        assert_eq!(Envelope::decode(old, Some(CONTENT_TYPE)).unwrap().poll, None);
+        let polled = Envelope {
+            poll: Some(PollState { status_url: "https://t.example/s/1".into(), deadline_ms: 9, started_at_ms: 3 }),
+            ..sample()
+        };
+        assert_eq!(Envelope::decode(&polled.to_bytes(), Some(CONTENT_TYPE)).unwrap(), polled);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod events;
 pub mod execution;
 pub mod keys;
 pub mod retry;
+pub mod sanitize;
 pub mod secrets;
 pub mod signing;
 pub mod ssrf;

@@ -238,7 +238,7 @@ pub fn tool_result_event(call_id: &str, tool_name: &str, outcome: &CallOutcome, 
 }
 
 pub fn error_event(code: &str, message: &str, tool_call_id: Option<&str>, message_id: &str) -> Value {
-    let mut error = json!({"code": code, "message": message});
+    let mut error = json!({"code": code, "message": crate::sanitize::sanitize_error(message)});
     if let Some(id) = tool_call_id {
         error["tool_call_id"] = json!(id);
     }
@@ -497,6 +497,21 @@ pub fn parse_arguments(arguments: &str) -> Result<Value, String> {
     }
 }
 
+/// What the model reads for a tool call's outcome: the result's JSON text (an error wrapped as
+/// `{"error": …}`), or, above `max_bytes`, `{"truncated": true, "bytes": <full size>, "content":
+/// <its first bytes, cut at a UTF-8 boundary>}`. The execution record keeps the whole result.
+pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
+    let full = if outcome.ok { outcome.result.to_string() } else { json!({"error": outcome.result}).to_string() };
+    if full.len() <= max_bytes {
+        return full;
+    }
+    let mut cut = max_bytes;
+    while !full.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    json!({"truncated": true, "bytes": full.len(), "content": &full[..cut]}).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -614,5 +629,25 @@ mod tests {
         assert_eq!(parse_arguments("").unwrap(), json!({}));
         assert!(parse_arguments("[1]").is_err());
         assert!(parse_arguments("{bad").is_err());
+    }
+
+    #[test]
+    fn large_tool_results_are_cut_at_a_char_boundary_for_the_model() {
+        let small = CallOutcome { ok: true, result: json!({"n": 1}) };
+        assert_eq!(tool_message_content(&small, 100), r#"{"n":1}"#);
+        let failed = CallOutcome { ok: false, result: json!("HTTP 404") };
+        assert_eq!(tool_message_content(&failed, 100), r#"{"error":"HTTP 404"}"#);
+        let big = CallOutcome { ok: true, result: json!("é".repeat(100)) };
+        let seen: Value = serde_json::from_str(&tool_message_content(&big, 10)).unwrap();
+        assert_eq!(seen["truncated"], true);
+        assert_eq!(seen["bytes"], 202);
+        // 10 bytes would split an 'é' (the text starts with a quote): cut at 9.
+        assert_eq!(seen["content"], format!("\"{}", "é".repeat(4)));
+    }
+
+    #[test]
+    fn error_events_carry_sanitised_messages() {
+        let e = error_event("x", "failed at https://u:p@h.example/a?k=v\n\tat Foo.bar(Foo.java:1)", None, "m");
+        assert_eq!(e["error"]["message"], "failed at https://h.example/a");
     }
 }

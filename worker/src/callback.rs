@@ -1,16 +1,19 @@
-//! One tool-callback attempt: look up the tool, sign the seed's body afresh, POST it, and say what
-//! the answer means (following a 202 by polling its status URL).
+//! One tool-callback attempt: look up the tool, sign the seed's body afresh, POST it (or, while a
+//! 202 is being polled, GET its status URL), and say what the answer means.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::Store;
-use fleet_protocol::callback::{async_status_url, CallbackBody, REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use fleet_protocol::callback::{
+    async_status_url, resolve_status_url, CallbackBody, REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
 use fleet_protocol::classify::{classify_status, ResponseClass, TransportFailure};
-use fleet_protocol::envelope::Job;
+use fleet_protocol::envelope::{Job, PollState};
 use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
+use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::signing::signature_header;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -23,8 +26,13 @@ use crate::registry::Target;
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptVerdict {
     Succeeded(Value),
-    Retryable { retry_after: Option<Duration> },
+    Retryable {
+        retry_after: Option<Duration>,
+    },
     Permanent,
+    /// A 202 (or a poll still pending): the attempt goes on; poll `status_url` later, from the
+    /// broker, until `deadline_ms`.
+    Accepted(PollState),
 }
 
 /// An attempt's verdict plus what the history records of it.
@@ -58,7 +66,6 @@ pub struct CallbackContext<'a> {
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,
     pub secrets: &'a SecretsKey,
-    pub poll_interval: Duration,
     pub poll_limit: Duration,
 }
 
@@ -73,12 +80,26 @@ struct Prepared {
     poll_accepted: bool,
 }
 
-/// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery.
-pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> AttemptReport {
-    let prepared = match prepare(ctx, execution_id, job).await {
-        Ok(p) => p,
-        Err(report) => return report,
+/// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery, or one
+/// poll of an accepted callback's status URL. Its error is sanitised for storing.
+pub async fn attempt(
+    ctx: &CallbackContext<'_>,
+    execution_id: &str,
+    job: &Job,
+    poll: Option<&PollState>,
+) -> AttemptReport {
+    let mut report = match prepare(ctx, execution_id, job).await {
+        Ok(prepared) => match poll {
+            Some(poll) => poll_once(ctx, poll, execution_id, prepared.secret.as_bytes()).await,
+            None => post(ctx, prepared, execution_id).await,
+        },
+        Err(report) => report,
     };
+    report.error = report.error.as_deref().map(sanitize_error);
+    report
+}
+
+async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str) -> AttemptReport {
     let request = ctx
         .client
         .post(&prepared.url)
@@ -89,7 +110,7 @@ pub async fn attempt(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -
         .header(REQUEST_ID_HEADER, execution_id)
         .body(prepared.body);
     match traced_send(ctx, request, "POST").await {
-        Ok(response) => judge(ctx, response, execution_id, prepared.secret.as_bytes(), prepared.poll_accepted).await,
+        Ok(response) => judge(&response, &prepared.url, prepared.poll_accepted, &ctx.poll_deadline(None)),
         Err(failure) => AttemptReport::transport(failure),
     }
 }
@@ -189,134 +210,199 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
     }
 }
 
-async fn judge(
-    ctx: &CallbackContext<'_>,
-    response: ReadResponse,
-    execution_id: &str,
-    secret: &[u8],
-    poll_accepted: bool,
-) -> AttemptReport {
+impl CallbackContext<'_> {
+    /// (attempt start, poll deadline) in ms: carried over while polling, else starting now.
+    fn poll_deadline(&self, polling: Option<&PollState>) -> (i64, i64) {
+        match polling {
+            Some(p) => (p.started_at_ms, p.deadline_ms),
+            None => {
+                let now = now_ms();
+                (now, now + self.poll_limit.as_millis() as i64)
+            }
+        }
+    }
+}
+
+/// What the answer to a callback POST means. `window` is (attempt start, poll deadline) in ms.
+fn judge(response: &ReadResponse, callback_url: &str, poll_accepted: bool, window: &(i64, i64)) -> AttemptReport {
     let status = response.status;
     let class = fleet_protocol::classify::status_class(status);
     let report = |verdict, error| AttemptReport { verdict, http_status: Some(status), error, class };
     match classify_status(status, response.retry_after.as_deref(), now_ms() / 1000) {
-        ResponseClass::Success => match result_of(&response.body) {
-            Ok(result) => report(AttemptVerdict::Succeeded(result), None),
-            Err(why) => report(AttemptVerdict::Retryable { retry_after: None }, Some(why)),
-        },
         ResponseClass::Accepted if !poll_accepted => report(AttemptVerdict::Succeeded(Value::Null), None),
         ResponseClass::Accepted => {
             let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-            match async_status_url(&body, response.location.as_deref()) {
-                Some(url) => poll(ctx, &url, execution_id, secret).await,
-                None => report(
-                    AttemptVerdict::Permanent,
-                    Some("202 Accepted without a status_url or Location to poll".into()),
+            let Some(reference) = async_status_url(&body, response.location.as_deref()) else {
+                let why = "202 Accepted without a status_url or Location to poll";
+                return report(AttemptVerdict::Permanent, Some(why.into()));
+            };
+            match resolve_status_url(callback_url, &reference) {
+                Ok(status_url) => report(
+                    AttemptVerdict::Accepted(PollState { status_url, started_at_ms: window.0, deadline_ms: window.1 }),
+                    None,
                 ),
+                Err(why) => report(AttemptVerdict::Permanent, Some(why)),
             }
         }
-        ResponseClass::Retryable { retry_after } => {
-            report(AttemptVerdict::Retryable { retry_after }, Some(format!("HTTP {status}{}", excerpt(&response.body))))
+        other => answer(other, response, "HTTP"),
+    }
+}
+
+/// One poll of an accepted callback's status URL: a signed GET (empty body signed).
+async fn poll_once(ctx: &CallbackContext<'_>, poll: &PollState, execution_id: &str, secret: &[u8]) -> AttemptReport {
+    let timestamp = rfc3339_from_millis(now_ms());
+    let request = ctx
+        .client
+        .get(&poll.status_url)
+        .timeout(ctx.callback_timeout)
+        .header(SIGNATURE_HEADER, signature_header(secret, b""))
+        .header(TIMESTAMP_HEADER, &timestamp)
+        .header(REQUEST_ID_HEADER, execution_id);
+    match traced_send(ctx, request, "GET").await {
+        Ok(response) => poll_answer(&response, poll, now_ms()),
+        Err(failure) => AttemptReport::transport(failure),
+    }
+}
+
+/// What a status poll's answer means: 202 is still pending (poll again, unless the deadline has
+/// passed: then the attempt times out, retryably); anything else is judged like a callback's answer.
+fn poll_answer(response: &ReadResponse, poll: &PollState, now_ms: i64) -> AttemptReport {
+    let status = response.status;
+    let class = fleet_protocol::classify::status_class(status);
+    match classify_status(status, response.retry_after.as_deref(), now_ms / 1000) {
+        ResponseClass::Accepted if now_ms < poll.deadline_ms => AttemptReport {
+            verdict: AttemptVerdict::Accepted(poll.clone()),
+            http_status: Some(status),
+            error: None,
+            class,
+        },
+        ResponseClass::Accepted => {
+            let limit = Duration::from_millis((poll.deadline_ms - poll.started_at_ms).max(0) as u64);
+            AttemptReport {
+                verdict: AttemptVerdict::Retryable { retry_after: None },
+                http_status: Some(status),
+                error: Some(format!("status poll still pending after {} s", limit.as_secs())),
+                class: "timeout",
+            }
         }
+        other => answer(other, response, "status poll answered HTTP"),
+    }
+}
+
+/// A final (not 202) answer: success, retryable or permanent, with `what` heading the error.
+fn answer(class_of: ResponseClass, response: &ReadResponse, what: &str) -> AttemptReport {
+    let status = response.status;
+    let class = fleet_protocol::classify::status_class(status);
+    let report = |verdict, error| AttemptReport { verdict, http_status: Some(status), error, class };
+    match class_of {
+        ResponseClass::Success | ResponseClass::Accepted => {
+            report(AttemptVerdict::Succeeded(result_of(&response.body)), None)
+        }
+        ResponseClass::Retryable { retry_after } => report(
+            AttemptVerdict::Retryable { retry_after },
+            Some(format!("{what} {status}{}", excerpt(&response.body))),
+        ),
         ResponseClass::Permanent => {
-            report(AttemptVerdict::Permanent, Some(format!("HTTP {status}{}", excerpt(&response.body))))
+            report(AttemptVerdict::Permanent, Some(format!("{what} {status}{}", excerpt(&response.body))))
         }
     }
 }
 
-/// Polls a 202's status URL (signed GETs) until it answers with a result, a failure, or the limit.
-async fn poll(ctx: &CallbackContext<'_>, url: &str, execution_id: &str, secret: &[u8]) -> AttemptReport {
-    let deadline = Instant::now() + ctx.poll_limit;
-    loop {
-        let wait = ctx.poll_interval.min(deadline.saturating_duration_since(Instant::now()));
-        tokio::time::sleep(wait).await;
-        if Instant::now() >= deadline {
-            return AttemptReport::transport(TransportFailure::Timeout(ctx.poll_limit));
-        }
-        let timestamp = rfc3339_from_millis(now_ms());
-        let request = ctx
-            .client
-            .get(url)
-            .header(SIGNATURE_HEADER, signature_header(secret, b""))
-            .header(TIMESTAMP_HEADER, &timestamp)
-            .header(REQUEST_ID_HEADER, execution_id);
-        let response = match traced_send(ctx, request, "GET").await {
-            Ok(r) => r,
-            Err(failure) => return AttemptReport::transport(failure),
-        };
-        let status = response.status;
-        match classify_status(status, None, 0) {
-            ResponseClass::Accepted => continue,
-            ResponseClass::Success => {
-                let class = fleet_protocol::classify::status_class(status);
-                return match result_of(&response.body) {
-                    Ok(result) => AttemptReport {
-                        verdict: AttemptVerdict::Succeeded(result),
-                        http_status: Some(status),
-                        error: None,
-                        class,
-                    },
-                    Err(why) => AttemptReport {
-                        verdict: AttemptVerdict::Retryable { retry_after: None },
-                        http_status: Some(status),
-                        error: Some(why),
-                        class,
-                    },
-                };
-            }
-            _ => {
-                return AttemptReport {
-                    verdict: match classify_status(status, response.retry_after.as_deref(), now_ms() / 1000) {
-                        ResponseClass::Retryable { retry_after } => AttemptVerdict::Retryable { retry_after },
-                        _ => AttemptVerdict::Permanent,
-                    },
-                    http_status: Some(status),
-                    error: Some(format!("status poll answered HTTP {status}")),
-                    class: fleet_protocol::classify::status_class(status),
-                }
-            }
-        }
-    }
-}
-
-/// The tool result: `result` of a JSON body; an empty body is a `null` result.
-fn result_of(body: &[u8]) -> Result<Value, String> {
+/// The tool result: `result` of a JSON body; an empty body is `null`; a body that is not JSON is
+/// its text (the seed's table makes any 200/201 a success).
+fn result_of(body: &[u8]) -> Value {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Null);
+        return Value::Null;
     }
-    let value: Value = serde_json::from_slice(body).map_err(|_| "success response body is not JSON".to_string())?;
-    Ok(match value {
-        Value::Object(mut map) if map.contains_key("result") => map.remove("result").unwrap_or(Value::Null),
-        other => other,
-    })
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(mut map)) if map.contains_key("result") => map.remove("result").unwrap_or(Value::Null),
+        Ok(other) => other,
+        Err(_) => Value::String(String::from_utf8_lossy(body).into_owned()),
+    }
 }
 
-/// A short, single-line excerpt of an error body for the attempt history.
+/// An error body for the attempt history, sanitised (one short line, no credentials or traces).
 fn excerpt(body: &[u8]) -> String {
-    let text: String = String::from_utf8_lossy(body).chars().filter(|c| !c.is_control()).take(200).collect();
-    if text.trim().is_empty() {
+    let head = &body[..body.len().min(8 * 1024)];
+    let text = sanitize_error(&String::from_utf8_lossy(head));
+    if text.is_empty() {
         String::new()
     } else {
-        format!(": {}", text.trim())
+        format!(": {text}")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    #[test]
-    fn results_come_from_the_result_field() {
-        assert_eq!(result_of(br#"{"result": {"n": 1}}"#).unwrap(), serde_json::json!({"n": 1}));
-        assert_eq!(result_of(br#"{"other": 2}"#).unwrap(), serde_json::json!({"other": 2}));
-        assert_eq!(result_of(b"").unwrap(), Value::Null);
-        assert!(result_of(b"<html>").is_err());
+    fn response(status: u16, body: &str, location: Option<&str>) -> ReadResponse {
+        ReadResponse {
+            status,
+            retry_after: None,
+            location: location.map(str::to_string),
+            body: bytes::Bytes::from(body.to_string()),
+        }
     }
 
     #[test]
-    fn excerpts_are_short_and_single_line() {
-        assert_eq!(excerpt(b"oops\nbroken"), ": oopsbroken");
-        assert_eq!(excerpt(&[b'x'; 1000]).len(), 202);
+    fn results_come_from_the_result_field_or_the_body_text() {
+        assert_eq!(result_of(br#"{"result": {"n": 1}}"#), json!({"n": 1}));
+        assert_eq!(result_of(br#"{"other": 2}"#), json!({"other": 2}));
+        assert_eq!(result_of(b""), Value::Null);
+        assert_eq!(result_of(b"OK"), json!("OK"));
+    }
+
+    #[test]
+    fn the_seeds_response_table() {
+        let window = (1_000, 301_000);
+        let judge =
+            |status, body, location| judge(&response(status, body, location), "http://t.example/a/b", true, &window);
+        assert_eq!(judge(200, "OK", None).verdict, AttemptVerdict::Succeeded(json!("OK")));
+        assert_eq!(judge(201, r#"{"result":1}"#, None).verdict, AttemptVerdict::Succeeded(json!(1)));
+        let accepted = |status_url: &str| {
+            AttemptVerdict::Accepted(PollState {
+                status_url: status_url.into(),
+                started_at_ms: 1_000,
+                deadline_ms: 301_000,
+            })
+        };
+        assert_eq!(judge(202, r#"{"status_url":"/s/1"}"#, None).verdict, accepted("http://t.example/s/1"));
+        assert_eq!(judge(202, "", Some("s/1")).verdict, accepted("http://t.example/a/s/1"));
+        assert_eq!(judge(202, "", None).verdict, AttemptVerdict::Permanent);
+        for status in [400, 401, 404, 302] {
+            assert_eq!(judge(status, "", None).verdict, AttemptVerdict::Permanent, "{status}");
+        }
+        for status in [408, 429, 500, 502, 503, 504] {
+            assert!(matches!(judge(status, "", None).verdict, AttemptVerdict::Retryable { .. }), "{status}");
+        }
+        // A webhook delivery answered 202 is simply delivered.
+        let hook = super::judge(&response(202, "", None), "http://t.example/h", false, &window);
+        assert_eq!(hook.verdict, AttemptVerdict::Succeeded(Value::Null));
+    }
+
+    #[test]
+    fn a_poll_answer_is_pending_until_the_deadline() {
+        let poll = PollState { status_url: "http://t.example/s".into(), started_at_ms: 0, deadline_ms: 300_000 };
+        let pending = response(202, r#"{"status":"pending"}"#, None);
+        assert_eq!(poll_answer(&pending, &poll, 299_999).verdict, AttemptVerdict::Accepted(poll.clone()));
+        let late = poll_answer(&pending, &poll, 300_000);
+        assert_eq!(late.verdict, AttemptVerdict::Retryable { retry_after: None });
+        assert_eq!(late.error.as_deref(), Some("status poll still pending after 300 s"));
+        let done = poll_answer(&response(200, r#"{"result":{"ok":true}}"#, None), &poll, 1);
+        assert_eq!(done.verdict, AttemptVerdict::Succeeded(json!({"ok": true})));
+        let failed = poll_answer(&response(500, "down", None), &poll, 1);
+        assert!(matches!(failed.verdict, AttemptVerdict::Retryable { .. }));
+        assert_eq!(failed.error.as_deref(), Some("status poll answered HTTP 500: down"));
+        assert_eq!(poll_answer(&response(404, "", None), &poll, 1).verdict, AttemptVerdict::Permanent);
+    }
+
+    #[test]
+    fn excerpts_are_sanitised() {
+        assert_eq!(excerpt(b"oops\nbroken"), ": oops broken");
+        assert_eq!(excerpt(&[b'x'; 1000]).chars().count(), 2 + 512);
         assert_eq!(excerpt(b"  "), "");
+        assert_eq!(excerpt(b"see https://u:p@h.example/x?token=1"), ": see https://h.example/x");
     }
 }

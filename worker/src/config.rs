@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     pub max_rounds: u32,
     /// How long a session stays held by its turn without the turn touching it.
     pub session_lease: Duration,
+    /// Largest tool result (its JSON text, bytes) handed to the model whole; above it the model
+    /// gets the first bytes and `truncated: true`.
+    pub tool_result_max_bytes: usize,
     /// How long a tool or webhook registration is cached by the worker.
     pub registry_cache_ttl: Duration,
     /// Names this worker in claims and logs.
@@ -51,6 +54,10 @@ impl WorkerConfig {
         let claim_lease = src.seconds("FLEET_CLAIM_LEASE", Duration::from_secs(60))?;
         if claim_lease < Duration::from_millis(300) {
             return Err(ConfigError::new("FLEET_CLAIM_LEASE", "must be at least 0.3 seconds"));
+        }
+        let tool_result_max_bytes: usize = src.parse("FLEET_TOOL_RESULT_MAX_BYTES", 64 * 1024)?;
+        if tool_result_max_bytes < 64 {
+            return Err(ConfigError::new("FLEET_TOOL_RESULT_MAX_BYTES", "must be at least 64"));
         }
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         Ok(WorkerConfig {
@@ -76,6 +83,7 @@ impl WorkerConfig {
             llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
             session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
+            tool_result_max_bytes,
             registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,
             worker_id: format!("{host}-{}", std::process::id()),
         })
@@ -95,6 +103,7 @@ mod tests {
         assert_eq!(c.async_poll_limit, Duration::from_secs(300));
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:9090");
         assert!(!c.allow_private_callbacks);
+        assert_eq!(c.tool_result_max_bytes, 65536);
     }
 
     #[test]
@@ -103,6 +112,7 @@ mod tests {
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "0").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "many").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_CLAIM_LEASE", "0.01").unwrap_err().setting, "FLEET_CLAIM_LEASE");
+        assert_eq!(load("FLEET_TOOL_RESULT_MAX_BYTES", "10").unwrap_err().setting, "FLEET_TOOL_RESULT_MAX_BYTES");
         assert_eq!(
             load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting,
             "FLEET_ALLOW_PRIVATE_CALLBACKS"

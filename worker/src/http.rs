@@ -1,6 +1,6 @@
 //! The outgoing HTTP client for callbacks: no redirects, bounded time and body, and (unless private
 //! targets are allowed) a resolver that drops private addresses, so the address actually connected
-//! to is always checked, DNS rebinding included.
+//! to is always checked, DNS rebinding included. Proxy environment variables are ignored.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -52,7 +52,10 @@ pub struct ReadResponse {
 
 impl CallbackClient {
     pub fn new(timeout: Duration, allow_private: bool, max_body: usize) -> Self {
+        // `no_proxy`: HTTP(S)_PROXY / ALL_PROXY would otherwise send callbacks to a proxy that
+        // connects wherever it likes, around the resolver's SSRF guard.
         let mut builder = reqwest::Client::builder()
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))

@@ -66,7 +66,9 @@ impl LlmClient {
         timeout: Duration,
         max_response_bytes: usize,
     ) -> Self {
+        // Proxy variables are ignored, as for callbacks: the model is reached directly.
         let http = reqwest::Client::builder()
+            .no_proxy()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .build()

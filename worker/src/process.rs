@@ -19,11 +19,12 @@ use fleet_platform::now_ms;
 use fleet_platform::store::{Claim, NewExecution, Store};
 use fleet_protocol::deadletter::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
 use fleet_protocol::envelope::{
-    is_valid_execution_id, Envelope, Job, JobKind, PoisonReason, ToolCallJob, WebhookJob, CONTENT_TYPE,
+    is_valid_execution_id, Envelope, Job, JobKind, PoisonReason, PollState, ToolCallJob, WebhookJob, CONTENT_TYPE,
 };
 use fleet_protocol::events;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::{remaining_hold, RetryDecision};
+use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
 use serde_json::{json, Value};
@@ -154,7 +155,8 @@ impl Processor {
             }
         };
         self.metrics.jobs_started.with_label_values(&[envelope.kind().as_str()]).inc();
-        let started_ms = now_ms();
+        // A poll continues the attempt its POST started.
+        let started_ms = envelope.poll.as_ref().map_or_else(now_ms, |p| p.started_at_ms);
         let first_attempt_at_ms = envelope.first_attempt_at_ms.unwrap_or(started_ms);
         // Independent writes: sent together rather than one round trip after the other.
         // Fenced like every record write of the attempt; it also registers this claim's token on
@@ -178,10 +180,9 @@ impl Processor {
                 callback_timeout: self.config.callback_timeout,
                 client: &self.client,
                 secrets: &self.config.secrets_key,
-                poll_interval: self.config.async_poll_interval,
                 poll_limit: self.config.async_poll_limit,
             };
-            let attempt = callback::attempt(&ctx, id, &envelope.job);
+            let attempt = callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref());
             tokio::pin!(attempt);
             let mut renew = tokio::time::interval(lease / 3);
             renew.tick().await;
@@ -255,6 +256,7 @@ impl Processor {
                 self.config.common.retry.after_failure(envelope.attempt, *retry_after)
             }
             AttemptVerdict::Permanent => RetryDecision::Exhausted,
+            AttemptVerdict::Accepted(poll) => return self.poll_later(publisher, envelope, token, poll).await,
         };
         let permanent = matches!(report.verdict, AttemptVerdict::Permanent);
         match decision {
@@ -274,6 +276,7 @@ impl Processor {
                     attempt: next_attempt,
                     first_attempt_at_ms: Some(first_attempt_at_ms),
                     not_before_ms: Some(now_ms() + wait.as_millis() as i64),
+                    poll: None,
                     ..envelope.clone()
                 };
                 let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
@@ -328,7 +331,13 @@ impl Processor {
                     reason,
                     dead_lettered_at: rfc3339_from_millis(now_ms()),
                     history,
-                    job: serde_json::to_value(Envelope { attempt: 1, not_before_ms: None, ..envelope.clone() }).ok(),
+                    job: serde_json::to_value(Envelope {
+                        attempt: 1,
+                        not_before_ms: None,
+                        poll: None,
+                        ..envelope.clone()
+                    })
+                    .ok(),
                     raw_body: None,
                 };
                 // Failure events first: their ids derive from this execution, so if anything below
@@ -361,6 +370,35 @@ impl Processor {
         tracing::warn!(execution_id = %envelope.execution_id, token, "a newer claim fenced this worker off; its writes are dropped");
         self.finished(envelope, "fenced");
         Settle::Ack
+    }
+
+    /// A 202 (or a poll still pending): the attempt goes on in the broker, not in a sleeping task.
+    /// The claim is released as `polling` (not done), and the job, carrying the status URL and
+    /// deadline, returns after the poll interval to GET the status URL. No attempt is spent.
+    async fn poll_later(&self, publisher: &Publisher, envelope: &Envelope, token: u64, poll: &PollState) -> Settle {
+        let id = &envelope.execution_id;
+        if !self.still_holds(envelope, token, "polling").await {
+            return Settle::Ack;
+        }
+        let interval = self.config.async_poll_interval;
+        let next = Envelope {
+            first_attempt_at_ms: Some(envelope.first_attempt_at_ms.unwrap_or(poll.started_at_ms)),
+            not_before_ms: Some(now_ms() + interval.as_millis() as i64),
+            poll: Some(poll.clone()),
+            ..envelope.clone()
+        };
+        let queue =
+            self.config.common.topology.delay_queue(envelope.kind(), self.config.common.retry.park_step(interval));
+        match publisher.publish_delayed(&queue, &next, trace_headers()).await {
+            Ok(()) => {
+                self.finished(envelope, "polling");
+                Settle::Ack
+            }
+            Err(e) => {
+                tracing::warn!(execution_id = %id, error = %e, "cannot park the status poll; requeued");
+                Settle::Requeue
+            }
+        }
     }
 
     /// Gives up this worker's claim; `false` means a newer claim fenced it off, so it must not
@@ -409,7 +447,7 @@ impl Processor {
             assistant_id: None,
             room_id: None,
             attempts: 0,
-            last_error: reason.to_string(),
+            last_error: sanitize_error(&reason.to_string()),
             first_attempt_at: None,
             last_attempt_at: None,
             reason: DeadLetterReason::Poison,

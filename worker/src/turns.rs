@@ -12,6 +12,7 @@ use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::retry::RetryDecision;
+use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, CallOutcome, Message, PendingCall, TurnState};
 use fleet_protocol::{derived_execution_id, events};
@@ -99,8 +100,7 @@ impl Processor {
                     .get(&call.call_id)
                     .cloned()
                     .unwrap_or(CallOutcome { ok: false, result: json!({"error": "no result"}) });
-                let content =
-                    if outcome.ok { outcome.result.to_string() } else { json!({"error": outcome.result}).to_string() };
+                let content = turn::tool_message_content(&outcome, self.config.tool_result_max_bytes);
                 state.conversation.push(Message {
                     role: "tool".into(),
                     content: Some(content),
@@ -156,7 +156,7 @@ impl Processor {
             started_at: rfc3339_from_millis(now_ms() - elapsed.as_millis() as i64),
             duration_ms: elapsed.as_millis() as u64,
             http_status: status,
-            error,
+            error: error.as_deref().map(sanitize_error),
             outcome,
             prompt_tokens: result.as_ref().ok().and_then(|c| c.prompt_tokens),
             completion_tokens: result.as_ref().ok().and_then(|c| c.completion_tokens),
@@ -538,7 +538,7 @@ impl Processor {
             assistant_id: Some(state.assistant.id.clone()),
             room_id: Some(state.session_id.clone()),
             attempts: envelope.attempt,
-            last_error: error.to_string(),
+            last_error: sanitize_error(error),
             first_attempt_at: history.first().map(|a| a.started_at.clone()),
             last_attempt_at: history.last().map(|a| a.started_at.clone()),
             reason: reason.unwrap_or(DeadLetterReason::Permanent),
