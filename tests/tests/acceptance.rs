@@ -19,6 +19,12 @@ fn broker_proxy_url(proxy: &Proxy) -> String {
     format!("amqp://guest:guest@{}/%2f", proxy.addr)
 }
 
+/// A second copy of a job that arrives while the first runs is parked for the rest of the claim's
+/// lease: short leases and delays keep that wait short.
+fn short_parks(options: FleetOptions) -> FleetOptions {
+    options.env("FLEET_CLAIM_LEASE", "3").env("FLEET_RETRY_DELAYS", "0.5,1")
+}
+
 /// `POST /v1/tool-calls` with an `Idempotency-Key`: status and body.
 async fn post_with_key(fleet: &Fleet, key: &str, body: &Value) -> (u16, Value) {
     let resp = fleet
@@ -58,7 +64,7 @@ async fn redis_keys(fleet: &Fleet, pattern: &str) -> Vec<String> {
 async fn an_unconfirmed_publish_keeps_its_execution_and_its_key() {
     let receiver = Receiver::echo(SECRET).await;
     let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
-    let mut options = FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "1");
+    let mut options = short_parks(FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "1"));
     options.dispatcher_amqp_url = Some(broker_proxy_url(&proxy));
     let fleet = spawn_fleet(options).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
@@ -150,7 +156,7 @@ async fn a_failed_key_write_after_the_brokers_confirm_still_answers_202() {
     let receiver = Receiver::echo(SECRET).await;
     let broker = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let redis = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
-    let mut options = FleetOptions::default()
+    let mut options = short_parks(FleetOptions::default())
         .workers(0)
         .env("FLEET_PUBLISH_TIMEOUT", "5")
         .env("FLEET_REDIS_TIMEOUT", "1")

@@ -42,7 +42,14 @@ async fn post_with_key(fleet: &Fleet, key: &str, body: &Value) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_unconfirmed_while_the_broker_is_blocked_keeps_its_execution() {
     let receiver = Receiver::echo(SECRET).await;
-    let fleet = spawn_fleet(FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "2")).await;
+    // Short leases and delays: a second copy that arrives while the first runs waits little.
+    let fleet = spawn_fleet(
+        FleetOptions::default()
+            .env("FLEET_PUBLISH_TIMEOUT", "2")
+            .env("FLEET_CLAIM_LEASE", "3")
+            .env("FLEET_RETRY_DELAYS", "0.5,1"),
+    )
+    .await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
     let body = json!({"tool_name": "echo", "parameters": {"query": "blocked"}});
 
