@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use fleet_platform::broker::{BrokerError, PublishFailure};
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
-use fleet_platform::broker::{BrokerError, PublishFailure};
 use fleet_platform::store::{ExecutionView, NewExecution, RequestHold, Reservation, StoredTool, StoredWebhook};
 use fleet_platform::telemetry;
 use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason};
