@@ -553,11 +553,14 @@ async fn refuse(
     };
     match failure_outcome(publish, republish) {
         FailureOutcome::NotAccepted => {
-            if publish.is_some() {
+            // A request that outlived its reservation may find the key taken over by a retry that
+            // republishes this execution: then the record is the retry's, and stays.
+            let ours = match hold {
+                Some(hold) => state.store.release_request(&hold.hold).await.unwrap_or(false),
+                None => true,
+            };
+            if ours && publish.is_some() {
                 let _ = state.store.delete_execution(execution_id, "tool_call").await;
-            }
-            if let Some(hold) = hold {
-                let _ = state.store.release_request(&hold.hold).await;
             }
             match failure {
                 EnqueueFailure::BeforePublish(e) => e,

@@ -1001,10 +1001,10 @@ impl Store {
         self.count(r)
     }
 
-    /// The held execution was certainly not sent: the key is free again (unless another request
-    /// took it over meanwhile).
-    pub async fn release_request(&self, hold: &RequestHold) -> Result<(), StoreError> {
-        self.swap_request(&hold.key, &hold.raw, None).await.map(|_| ())
+    /// The held execution was certainly not sent: the key is free again, unless another request
+    /// took it over meanwhile (then `false`).
+    pub async fn release_request(&self, hold: &RequestHold) -> Result<bool, StoreError> {
+        self.swap_request(&hold.key, &hold.raw, None).await
     }
 
     /// The held execution may or may not be on the queue: the key keeps naming it, and the next
