@@ -10,16 +10,19 @@ demo:
 
 test: check-monitoring check-chart test-rust
 
-# broker_restart stops the shared RabbitMQ, so it runs alone after everything else.
+# broker_restart stops the shared RabbitMQ and broker_blocked blocks it with a memory alarm, so
+# each runs alone after everything else.
 test-rust:
 	scripts/ensure-services.sh
 	cargo build --workspace --all-targets
 	if cargo nextest --version >/dev/null 2>&1; then \
-	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E 'not binary(broker_restart)' && \
-	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_restart)'; \
+	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E 'not binary(broker_restart) and not binary(broker_blocked)' && \
+	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_restart)' && \
+	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_blocked)'; \
 	else \
-	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart && \
-	  cargo test -p fleet-tests --test broker_restart; \
+	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart --skip a_publish_unconfirmed_while_the_broker_is_blocked && \
+	  cargo test -p fleet-tests --test broker_restart && \
+	  cargo test -p fleet-tests --test broker_blocked; \
 	fi
 
 # The chaos soak at full size (CI runs it with 2000 jobs).

@@ -14,9 +14,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
+use fleet_platform::broker::{BrokerError, PublishFailure};
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
-use fleet_platform::store::{ExecutionView, NewExecution, Reservation, StoredTool, StoredWebhook};
+use fleet_platform::store::{ExecutionView, NewExecution, RequestHold, Reservation, StoredTool, StoredWebhook};
 use fleet_platform::telemetry;
 use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
@@ -427,20 +428,14 @@ async fn create_tool_call(
             format!("tool_name {:?} is not a registered tool", input.tool_name),
         ));
     }
-    let execution_id = fleet_protocol::new_execution_id();
-    if let Some(key) = &idempotency_key {
-        match state.store.reserve_request(key, &execution_id).await? {
-            Reservation::New => {}
-            Reservation::Existing(previous) => return Ok(accepted(&state, &previous, true).await),
-            Reservation::InProgress => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "request_in_progress",
-                    "a request with this Idempotency-Key is still being accepted; retry shortly",
-                ))
-            }
-        }
-    }
+    let (execution_id, hold) = match &idempotency_key {
+        None => (fleet_protocol::new_execution_id(), None),
+        Some(key) => match reserve(&state, key, &input).await? {
+            Reserved::Answer(response) => return Ok(response),
+            Reserved::Held(hold) => (hold.execution_id().to_string(), Some(hold)),
+        },
+    };
+    let republish = hold.as_ref().is_some_and(|h| h.republish);
     let span = tracing::info_span!(
         "tool_call",
         otel.name = "POST /v1/tool-calls",
@@ -450,34 +445,170 @@ async fn create_tool_call(
         execution_id = %execution_id,
     );
     let _ = span.set_parent(telemetry::from_http_headers(&headers));
-    let result = enqueue(&state, &execution_id, input).instrument(span).await;
-    match (&result, &idempotency_key) {
-        (Ok(()), Some(key)) => state.store.confirm_request(key, &execution_id).await?,
-        (Err(_), Some(key)) => {
-            let _ = state.store.release_request(key).await;
+    let result = enqueue(&state, &execution_id, input, republish).instrument(span).await;
+    match result {
+        Ok(()) => {
+            if let Some(hold) = &hold {
+                // The job is durable: a lost key write only means that a retry with this key
+                // publishes the same execution again once the reservation expires (a no-op).
+                if let Err(e) = state.store.confirm_request(&hold.hold).await {
+                    tracing::warn!(error = %e, execution_id, "accepted, but the Idempotency-Key was not recorded");
+                }
+            }
+            Ok(accepted(&state, &execution_id, republish).await)
         }
-        _ => {}
+        Err(failure) => Err(refuse(&state, &execution_id, hold.as_ref(), republish, failure).await),
     }
-    result?;
-    Ok(accepted(&state, &execution_id, false).await)
 }
 
-/// Records the execution, then publishes the job and waits for the broker's confirm. If the
-/// publish fails the record is removed: nothing claims the job was accepted.
-async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput) -> Result<(), ApiError> {
-    let publisher = state.broker.publisher()?;
+/// A request's hold on its `Idempotency-Key`, and whether it takes over an earlier attempt.
+struct Held {
+    hold: RequestHold,
+    republish: bool,
+}
+
+impl std::ops::Deref for Held {
+    type Target = RequestHold;
+    fn deref(&self) -> &RequestHold {
+        &self.hold
+    }
+}
+
+enum Reserved {
+    Answer(Response),
+    Held(Held),
+}
+
+/// Reserves the key for this request, or answers from what the key already holds.
+async fn reserve(state: &AppState, key: &str, input: &ToolCallInput) -> Result<Reserved, ApiError> {
+    let pending_for = state.config.common.publish_timeout + state.config.common.redis_timeout;
+    let fresh = fleet_protocol::new_execution_id();
+    Ok(match state.store.reserve_request(key, &fresh, &body_digest(input), pending_for).await? {
+        Reservation::New(hold) => Reserved::Held(Held { hold, republish: false }),
+        Reservation::Unconfirmed(hold) => Reserved::Held(Held { hold, republish: true }),
+        Reservation::Existing(previous) => Reserved::Answer(accepted(state, &previous, true).await),
+        Reservation::InProgress => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "request_in_progress",
+                "a request with this Idempotency-Key is still being accepted; retry shortly",
+            ))
+        }
+        Reservation::Reused => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this Idempotency-Key was already used with a different request body; use a new key",
+            ))
+        }
+    })
+}
+
+/// A digest of what the request asks for (not of its bytes: key order and spacing do not count).
+fn body_digest(input: &ToolCallInput) -> String {
+    let canonical = json!({
+        "tool_name": input.tool_name,
+        "parameters": input.parameters,
+        "room_id": input.room_id,
+        "assistant_id": input.assistant_id,
+    });
+    hex::encode(Sha256::digest(serde_json::to_vec(&canonical).expect("JSON serialises")))
+}
+
+/// Why an enqueue failed: before anything was published, or in the publish.
+enum EnqueueFailure {
+    BeforePublish(ApiError),
+    Publish(BrokerError),
+}
+
+/// What a failed enqueue means for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureOutcome {
+    /// Nothing was accepted: the record goes, the key is freed.
+    NotAccepted,
+    /// The job may run: the record and the key's mapping stay.
+    Unknown,
+}
+
+/// `publish` is `None` when the failure came before the publish. A republish is never "not
+/// accepted": an earlier attempt of the same execution may have reached the queue.
+fn failure_outcome(publish: Option<PublishFailure>, republish: bool) -> FailureOutcome {
+    match (publish, republish) {
+        (_, true) | (Some(PublishFailure::Unknown), false) => FailureOutcome::Unknown,
+        (None | Some(PublishFailure::NotSent), false) => FailureOutcome::NotAccepted,
+    }
+}
+
+/// Undoes or keeps what the request wrote, by what the failure means, and builds its answer.
+async fn refuse(
+    state: &AppState,
+    execution_id: &str,
+    hold: Option<&Held>,
+    republish: bool,
+    failure: EnqueueFailure,
+) -> ApiError {
+    let publish = match &failure {
+        EnqueueFailure::BeforePublish(_) => None,
+        EnqueueFailure::Publish(e) => Some(e.publish_failure()),
+    };
+    match failure_outcome(publish, republish) {
+        FailureOutcome::NotAccepted => {
+            // A request that outlived its reservation may find the key taken over by a retry that
+            // republishes this execution: then the record is the retry's, and stays.
+            let ours = match hold {
+                Some(hold) => state.store.release_request(&hold.hold).await.unwrap_or(false),
+                None => true,
+            };
+            if ours && publish.is_some() {
+                let _ = state.store.delete_execution(execution_id, "tool_call").await;
+            }
+            match failure {
+                EnqueueFailure::BeforePublish(e) => e,
+                EnqueueFailure::Publish(e) => e.into(),
+            }
+        }
+        FailureOutcome::Unknown => {
+            if let Some(hold) = hold {
+                let _ = state.store.abandon_request(&hold.hold).await;
+            }
+            let why = match failure {
+                EnqueueFailure::BeforePublish(e) => e.message,
+                EnqueueFailure::Publish(e) => e.to_string(),
+            };
+            tracing::warn!(execution_id, error = %why, "publish outcome unknown");
+            ApiError::outcome_unknown(execution_id, &why)
+        }
+    }
+}
+
+/// Records the execution (unless a republish finds it), then publishes the job and waits for the
+/// broker's confirm.
+async fn enqueue(
+    state: &AppState,
+    execution_id: &str,
+    input: ToolCallInput,
+    republish: bool,
+) -> Result<(), EnqueueFailure> {
+    let publisher = state.broker.publisher().map_err(EnqueueFailure::Publish)?;
     let now = now_ms();
-    state
-        .store
-        .create_execution(&NewExecution {
-            execution_id,
-            kind: "tool_call",
-            tool_name: Some(&input.tool_name),
-            room_id: input.room_id.as_deref(),
-            assistant_id: input.assistant_id.as_deref(),
-            now_ms: now,
-        })
-        .await?;
+    let record = async {
+        // A republished execution may already have run: its record is not reset.
+        if republish && state.store.get_execution(execution_id).await?.is_some() {
+            return Ok(());
+        }
+        state
+            .store
+            .create_execution(&NewExecution {
+                execution_id,
+                kind: "tool_call",
+                tool_name: Some(&input.tool_name),
+                room_id: input.room_id.as_deref(),
+                assistant_id: input.assistant_id.as_deref(),
+                now_ms: now,
+            })
+            .await
+    };
+    record.await.map_err(|e| EnqueueFailure::BeforePublish(e.into()))?;
     let job = Job::ToolCall(ToolCallJob {
         tool_name: input.tool_name,
         parameters: Value::Object(input.parameters),
@@ -500,10 +631,7 @@ async fn enqueue(state: &AppState, execution_id: &str, input: ToolCallInput) -> 
         messaging.message.id = execution_id,
     );
     let headers = telemetry::amqp_headers(&send);
-    if let Err(e) = publisher.publish_job(topology, &envelope, headers).instrument(send).await {
-        let _ = state.store.delete_execution(execution_id, "tool_call").await;
-        return Err(e.into());
-    }
+    publisher.publish_job(topology, &envelope, headers).instrument(send).await.map_err(EnqueueFailure::Publish)?;
     state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
     tracing::info!(execution_id, trace_id = %telemetry::trace_id(&tracing::Span::current()), "job accepted");
     Ok(())
@@ -740,4 +868,30 @@ async fn purge_dead_letters(State(state): State<AppState>, Body(body): Body) -> 
     let (filter, limit, _) = bulk_request(&body)?;
     let report = sweep(&state, &filter, dead_letters::Action::Delete, limit, None).await?;
     Ok(Json(json!({"data": report})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_first_publish_that_certainly_did_not_leave_is_not_accepted() {
+        use FailureOutcome::*;
+        assert_eq!(failure_outcome(None, false), NotAccepted);
+        assert_eq!(failure_outcome(Some(PublishFailure::NotSent), false), NotAccepted);
+        assert_eq!(failure_outcome(Some(PublishFailure::Unknown), false), Unknown);
+        for publish in [None, Some(PublishFailure::NotSent), Some(PublishFailure::Unknown)] {
+            assert_eq!(failure_outcome(publish, true), Unknown, "{publish:?}");
+        }
+    }
+
+    #[test]
+    fn the_body_digest_ignores_key_order_and_spacing_but_not_content() {
+        let parse = |s: &str| validate::parse_body::<ToolCallInput>(s.as_bytes()).unwrap();
+        let a = parse(r#"{"tool_name":"t","parameters":{"a":1,"b":2},"room_id":"r"}"#);
+        let b = parse(r#"{ "room_id": "r", "parameters": {"b": 2, "a": 1}, "tool_name": "t" }"#);
+        let c = parse(r#"{"tool_name":"t","parameters":{"a":1,"b":3},"room_id":"r"}"#);
+        assert_eq!(body_digest(&a), body_digest(&b));
+        assert_ne!(body_digest(&a), body_digest(&c));
+    }
 }

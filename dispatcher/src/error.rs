@@ -13,11 +13,27 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The execution the error is about, when the client needs it to follow up.
+    pub execution_id: Option<String>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), execution_id: None }
+    }
+    /// A publish whose confirm never came: the job may run, and a retry with the same
+    /// `Idempotency-Key` returns this execution rather than making another.
+    pub fn outcome_unknown(execution_id: &str, why: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome_unknown",
+            format!(
+                "the broker did not confirm the job ({why}): the job may or may not have been accepted; \
+                 retry with the same Idempotency-Key, or look up execution {execution_id}"
+            ),
+        );
+        e.execution_id = Some(execution_id.to_string());
+        e
     }
     pub fn malformed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "malformed_request", message)
@@ -39,7 +55,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(id) = self.execution_id {
+            error["execution_id"] = id.into();
+        }
+        (self.status, Json(json!({"error": error}))).into_response()
     }
 }
 

@@ -31,10 +31,52 @@ pub enum BrokerError {
     ConfirmTimeout(Duration),
     #[error("broker refused the message (nack)")]
     Nacked,
+    #[error("the message was not sent: {0}")]
+    NotSent(lapin::Error),
+    #[error("the channel failed after the message was sent: {0}")]
+    SentUnconfirmed(lapin::Error),
     #[error("message was unroutable: is the topology declared?")]
     Unroutable,
     #[error("topology mismatch on {name}: {source}")]
     Topology { name: String, source: lapin::Error },
+}
+
+/// What a failed publish says about the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishFailure {
+    /// It never reached the broker's queues (no channel, refused before sending, or returned
+    /// unroutable): nothing was accepted.
+    NotSent,
+    /// It may be on a queue: the confirm did not come (timeout, channel lost after sending) or the
+    /// broker nacked it, which RabbitMQ does not guarantee means "not enqueued".
+    Unknown,
+}
+
+impl BrokerError {
+    pub fn publish_failure(&self) -> PublishFailure {
+        match self {
+            BrokerError::Unavailable
+            | BrokerError::ConnectTimeout(_)
+            | BrokerError::Topology { .. }
+            | BrokerError::NotSent(_)
+            | BrokerError::Unroutable => PublishFailure::NotSent,
+            BrokerError::ConfirmTimeout(_)
+            | BrokerError::Nacked
+            | BrokerError::SentUnconfirmed(_)
+            | BrokerError::Amqp(_) => PublishFailure::Unknown,
+        }
+    }
+}
+
+/// A `basic.publish` error: lapin checks the channel's state before queueing any frame, so a state
+/// error means nothing left; anything later may have.
+fn send_error(e: lapin::Error) -> BrokerError {
+    match e.kind() {
+        lapin::ErrorKind::InvalidChannelState(..)
+        | lapin::ErrorKind::InvalidConnectionState(_)
+        | lapin::ErrorKind::InvalidChannel(_) => BrokerError::NotSent(e),
+        _ => BrokerError::SentUnconfirmed(e),
+    }
 }
 
 /// How long one endpoint may take to accept a connection before the next is tried.
@@ -155,14 +197,17 @@ impl Publisher {
                     body,
                     properties,
                 )
-                .await?;
-            match confirm.await? {
+                .await
+                .map_err(send_error)?;
+            match confirm.await.map_err(BrokerError::SentUnconfirmed)? {
                 Confirmation::Ack(None) => Ok(()),
                 Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable),
                 Confirmation::Nack(_) => Err(BrokerError::Nacked),
                 Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
             }
         };
+        // A timeout while the frame still waits in the client's buffer (a blocked connection) is
+        // no better: the buffer is sent when the broker reads again.
         tokio::time::timeout(self.timeout, publish).await.map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
     }
 
@@ -338,6 +383,25 @@ async fn connection_lost(connection: &Connection, events: impl futures::Stream<I
                     return "connection no longer connected".into();
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_publish_that_never_left_or_came_back_unroutable_is_certainly_not_accepted() {
+        let state = lapin::Error::from(lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closed, "publish"));
+        assert_eq!(send_error(state).publish_failure(), PublishFailure::NotSent);
+        let io = lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(std::io::Error::other("reset"))));
+        assert_eq!(send_error(io).publish_failure(), PublishFailure::Unknown);
+        for e in [BrokerError::Unavailable, BrokerError::Unroutable] {
+            assert_eq!(e.publish_failure(), PublishFailure::NotSent, "{e}");
+        }
+        for e in [BrokerError::ConfirmTimeout(Duration::from_secs(1)), BrokerError::Nacked] {
+            assert_eq!(e.publish_failure(), PublishFailure::Unknown, "{e}");
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod deadletter;
 pub mod envelope;
 pub mod events;
 pub mod execution;
+pub mod idempotency;
 pub mod keys;
 pub mod retry;
 pub mod sanitize;

@@ -104,13 +104,7 @@ pub async fn spawn_fleet(options: FleetOptions) -> Fleet {
         workers: vec![],
     };
     if options.dispatcher {
-        let mut cmd = fleet.command("dispatcher");
-        cmd.env("FLEET_HTTP_ADDR", format!("127.0.0.1:{port}"));
-        if let Some(url) = &options.dispatcher_amqp_url {
-            cmd.env("FLEET_AMQP_URL", url);
-        }
-        fleet.dispatcher = Some(cmd.spawn().expect("start dispatcher"));
-        fleet.wait_ready(&format!("{}/readyz", fleet.api), "dispatcher").await;
+        fleet.start_dispatcher(options.dispatcher_amqp_url.as_deref()).await;
     }
     for _ in 0..options.workers {
         fleet.spawn_worker().await;
@@ -164,6 +158,19 @@ impl Fleet {
             async move { http.get(&url).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }
         })
         .await;
+    }
+
+    /// Starts the dispatcher on the fleet's API address (with `amqp_url`, else the real broker)
+    /// and waits until it is ready; after `stop_dispatcher`, this is a restart.
+    pub async fn start_dispatcher(&mut self, amqp_url: Option<&str>) {
+        assert!(self.dispatcher.is_none(), "a dispatcher is already running");
+        let mut cmd = self.command("dispatcher");
+        cmd.env("FLEET_HTTP_ADDR", self.api.trim_start_matches("http://"));
+        if let Some(url) = amqp_url {
+            cmd.env("FLEET_AMQP_URL", url);
+        }
+        self.dispatcher = Some(cmd.spawn().expect("start dispatcher"));
+        self.wait_ready(&format!("{}/readyz", self.api), "dispatcher").await;
     }
 
     /// Starts one more worker and waits until it consumes; returns its index.

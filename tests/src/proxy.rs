@@ -8,7 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// Client→upstream bytes held.
     frozen: Arc<std::sync::atomic::AtomicBool>,
+    /// Upstream→client bytes held.
+    frozen_replies: Arc<std::sync::atomic::AtomicBool>,
     accepted: Arc<std::sync::atomic::AtomicUsize>,
     cut: Arc<std::sync::Mutex<CancellationToken>>,
     _task: tokio::task::JoinHandle<()>,
@@ -25,6 +28,8 @@ impl Proxy {
         let counter = accepted.clone();
         let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let frozen_for_task = frozen.clone();
+        let frozen_replies = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let replies_for_task = frozen_replies.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else { return };
@@ -35,19 +40,20 @@ impl Proxy {
                 }
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let frozen = frozen_for_task.clone();
+                let frozen_replies = replies_for_task.clone();
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(upstream).await else { return };
                     let (ri, wi) = inbound.into_split();
                     let (ro, wo) = outbound.into_split();
                     tokio::select! {
-                        _ = pump(ri, wo, frozen.clone()) => {}
-                        _ = pump(ro, wi, frozen) => {}
+                        _ = pump(ri, wo, frozen) => {}
+                        _ = pump(ro, wi, frozen_replies) => {}
                         _ = token.cancelled() => {}
                     }
                 });
             }
         });
-        Proxy { addr, frozen, accepted, cut, _task: task }
+        Proxy { addr, frozen, frozen_replies, accepted, cut, _task: task }
     }
 
     /// Closes every proxied connection and refuses new ones until `restore`.
@@ -59,10 +65,19 @@ impl Proxy {
     /// partition, which only heartbeats can detect.
     pub fn freeze(&self) {
         self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.frozen_replies.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Holds only what the upstream sends back (the client's requests still get through): a
+    /// request that arrives but whose answer does not, like a publish whose confirm is lost.
+    pub fn freeze_replies(&self) {
+        self.frozen_replies.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Moves bytes both ways again; what was held is delivered, in order.
     pub fn thaw(&self) {
         self.frozen.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.frozen_replies.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Connections forwarded so far.
