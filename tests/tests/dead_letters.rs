@@ -1,6 +1,7 @@
 //! Dead-letter operations through the API and `fleetctl`: list with filters, retry one (same
 //! execution id, fresh attempts), a retried job that already succeeded is not run again, bulk
-//! redrive, purge with a count.
+//! redrive, purge with a count; any of 2,000 found, retried and purged; concurrent retries publish
+//! once; retention and maximum trim the index; a dead letter made while Redis is down is kept.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -447,4 +448,36 @@ async fn the_dead_letter_index_keeps_at_most_its_maximum() {
         (5, 5, vec!["poison 7", "poison 6", "poison 5", "poison 4", "poison 3"]),
         "the index, the records and the listing keep the newest five"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_made_while_redis_is_down_is_stored_when_it_returns() {
+    let redis = fleet_tests::redis_instance::RedisInstance::start(&[]).await;
+    let proxy = fleet_tests::proxy::Proxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
+    let fleet = spawn_fleet(
+        FleetOptions::default()
+            .env("FLEET_REDIS_URL", &format!("redis://{}/0", proxy.addr))
+            .env("FLEET_REDIS_TIMEOUT", "0.5"),
+    )
+    .await;
+    proxy.cut();
+    fleet.publish_raw(b"poison while redis is down", BasicProperties::default()).await;
+    wait_for("the poison message dead-lettered onto the queue", Duration::from_secs(20), || async {
+        let m = fleet.worker_metrics(0).await;
+        (metric(&m, "fleet_dead_letters_total{kind=\"unknown\",reason=\"poison\"}") == 1).then_some(())
+    })
+    .await;
+    // Neither the worker nor the drain can store it now: the queue's confirmed copy holds it.
+    proxy.restore();
+    let listed = wait_for("the dead letter stored once Redis is back", Duration::from_secs(30), || async {
+        let all = list_all(&fleet, "reason=poison").await;
+        (!all.is_empty()).then_some(all)
+    })
+    .await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["raw_body"], "poison while redis is down");
+    wait_for("the dead-letter queue drained", Duration::from_secs(20), || async {
+        (fleet.queue_depth(&fleet.topology.dead_letter_queue()).await == 0).then_some(())
+    })
+    .await;
 }
