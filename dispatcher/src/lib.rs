@@ -76,6 +76,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         link.clone(),
         config.common.topology.clone(),
         store.clone(),
+        metrics.clone(),
         broker_cancel.clone(),
     ));
     let state = AppState { config: Arc::new(config), broker: link, store, metrics, known_tools: Default::default() };

@@ -185,6 +185,12 @@ impl Store {
         Ok(ids.len() as u64)
     }
 
+    /// How many dead letters the index holds.
+    pub async fn count_dead_letters(&self) -> Result<u64, StoreError> {
+        let r: Result<u64, _> = self.conn().await?.zcard(self.keys().dead_letters_index()).await;
+        self.count(r)
+    }
+
     fn retention_secs(&self) -> u64 {
         (self.dead_letter_retention.max_age_ms / 1000).max(1) as u64
     }

@@ -11,7 +11,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use fleet_protocol::deadletter::{record_from_message, DeadLetterFilter, DeadLetterRecord, ListCursor};
+use fleet_protocol::deadletter::{
+    record_from_message, DeadLetterFilter, DeadLetterRecord, ListCursor, RECORD_MESSAGE_TYPE,
+};
 use fleet_protocol::envelope::{Envelope, CONTENT_TYPE};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::topology::Topology;
@@ -222,10 +224,16 @@ pub async fn list(
 /// already stored are acknowledged; the others (Redis was down when the worker dead-lettered, or
 /// the broker dead-lettered a job or a raw body itself) are stored first. The queue so stays
 /// short; operators who want a copy of every dead letter bind their own queue to the exchange.
-pub async fn drain(mut link: BrokerLink, topology: Topology, store: Store, cancel: CancellationToken) {
+pub async fn drain(
+    mut link: BrokerLink,
+    topology: Topology,
+    store: Store,
+    metrics: crate::metrics::Metrics,
+    cancel: CancellationToken,
+) {
     while let Some(live) = link.wait_live(&cancel).await {
         let outcome = tokio::select! {
-            r = drain_once(&live.connection, &topology, &store, &cancel) => r,
+            r = drain_once(&live.connection, &topology, &store, &metrics, &cancel) => r,
             _ = link.lost(&live) => Ok(()),
         };
         if let Err(e) = outcome {
@@ -242,6 +250,7 @@ async fn drain_once(
     connection: &lapin::Connection,
     topology: &Topology,
     store: &Store,
+    metrics: &crate::metrics::Metrics,
     cancel: &CancellationToken,
 ) -> Result<(), SweepError> {
     let channel = connection.create_channel().await?;
@@ -267,12 +276,21 @@ async fn drain_once(
             .is_some_and(|v| matches!(v, AMQPValue::Boolean(true)));
         if !stored {
             let content_type = delivery.properties.content_type().as_ref().map(|c| c.to_string());
+            let from_worker = delivery.properties.kind().as_ref().is_some_and(|t| t.as_str() == RECORD_MESSAGE_TYPE);
             let record = record_from_message(&delivery.data, content_type.as_deref(), now_ms());
             let id = record.execution_id.clone().unwrap_or_default();
-            if let Err(e) = store.insert_dead_letter(&id, &record, now_ms()).await {
-                // Redis is down: the message stays on the queue until it can be stored.
-                delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await?;
-                return Err(e.into());
+            match store.insert_dead_letter(&id, &record, now_ms()).await {
+                // Counted here only when no worker counted it (the broker dead-lettered it itself).
+                Ok(true) if !from_worker => {
+                    let kind = record.kind.as_deref().unwrap_or("unknown");
+                    metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Redis is down: the message stays on the queue until it can be stored.
+                    delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await?;
+                    return Err(e.into());
+                }
             }
         }
         delivery.ack(BasicAckOptions::default()).await?;
