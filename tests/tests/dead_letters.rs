@@ -394,8 +394,10 @@ async fn any_of_two_thousand_dead_letters_can_be_found_retried_and_purged() {
     let left = N - 5;
     let mid = listed[N / 4]["dead_lettered_at"].as_str().unwrap().to_string();
     let (until, since) = (json!({"tool_name": "perm", "until": mid}), json!({"tool_name": "perm", "since": mid}));
+    let purging = std::time::Instant::now();
     let (older, newer) =
         tokio::join!(fleet.post("/v1/dead-letters/purge", &until), fleet.post("/v1/dead-letters/purge", &since));
+    eprintln!("two concurrent bulk purges of {left} dead letters in {:?}", purging.elapsed());
     let done = older.1["data"]["done"].as_u64().unwrap_or(0) + newer.1["data"]["done"].as_u64().unwrap_or(0);
     p.check(done == left as u64, format!("bulk purges removed {done} of {left}: {older:?} {newer:?}"));
     let rest = list_all(&fleet, "").await;
