@@ -38,6 +38,7 @@ fleet_oldest_job_age_seconds
 fleet_idempotency_hits_total
 fleet_retries_scheduled_total
 fleet_dead_letters_total
+fleet_dead_letters_stored
 fleet_amqp_reconnects_total
 fleet_amqp_errors_total
 fleet_redis_errors_total

@@ -19,7 +19,7 @@ use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
 use fleet_platform::store::{ExecutionView, NewExecution, RequestHold, Reservation, StoredTool, StoredWebhook};
 use fleet_platform::telemetry;
-use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason};
+use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, ListCursor};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -710,7 +710,9 @@ struct DeadLetterQuery {
     until: Option<String>,
 }
 
-/// Newest first, filtered by tool, reason and time range; `next_cursor` continues the scan.
+/// Newest first, filtered by tool, reason and time range; `next_cursor` continues the listing. One
+/// request looks at a bounded number of index entries: a page may come back short (even empty)
+/// with a `next_cursor` when few match, and only `next_cursor: null` means the end.
 async fn list_dead_letters(
     State(state): State<AppState>,
     Query(q): Query<DeadLetterQuery>,
@@ -724,100 +726,95 @@ async fn list_dead_letters(
         until: q.until,
     };
     filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
-    // The cursor is the last returned entry, `<ms>:<id>`: entries dead-lettered in the same
-    // millisecond are told apart by id, so none is skipped between pages.
-    let mut cursor: Option<(i64, String)> = match q.cursor.as_deref() {
-        Some(c) => Some(
-            c.split_once(':')
-                .and_then(|(ms, id)| Some((ms.parse::<i64>().ok()?, id.to_string())))
-                .ok_or_else(|| ApiError::invalid("cursor is not a cursor this API returned"))?,
-        ),
+    let cursor = match q.cursor.as_deref() {
+        Some(c) => {
+            Some(ListCursor::parse(c).ok_or_else(|| ApiError::invalid("cursor is not a cursor this API returned"))?)
+        }
         None => None,
     };
-    let mut data = Vec::new();
-    let mut next = None;
-    // Bounded scan: at most ten pages of the index per request.
-    'scan: for _ in 0..10 {
-        let page = state.store.list_dead_letters(cursor.as_ref().map(|(ms, _)| *ms), 200).await?;
-        let full = page.len() == 200;
-        let mut advanced = false;
-        for (id, at) in page {
-            // Newest first, and by id descending within one millisecond: skip what was returned.
-            if cursor.as_ref().is_some_and(|(ms, last)| at == *ms && id.as_str() >= last.as_str()) {
-                continue;
-            }
-            advanced = true;
-            cursor = Some((at, id.clone()));
-            if let Some(record) = state.store.get_dead_letter(&id).await? {
-                if filter.matches(&record) {
-                    data.push(serde_json::to_value(record).expect("a record serialises"));
-                    if data.len() == limit {
-                        next = Some(format!("{at}:{id}"));
-                        break 'scan;
-                    }
-                }
-            }
-        }
-        if !full || !advanced {
-            break;
-        }
-    }
-    Ok(Json(json!({"data": data, "next_cursor": next})))
+    let (records, next) =
+        dead_letters::list(&state.store, &filter, cursor, limit, LIST_SCAN_BUDGET).await.map_err(dead_letter_error)?;
+    Ok(Json(json!({"data": records, "next_cursor": next.map(|c| c.to_string())})))
 }
 
-async fn sweep(
+/// Index entries one listing request looks at, at most.
+const LIST_SCAN_BUDGET: usize = 5_000;
+
+fn dead_letter_error(e: dead_letters::SweepError) -> ApiError {
+    match e {
+        dead_letters::SweepError::Store(e) => ApiError::from(e),
+        other => {
+            tracing::warn!(error = %other, "dead-letter operation failed");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "broker_unavailable",
+                format!("dead-letter operation failed: {other}"),
+            )
+        }
+    }
+}
+
+/// Applies `action` to the dead letters `filter` matches (bulk, or one when it names one id).
+async fn apply(
     state: &AppState,
     filter: &DeadLetterFilter,
     action: dead_letters::Action,
     limit: Option<u64>,
     per_second: Option<f64>,
 ) -> Result<dead_letters::SweepReport, ApiError> {
-    let live =
-        state.broker.current().ok_or_else(|| ApiError::from(fleet_platform::broker::BrokerError::Unavailable))?;
-    dead_letters::sweep(
-        &live.connection,
-        &live.publisher,
-        &state.config.common.topology,
-        &state.store,
-        filter,
-        action,
-        limit,
-        per_second,
+    let publisher = match action {
+        dead_letters::Action::Retry => Some(state.broker.publisher()?),
+        dead_letters::Action::Delete => None,
+    };
+    let redrive = publisher
+        .as_ref()
+        .map(|publisher| dead_letters::Redrive { publisher, topology: &state.config.common.topology });
+    dead_letters::apply(&state.store, redrive.as_ref(), filter, action, limit, per_second)
+        .await
+        .map_err(dead_letter_error)
+}
+
+async fn act_on(state: &AppState, id: &str, action: dead_letters::Action) -> Result<dead_letters::Outcome, ApiError> {
+    let publisher = match action {
+        dead_letters::Action::Retry => Some(state.broker.publisher()?),
+        dead_letters::Action::Delete => None,
+    };
+    let redrive = publisher
+        .as_ref()
+        .map(|publisher| dead_letters::Redrive { publisher, topology: &state.config.common.topology });
+    dead_letters::act_on(&state.store, redrive.as_ref(), id, action).await.map_err(dead_letter_error)
+}
+
+fn busy(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "dead_letter_busy",
+        format!("dead letter {id:?} is being retried or deleted by another request"),
     )
-    .await
-    .map_err(|e| {
-        tracing::warn!(error = %e, "dead-letter sweep failed");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "broker_unavailable",
-            format!("dead-letter operation failed: {e}"),
-        )
-    })
 }
 
 async fn retry_dead_letter(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let report = sweep(&state, &DeadLetterFilter::for_id(&id), dead_letters::Action::Retry, Some(1), None).await?;
-    match report {
-        r if r.done == 1 => Ok((
+    match act_on(&state, &id, dead_letters::Action::Retry).await? {
+        dead_letters::Outcome::Done => Ok((
             StatusCode::ACCEPTED,
             Json(json!({"data": {"execution_id": id, "status": ExecutionStatus::Queued.as_str()}})),
         )
             .into_response()),
-        r if r.not_replayable > 0 => Err(ApiError::new(
+        dead_letters::Outcome::NotReplayable => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_replayable",
             format!("dead letter {id:?} is a poison message: there is no job to retry"),
         )),
-        _ => Err(ApiError::not_found(format!("no dead letter for {id:?} on the dead-letter queue"))),
+        dead_letters::Outcome::Busy => Err(busy(&id)),
+        dead_letters::Outcome::NotFound => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
     }
 }
 
 async fn delete_dead_letter(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    let report = sweep(&state, &DeadLetterFilter::for_id(&id), dead_letters::Action::Delete, Some(1), None).await?;
-    if report.done == 1 {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("no dead letter for {id:?} on the dead-letter queue")))
+    match act_on(&state, &id, dead_letters::Action::Delete).await? {
+        dead_letters::Outcome::Done => Ok(StatusCode::NO_CONTENT),
+        dead_letters::Outcome::Busy => Err(busy(&id)),
+        _ => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
     }
 }
 
@@ -860,13 +857,13 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 /// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
 async fn retry_dead_letters(State(state): State<AppState>, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let (filter, limit, rate) = bulk_request(&body)?;
-    let report = sweep(&state, &filter, dead_letters::Action::Retry, limit, Some(rate.unwrap_or(50.0))).await?;
+    let report = apply(&state, &filter, dead_letters::Action::Retry, limit, Some(rate.unwrap_or(50.0))).await?;
     Ok(Json(json!({"data": report})))
 }
 
 async fn purge_dead_letters(State(state): State<AppState>, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let (filter, limit, _) = bulk_request(&body)?;
-    let report = sweep(&state, &filter, dead_letters::Action::Delete, limit, None).await?;
+    let report = apply(&state, &filter, dead_letters::Action::Delete, limit, None).await?;
     Ok(Json(json!({"data": report})))
 }
 

@@ -48,7 +48,8 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         config.common.keys.clone(),
         config.common.redis_timeout,
         metrics.clone(),
-    )?;
+    )?
+    .with_dead_letter_retention(config.common.dead_letter_retention);
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| DispatcherError::Bind { addr: config.http_addr, source })?;
@@ -71,11 +72,19 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         config.stats_interval,
         broker_cancel.clone(),
     ));
+    let drain = tokio::spawn(fleet_platform::dead_letters::drain(
+        link.clone(),
+        config.common.topology.clone(),
+        store.clone(),
+        metrics.clone(),
+        broker_cancel.clone(),
+    ));
     let state = AppState { config: Arc::new(config), broker: link, store, metrics, known_tools: Default::default() };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
     let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
     broker_cancel.cancel();
     let _ = stats.await;
+    let _ = drain.await;
     let _ = supervisor.await;
     served.map_err(DispatcherError::Serve)
 }

@@ -36,6 +36,13 @@ pub async fn poll(
                 tracing::debug!(error = %e, "queue stats unavailable");
             }
         }
+        // Retention applies even while no new dead letter arrives to trigger it.
+        if let Err(e) = store.trim_dead_letters(now_ms()).await {
+            tracing::debug!(error = %e, "dead-letter trimming skipped");
+        }
+        if let Ok(n) = store.count_dead_letters().await {
+            metrics.dead_letters_stored.set(n as i64);
+        }
         for kind in JobKind::ALL {
             if let Ok(oldest) = store.oldest_waiting(kind.as_str()).await {
                 let age = oldest.map(|at| (now_ms() - at).max(0) as f64 / 1000.0).unwrap_or(0.0);

@@ -9,7 +9,7 @@ use lapin::types::FieldTable;
 use serde_json::json;
 
 use fleet_platform::config::{CommonConfig, Source};
-use fleet_platform::dead_letters::{Action, SweepReport};
+use fleet_platform::dead_letters::{self, Action, SweepReport};
 use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 use fleet_protocol::deadletter::DeadLetterFilter;
@@ -160,22 +160,28 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::DeadLetters { action } => {
             let store =
-                Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"))?;
+                Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"))?
+                    .with_dead_letter_retention(config.dead_letter_retention);
             match action {
                 DeadLetterAction::List { limit, filter } => {
                     let filter = filter.into_filter(vec![], true)?;
+                    let mut cursor = None;
                     let mut shown = 0;
-                    for (id, _) in store.list_dead_letters(None, 10_000).await? {
-                        if shown == limit {
-                            break;
-                        }
-                        if let Some(r) = store.get_dead_letter(&id).await?.filter(|r| filter.matches(r)) {
+                    while shown < limit {
+                        let (records, next) =
+                            dead_letters::list(&store, &filter, cursor, limit - shown, 10_000).await?;
+                        for r in records {
                             shown += 1;
                             println!(
                                 "{}",
-                                json!({"execution_id": id, "tool_name": r.tool_name, "reason": r.reason, "attempts": r.attempts,
-                                       "last_error": r.last_error, "dead_lettered_at": r.dead_lettered_at})
+                                json!({"execution_id": r.execution_id, "tool_name": r.tool_name, "reason": r.reason,
+                                       "attempts": r.attempts, "last_error": r.last_error,
+                                       "dead_lettered_at": r.dead_lettered_at})
                             );
+                        }
+                        match next {
+                            Some(next) => cursor = Some(next),
+                            None => break,
                         }
                     }
                 }
@@ -185,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
                 },
                 DeadLetterAction::Retry { ids, all, filter, rate, limit } => {
                     let filter = filter.into_filter(ids, all)?;
-                    let report = sweep(&config, &store, &filter, Action::Retry, limit, Some(rate)).await?;
+                    let report = redrive(&config, &store, &filter, limit, rate).await?;
                     println!("{}", serde_json::to_string(&report)?);
                 }
                 DeadLetterAction::Purge { ids, all, filter, yes } => {
@@ -193,7 +199,7 @@ async fn main() -> anyhow::Result<()> {
                         anyhow::bail!("purging cannot be undone: pass --yes");
                     }
                     let filter = filter.into_filter(ids, all)?;
-                    let report = sweep(&config, &store, &filter, Action::Delete, None, None).await?;
+                    let report = dead_letters::apply(&store, None, &filter, Action::Delete, None, None).await?;
                     println!("purged {} dead letter(s) ({} scanned)", report.done, report.scanned);
                 }
             }
@@ -202,27 +208,17 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn sweep(
+async fn redrive(
     config: &CommonConfig,
     store: &Store,
     filter: &DeadLetterFilter,
-    action: Action,
     limit: Option<u64>,
-    per_second: Option<f64>,
+    per_second: f64,
 ) -> anyhow::Result<SweepReport> {
     let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
     let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
-    let report = fleet_platform::dead_letters::sweep(
-        &conn,
-        &publisher,
-        &config.topology,
-        store,
-        filter,
-        action,
-        limit,
-        per_second,
-    )
-    .await?;
+    let redrive = dead_letters::Redrive { publisher: &publisher, topology: &config.topology };
+    let report = dead_letters::apply(store, Some(&redrive), filter, Action::Retry, limit, Some(per_second)).await;
     let _ = conn.close(200, "done".into()).await;
-    Ok(report)
+    Ok(report?)
 }

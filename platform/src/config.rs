@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use fleet_protocol::deadletter::Retention;
 use fleet_protocol::keys::Keys;
 use fleet_protocol::retry::RetryPolicy;
 use fleet_protocol::secrets::SecretsKey;
@@ -128,6 +129,8 @@ pub struct CommonConfig {
     pub redis_timeout: Duration,
     /// Bound on one publish and its broker confirm.
     pub publish_timeout: Duration,
+    /// How long and how many dead letters Redis keeps.
+    pub dead_letter_retention: Retention,
 }
 
 impl CommonConfig {
@@ -178,8 +181,23 @@ impl CommonConfig {
             log_format,
             redis_timeout: src.seconds("FLEET_REDIS_TIMEOUT", Duration::from_secs(2))?,
             publish_timeout: src.seconds("FLEET_PUBLISH_TIMEOUT", Duration::from_secs(5))?,
+            dead_letter_retention: dead_letter_retention(src)?,
         })
     }
+}
+
+/// `FLEET_DEAD_LETTER_RETENTION` (seconds, default 30 days) and `FLEET_DEAD_LETTER_MAX` (default 100,000).
+fn dead_letter_retention(src: &Source) -> Result<Retention, ConfigError> {
+    let default = Retention::default();
+    let age = src.seconds("FLEET_DEAD_LETTER_RETENTION", Duration::from_millis(default.max_age_ms as u64))?;
+    if age < Duration::from_secs(1) {
+        return Err(ConfigError::new("FLEET_DEAD_LETTER_RETENTION", "must be at least 1 second"));
+    }
+    let max_count: u64 = src.parse("FLEET_DEAD_LETTER_MAX", default.max_count)?;
+    if max_count == 0 {
+        return Err(ConfigError::new("FLEET_DEAD_LETTER_MAX", "must be at least 1"));
+    }
+    Ok(Retention { max_age_ms: age.as_millis() as i64, max_count })
 }
 
 /// `FLEET_SECRETS_KEY`: required by every process that stores or uses a secret.
@@ -207,6 +225,7 @@ mod tests {
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379/0");
         assert_eq!(c.retry.max_attempts(), 6);
         assert_eq!(c.topology.jobs_exchange(), "fleet.jobs");
+        assert_eq!(c.dead_letter_retention, Retention { max_age_ms: 30 * 86_400_000, max_count: 100_000 });
     }
 
     #[test]
@@ -219,6 +238,9 @@ mod tests {
         assert_eq!(bad("FLEET_RETRY_DELAYS", "2,1"), "FLEET_RETRY_DELAYS");
         assert_eq!(bad("FLEET_LOG_FORMAT", "xml"), "FLEET_LOG_FORMAT");
         assert_eq!(bad("FLEET_TOPOLOGY_PREFIX", "a b"), "FLEET_TOPOLOGY_PREFIX");
+        assert_eq!(bad("FLEET_DEAD_LETTER_RETENTION", "0"), "FLEET_DEAD_LETTER_RETENTION");
+        assert_eq!(bad("FLEET_DEAD_LETTER_MAX", "0"), "FLEET_DEAD_LETTER_MAX");
+        assert_eq!(bad("FLEET_DEAD_LETTER_MAX", "many"), "FLEET_DEAD_LETTER_MAX");
         let e = secrets_key(&Source::default()).unwrap_err();
         assert_eq!(e.to_string(), "configuration error: FLEET_SECRETS_KEY: is required but not set");
     }

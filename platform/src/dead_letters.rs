@@ -1,26 +1,35 @@
-//! Dead-letter operations shared by the API and `fleetctl`: retry (redrive) and delete, by filter,
-//! at a bounded rate. A message leaves the dead-letter queue only after what replaces it is
-//! confirmed: the redriven job's publish is confirmed before the dead letter is acked.
+//! Dead-letter operations shared by the API and `fleetctl`: list, retry (redrive) and delete, one
+//! by id or in bulk by filter at a bounded rate, all against the records in Redis (never a sweep of
+//! the dead-letter queue), plus the drain that moves what arrives on the dead-letter queue into
+//! Redis. A retry removes the record only after the replayed job's publish is confirmed.
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
-use lapin::Connection;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
-use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterRecord};
+use fleet_protocol::deadletter::{
+    record_from_message, DeadLetterFilter, DeadLetterRecord, ListCursor, RECORD_MESSAGE_TYPE,
+};
 use fleet_protocol::envelope::{Envelope, CONTENT_TYPE};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::topology::Topology;
 
-use crate::broker::{BrokerError, Publisher};
+use crate::broker::{BrokerError, BrokerLink, Publisher};
 use crate::now_ms;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
-/// Dead letters held unacked at once while a sweep looks for matches.
-const SWEEP_PREFETCH: u16 = 500;
+/// AMQP header on a dead-letter message whose record the worker already stored in Redis.
+pub const STORED_HEADER: &str = "x-fleet-dead-letter-stored";
+
+/// Index entries read per page while a bulk operation scans.
+const SCAN_PAGE: usize = 500;
+
+/// How long one operation may hold a dead letter's lock (a crashed holder frees it by expiry).
+const LOCK_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -41,131 +50,255 @@ pub struct SweepReport {
     pub not_replayable: u64,
 }
 
+/// What happened to one dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    NotFound,
+    /// Another operation is acting on it right now.
+    Busy,
+    /// Poison: there is no job to replay.
+    NotReplayable,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("broker error: {0}")]
     Amqp(#[from] lapin::Error),
 }
 
-/// Goes once through the dead-letter queue applying `action` to records matching `filter`, at most
-/// `limit` of them, no faster than `per_second`. Non-matching messages are held unacked during the
-/// pass and return to the queue when its channel closes.
-#[allow(clippy::too_many_arguments)]
-pub async fn sweep(
-    connection: &Connection,
-    publisher: &Publisher,
-    topology: &Topology,
+/// Where a retry publishes; `None` for operations that only delete.
+pub struct Redrive<'a> {
+    pub publisher: &'a Publisher,
+    pub topology: &'a Topology,
+}
+
+/// Retries or deletes one dead letter by id.
+pub async fn act_on(
     store: &Store,
+    redrive: Option<&Redrive<'_>>,
+    id: &str,
+    action: Action,
+) -> Result<Outcome, SweepError> {
+    let holder = fleet_protocol::new_execution_id();
+    if !store.lock_dead_letter(id, &holder, LOCK_TTL).await? {
+        return Ok(if store.get_dead_letter(id).await?.is_some() { Outcome::Busy } else { Outcome::NotFound });
+    }
+    let outcome = locked(store, redrive, id, action).await;
+    // A failed unlock only delays the next operation until the lock expires.
+    let _ = store.unlock_dead_letter(id, &holder).await;
+    outcome
+}
+
+async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: Action) -> Result<Outcome, SweepError> {
+    let Some(record) = store.get_dead_letter(id).await? else {
+        store.forget_dead_letters(&[id.to_string()]).await?;
+        return Ok(Outcome::NotFound);
+    };
+    if action == Action::Delete {
+        store.delete_dead_letter(id).await?;
+        return Ok(Outcome::Done);
+    }
+    let (Some(envelope), Some(redrive)) = (replayable(&record), redrive) else {
+        return Ok(Outcome::NotReplayable);
+    };
+    let fresh = Envelope {
+        attempt: 1,
+        first_attempt_at_ms: None,
+        not_before_ms: None,
+        poll: None,
+        enqueued_at_ms: now_ms(),
+        ..envelope
+    };
+    let _ = store.set_status(id, ExecutionStatus::Queued, None, now_ms(), None).await;
+    if let Err(e) = redrive.publisher.publish_job(redrive.topology, &fresh, FieldTable::default()).await {
+        let _ = store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms(), None).await;
+        return Err(e.into());
+    }
+    store.delete_dead_letter(id).await?;
+    Ok(Outcome::Done)
+}
+
+/// The job a record replays, if it has one.
+fn replayable(record: &DeadLetterRecord) -> Option<Envelope> {
+    let bytes = serde_json::to_vec(record.job.as_ref()?).ok()?;
+    Envelope::decode(&bytes, Some(CONTENT_TYPE)).ok()
+}
+
+/// Applies `action` to every dead letter matching `filter` (at most `limit`, no faster than
+/// `per_second`): by id when the filter names ids, else by one newest-first pass over the index.
+/// Dead letters added during the pass are newer than where it started and are left alone.
+pub async fn apply(
+    store: &Store,
+    redrive: Option<&Redrive<'_>>,
     filter: &DeadLetterFilter,
     action: Action,
     limit: Option<u64>,
     per_second: Option<f64>,
 ) -> Result<SweepReport, SweepError> {
-    let channel = connection.create_channel().await?;
-    let queue = topology.dead_letter_queue();
-    let depth = channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions { passive: true, ..Default::default() },
-            FieldTable::default(),
-        )
-        .await?
-        .message_count() as u64;
+    let pause = per_second.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
     let mut report = SweepReport::default();
-    if depth == 0 {
-        let _ = channel.close(200, "sweep done".into()).await;
-        return Ok(report);
+    let mut cursor: Option<ListCursor> = None;
+    loop {
+        let page = next_page(store, filter, &mut cursor).await?;
+        if page.is_empty() {
+            return Ok(report);
+        }
+        for (id, record) in page {
+            if limit.is_some_and(|l| report.done >= l) {
+                return Ok(report);
+            }
+            report.scanned += 1;
+            if !record.as_ref().is_some_and(|r| filter.matches(r)) {
+                continue;
+            }
+            report.matched += 1;
+            match act_on(store, redrive, &id, action).await? {
+                Outcome::Done => report.done += 1,
+                Outcome::NotReplayable => report.not_replayable += 1,
+                Outcome::NotFound | Outcome::Busy => {}
+            }
+            if let (Some(p), Action::Retry) = (pause, action) {
+                tokio::time::sleep(p).await;
+            }
+        }
+        if !filter.execution_ids.is_empty() {
+            return Ok(report);
+        }
     }
-    channel.basic_qos(SWEEP_PREFETCH, BasicQosOptions::default()).await?;
+}
+
+/// The next page of candidates with their records: the named ids at once, or index entries.
+async fn next_page(
+    store: &Store,
+    filter: &DeadLetterFilter,
+    cursor: &mut Option<ListCursor>,
+) -> Result<Vec<(String, Option<DeadLetterRecord>)>, SweepError> {
+    if !filter.execution_ids.is_empty() {
+        let records = store.get_dead_letters(&filter.execution_ids).await?;
+        return Ok(filter.execution_ids.iter().cloned().zip(records).collect());
+    }
+    let entries = store.list_dead_letters(cursor.as_ref(), SCAN_PAGE).await?;
+    let Some((last_id, last_at)) = entries.last() else { return Ok(vec![]) };
+    *cursor = Some(ListCursor { at_ms: *last_at, id: last_id.clone() });
+    let ids: Vec<String> = entries.into_iter().map(|(id, _)| id).collect();
+    let records = store.get_dead_letters(&ids).await?;
+    let stale: Vec<String> = ids.iter().zip(&records).filter(|(_, r)| r.is_none()).map(|(id, _)| id.clone()).collect();
+    store.forget_dead_letters(&stale).await?;
+    Ok(ids.into_iter().zip(records).collect())
+}
+
+/// One page of the newest-first listing: up to `limit` records matching `filter`, after `cursor`,
+/// looking at no more than `budget` index entries. The returned cursor continues the listing
+/// (also when the budget ran out before the page filled); `None` means the end.
+pub async fn list(
+    store: &Store,
+    filter: &DeadLetterFilter,
+    mut cursor: Option<ListCursor>,
+    limit: usize,
+    budget: usize,
+) -> Result<(Vec<DeadLetterRecord>, Option<ListCursor>), SweepError> {
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    while scanned < budget {
+        let entries = store.list_dead_letters(cursor.as_ref(), SCAN_PAGE.min(budget - scanned)).await?;
+        let exhausted = entries.len() < SCAN_PAGE.min(budget - scanned);
+        let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
+        let records = store.get_dead_letters(&ids).await?;
+        for ((id, at), record) in entries.into_iter().zip(records) {
+            scanned += 1;
+            cursor = Some(ListCursor { at_ms: at, id });
+            if let Some(record) = record.filter(|r| filter.matches(r)) {
+                found.push(record);
+                if found.len() == limit {
+                    return Ok((found, cursor));
+                }
+            }
+        }
+        if exhausted {
+            return Ok((found, None));
+        }
+    }
+    Ok((found, cursor))
+}
+
+/// Moves what arrives on the dead-letter queue into Redis until `cancel`: records the worker
+/// already stored are acknowledged; the others (Redis was down when the worker dead-lettered, or
+/// the broker dead-lettered a job or a raw body itself) are stored first. The queue so stays
+/// short; operators who want a copy of every dead letter bind their own queue to the exchange.
+pub async fn drain(
+    mut link: BrokerLink,
+    topology: Topology,
+    store: Store,
+    metrics: crate::metrics::Metrics,
+    cancel: CancellationToken,
+) {
+    while let Some(live) = link.wait_live(&cancel).await {
+        let outcome = tokio::select! {
+            r = drain_once(&live.connection, &topology, &store, &metrics, &cancel) => r,
+            _ = link.lost(&live) => Ok(()),
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, "dead-letter drain interrupted");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+async fn drain_once(
+    connection: &lapin::Connection,
+    topology: &Topology,
+    store: &Store,
+    metrics: &crate::metrics::Metrics,
+    cancel: &CancellationToken,
+) -> Result<(), SweepError> {
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(50, BasicQosOptions::default()).await?;
+    let queue = topology.dead_letter_queue();
     let mut consumer = channel
         .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await?;
-    let pause = per_second.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
-    let mut held = Vec::new();
-    while report.scanned < depth && limit.is_none_or(|l| report.done < l) {
-        let next = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await;
-        let Ok(Some(Ok(delivery))) = next else { break };
-        report.scanned += 1;
-        let Some(record) = read_dead_letter(&delivery.data) else {
-            held.push(delivery);
-            continue;
+    loop {
+        let delivery = tokio::select! {
+            d = consumer.next() => d,
+            _ = cancel.cancelled() => None,
         };
-        if !filter.matches(&record) {
-            held.push(delivery);
-            continue;
-        }
-        report.matched += 1;
-        let id = record.execution_id.clone().unwrap_or_default();
-        match action {
-            Action::Delete => {
-                delivery.ack(BasicAckOptions::default()).await?;
-                let _ = store.delete_dead_letter(&id).await;
-                report.done += 1;
-            }
-            Action::Retry => {
-                let envelope = record.job.as_ref().and_then(|job| {
-                    let bytes = serde_json::to_vec(job).ok()?;
-                    Envelope::decode(&bytes, Some(CONTENT_TYPE)).ok()
-                });
-                let Some(envelope) = envelope else {
-                    report.not_replayable += 1;
-                    held.push(delivery);
-                    continue;
-                };
-                let fresh = Envelope {
-                    attempt: 1,
-                    first_attempt_at_ms: None,
-                    not_before_ms: None,
-                    poll: None,
-                    enqueued_at_ms: now_ms(),
-                    ..envelope
-                };
-                let _ = store.set_status(&id, ExecutionStatus::Queued, None, now_ms(), None).await;
-                publisher.publish_job(topology, &fresh, FieldTable::default()).await?;
-                delivery.ack(BasicAckOptions::default()).await?;
-                let _ = store.delete_dead_letter(&id).await;
-                report.done += 1;
+        let Some(delivery) = delivery.transpose()? else {
+            let _ = channel.close(200, "drain done".into()).await;
+            return Ok(());
+        };
+        let stored = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(STORED_HEADER).cloned())
+            .is_some_and(|v| matches!(v, AMQPValue::Boolean(true)));
+        if !stored {
+            let content_type = delivery.properties.content_type().as_ref().map(|c| c.to_string());
+            let from_worker = delivery.properties.kind().as_ref().is_some_and(|t| t.as_str() == RECORD_MESSAGE_TYPE);
+            let record = record_from_message(&delivery.data, content_type.as_deref(), now_ms());
+            let id = record.execution_id.clone().unwrap_or_default();
+            match store.insert_dead_letter(&id, &record, now_ms()).await {
+                // Counted here only when no worker counted it (the broker dead-lettered it itself).
+                Ok(true) if !from_worker => {
+                    let kind = record.kind.as_deref().unwrap_or("unknown");
+                    metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Redis is down: the message stays on the queue until it can be stored.
+                    delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await?;
+                    return Err(e.into());
+                }
             }
         }
-        if let Some(p) = pause {
-            tokio::time::sleep(p).await;
-        }
+        delivery.ack(BasicAckOptions::default()).await?;
     }
-    drop(held);
-    let _ = channel.close(200, "sweep done".into()).await;
-    Ok(report)
-}
-
-/// A dead letter's record: the worker's record, or (for a job the broker itself dead-lettered after
-/// too many redeliveries) one made from the job envelope.
-fn read_dead_letter(body: &[u8]) -> Option<DeadLetterRecord> {
-    if let Ok(record) = serde_json::from_slice::<DeadLetterRecord>(body) {
-        return Some(record);
-    }
-    let envelope = Envelope::decode(body, Some(CONTENT_TYPE)).ok()?;
-    let job = serde_json::to_value(&envelope).ok();
-    let kind = Some(envelope.kind().as_str().to_string());
-    let (tool_name, assistant_id, room_id) = match envelope.job {
-        fleet_protocol::envelope::Job::ToolCall(call) => (Some(call.tool_name), call.assistant_id, call.room_id),
-        fleet_protocol::envelope::Job::Webhook(_) => (None, None, None),
-        fleet_protocol::envelope::Job::Turn(t) => (None, None, Some(t.session_id)),
-    };
-    Some(DeadLetterRecord {
-        execution_id: Some(envelope.execution_id),
-        kind,
-        tool_name,
-        assistant_id,
-        room_id,
-        attempts: envelope.attempt,
-        last_error: "redelivered too often (the broker's delivery limit)".into(),
-        first_attempt_at: None,
-        last_attempt_at: None,
-        reason: fleet_protocol::deadletter::DeadLetterReason::DeliveryLimit,
-        dead_lettered_at: fleet_protocol::timefmt::rfc3339_from_millis(now_ms()),
-        history: vec![],
-        job,
-        raw_body: None,
-    })
 }

@@ -3,6 +3,7 @@
 
 pub mod broker;
 pub mod config;
+pub mod dead_letter_store;
 pub mod dead_letters;
 pub mod metrics;
 pub mod ops;

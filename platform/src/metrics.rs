@@ -32,6 +32,8 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub http_request_duration: HistogramVec,
     pub oldest_job_age: prometheus::GaugeVec,
+    /// Dead letters held in Redis (the dispatcher reports it with the queue gauges).
+    pub dead_letters_stored: IntGauge,
     pub llm_request_duration: HistogramVec,
     pub llm_tokens: IntCounterVec,
 }
@@ -68,7 +70,12 @@ impl Metrics {
             IntGauge::new("fleet_broker_connected", "1 while the process holds a live broker connection.")
                 .expect("valid metric");
         registry.register(Box::new(broker_connected.clone())).expect("unique metric");
+        let dead_letters_stored =
+            IntGauge::new("fleet_dead_letters_stored", "Dead letters held in Redis, the store of record.")
+                .expect("valid metric");
+        registry.register(Box::new(dead_letters_stored.clone())).expect("unique metric");
         Metrics {
+            dead_letters_stored,
             jobs_published: counter(
                 "fleet_jobs_published_total",
                 "Jobs published and confirmed by the broker.",
@@ -106,7 +113,7 @@ impl Metrics {
             ),
             dead_letters: counter(
                 "fleet_dead_letters_total",
-                "Jobs sent to the dead-letter queue.",
+                "Jobs dead-lettered (by a worker, or found on the dead-letter queue by the dispatcher's drain).",
                 &["kind", "reason"],
             ),
             amqp_reconnects: single_counter("fleet_amqp_reconnects_total", "Broker connections (re)established."),

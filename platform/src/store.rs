@@ -11,16 +11,13 @@ use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_protocol::deadletter::Retention;
 use fleet_protocol::execution::{field, AttemptRecord, ExecutionStatus};
 use fleet_protocol::idempotency::{decide, Decision, RequestRecord, RequestState};
 use fleet_protocol::keys::Keys;
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use crate::metrics::Metrics;
-
-/// Dead-letter records outlive execution records: an operator may look at them weeks later.
-const DEAD_LETTER_TTL_SECS: u64 = 30 * 24 * 60 * 60;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -197,7 +194,7 @@ return 1
 
 /// A Redis connection: one server (reconnecting manager) or a Redis Cluster.
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
 }
@@ -327,6 +324,7 @@ pub struct Store {
     release: Script,
     fenced_record: Script,
     swap: Script,
+    pub(crate) dead_letter_retention: Retention,
 }
 
 impl Store {
@@ -359,14 +357,21 @@ impl Store {
             release: Script::new(RELEASE_LUA),
             fenced_record: Script::new(FENCED_RECORD_LUA),
             swap: Script::new(SWAP_LUA),
+            dead_letter_retention: Retention::default(),
         })
+    }
+
+    /// How long and how many dead letters are kept (default: 30 days, 100,000).
+    pub fn with_dead_letter_retention(mut self, retention: Retention) -> Self {
+        self.dead_letter_retention = retention;
+        self
     }
 
     pub fn keys(&self) -> &Keys {
         &self.keys
     }
 
-    async fn conn(&self) -> Result<Conn, StoreError> {
+    pub(crate) async fn conn(&self) -> Result<Conn, StoreError> {
         match &*self.backend {
             Backend::Single(c) => Ok(Conn::Single(c.clone())),
             Backend::Cluster { client, conn } => {
@@ -376,7 +381,7 @@ impl Store {
         }
     }
 
-    fn count<T>(&self, r: Result<T, redis::RedisError>) -> Result<T, StoreError> {
+    pub(crate) fn count<T>(&self, r: Result<T, redis::RedisError>) -> Result<T, StoreError> {
         r.map_err(|e| {
             self.metrics.redis_errors.inc();
             StoreError::Redis(e)
@@ -1051,59 +1056,5 @@ impl Store {
     pub async fn abandon_request(&self, hold: &RequestHold) -> Result<(), StoreError> {
         let record = hold.record.with_state(RequestState::Unconfirmed, 0, hold.record.hold);
         self.swap_request(&hold.key, &hold.raw, Some(&record.to_json())).await.map(|_| ())
-    }
-
-    // ---- dead letters ----
-
-    pub async fn save_dead_letter(&self, id: &str, record: &DeadLetterRecord, now_ms: i64) -> Result<(), StoreError> {
-        let r: Result<(), _> = redis::pipe()
-            .set_ex(
-                self.keys.dead_letter(id),
-                serde_json::to_string(record).expect("a record serialises"),
-                DEAD_LETTER_TTL_SECS,
-            )
-            .ignore()
-            .zadd(self.keys.dead_letters_index(), id, now_ms)
-            .ignore()
-            .query_async(&mut self.conn().await?)
-            .await;
-        self.count(r)
-    }
-
-    pub async fn get_dead_letter(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.dead_letter(id)).await;
-        self.count(raw)?
-            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("dead letter {id}: {e}"))))
-            .transpose()
-    }
-
-    /// Dead-lettered ids with their time, newest first (ties by id, descending), from
-    /// `at_or_before_ms` (inclusive) if given.
-    pub async fn list_dead_letters(
-        &self,
-        at_or_before_ms: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
-        let max = at_or_before_ms.map(|b| b.to_string()).unwrap_or_else(|| "+inf".into());
-        let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZREVRANGEBYSCORE")
-            .arg(self.keys.dead_letters_index())
-            .arg(max)
-            .arg("-inf")
-            .arg("WITHSCORES")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.conn().await?)
-            .await;
-        self.count(r)
-    }
-
-    pub async fn delete_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
-        let r: Result<(i64, i64), _> = redis::pipe()
-            .del(self.keys.dead_letter(id))
-            .zrem(self.keys.dead_letters_index(), id)
-            .query_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)?.0 > 0)
     }
 }

@@ -224,3 +224,158 @@ mod filter_tests {
         assert_eq!(DeadLetterFilter { since: Some("noon".into()), ..Default::default() }.validate(), Err("since"));
     }
 }
+
+/// How long and how many dead letters are kept (`FLEET_DEAD_LETTER_RETENTION`, `FLEET_DEAD_LETTER_MAX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub max_age_ms: i64,
+    pub max_count: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention { max_age_ms: 30 * 24 * 3_600_000, max_count: 100_000 }
+    }
+}
+
+impl Retention {
+    /// Index entries scored before this are past retention.
+    pub fn cutoff_ms(&self, now_ms: i64) -> i64 {
+        now_ms.saturating_sub(self.max_age_ms)
+    }
+
+    /// How many of the oldest index entries to drop: every one past retention (`expired`) and
+    /// enough to bring `count` down to the maximum, at most `batch` per pass so one save stays cheap.
+    pub fn to_drop(&self, expired: u64, count: u64, batch: u64) -> u64 {
+        expired.max(count.saturating_sub(self.max_count)).min(batch)
+    }
+}
+
+/// A position in the newest-first listing: the last entry returned (`<ms>:<id>`). Entries of the
+/// same millisecond are ordered by id, descending, so none is skipped between pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    pub at_ms: i64,
+    pub id: String,
+}
+
+impl ListCursor {
+    pub fn parse(text: &str) -> Option<Self> {
+        let (ms, id) = text.split_once(':')?;
+        Some(ListCursor { at_ms: ms.parse().ok()?, id: id.to_string() }).filter(|c| !c.id.is_empty())
+    }
+
+    /// Whether the index entry (`id` dead-lettered at `at_ms`) comes after this cursor.
+    pub fn precedes(&self, at_ms: i64, id: &str) -> bool {
+        at_ms < self.at_ms || (at_ms == self.at_ms && id < self.id.as_str())
+    }
+}
+
+impl std::fmt::Display for ListCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.at_ms, self.id)
+    }
+}
+
+/// The record for a message found on the dead-letter queue: the worker's record as is; a job the
+/// broker itself dead-lettered (too many redeliveries) as a `delivery_limit` record; anything else
+/// as poison with its raw body, so every message can be listed and purged. Every record has an id:
+/// a raw body's derives from its bytes, so the same message read twice is one dead letter.
+pub fn record_from_message(body: &[u8], content_type: Option<&str>, now_ms: i64) -> DeadLetterRecord {
+    use crate::envelope::{Envelope, Job};
+    if let Ok(record) = serde_json::from_slice::<DeadLetterRecord>(body) {
+        if record.execution_id.is_some() {
+            return record;
+        }
+    }
+    let dead_lettered_at = crate::timefmt::rfc3339_from_millis(now_ms);
+    let Ok(envelope) = Envelope::decode(body, content_type) else {
+        let digest = crate::derived_execution_id(&["dead-letter-queue", &String::from_utf8_lossy(body)]);
+        return DeadLetterRecord {
+            execution_id: Some(format!("poison_{}", digest.trim_start_matches("exec_"))),
+            kind: None,
+            tool_name: None,
+            assistant_id: None,
+            room_id: None,
+            attempts: 0,
+            last_error: "dead-lettered by the broker and not a job".into(),
+            first_attempt_at: None,
+            last_attempt_at: None,
+            reason: DeadLetterReason::Poison,
+            dead_lettered_at,
+            history: vec![],
+            job: None,
+            raw_body: Some(excerpt_raw_body(body)),
+        };
+    };
+    let job = serde_json::to_value(&envelope).ok();
+    let kind = Some(envelope.kind().as_str().to_string());
+    let (tool_name, assistant_id, room_id) = match envelope.job {
+        Job::ToolCall(call) => (Some(call.tool_name), call.assistant_id, call.room_id),
+        Job::Webhook(_) => (None, None, None),
+        Job::Turn(t) => (None, None, Some(t.session_id)),
+    };
+    DeadLetterRecord {
+        execution_id: Some(envelope.execution_id.clone()),
+        kind,
+        tool_name,
+        assistant_id,
+        room_id,
+        attempts: envelope.attempt,
+        last_error: "redelivered too often (the broker's delivery limit)".into(),
+        first_attempt_at: None,
+        last_attempt_at: None,
+        reason: DeadLetterReason::DeliveryLimit,
+        dead_lettered_at,
+        history: vec![],
+        job,
+        raw_body: None,
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    #[test]
+    fn trimming_drops_the_expired_and_the_excess_in_bounded_batches() {
+        let r = Retention { max_age_ms: 1_000, max_count: 5 };
+        assert_eq!(r.cutoff_ms(10_000), 9_000);
+        assert_eq!(r.to_drop(0, 5, 100), 0, "at the maximum, nothing");
+        assert_eq!(r.to_drop(0, 8, 100), 3, "the excess over the maximum");
+        assert_eq!(r.to_drop(4, 8, 100), 4, "expired ones cover the excess");
+        assert_eq!(r.to_drop(0, 10_000, 500), 500, "one pass is bounded");
+        assert_eq!(Retention::default().max_age_ms, 2_592_000_000);
+    }
+
+    #[test]
+    fn cursors_round_trip_and_order_newest_first() {
+        let c = ListCursor::parse("1700:exec_b").unwrap();
+        assert_eq!(c.to_string(), "1700:exec_b");
+        assert!(c.precedes(1699, "exec_z"), "older");
+        assert!(c.precedes(1700, "exec_a"), "same millisecond, lower id");
+        assert!(!c.precedes(1700, "exec_b"), "itself was returned");
+        assert!(!c.precedes(1701, "exec_a"), "newer");
+        assert_eq!(ListCursor::parse("nope"), None);
+        assert_eq!(ListCursor::parse("12:"), None);
+    }
+
+    #[test]
+    fn any_message_becomes_a_record() {
+        let raw = record_from_message(b"\x00garbage", Some("text/plain"), 0);
+        assert_eq!(raw.reason, DeadLetterReason::Poison);
+        assert_eq!(raw.raw_body.as_deref(), Some("\u{0}garbage"));
+        let id = raw.execution_id.clone().unwrap();
+        assert!(id.starts_with("poison_"));
+        assert_eq!(record_from_message(b"\x00garbage", None, 9).execution_id, Some(id), "same body, same id");
+        let job = br#"{"v":1,"execution_id":"exec_a1","attempt":3,"enqueued_at_ms":1,"kind":"tool_call",
+            "tool_name":"t","parameters":{},"room_id":"r","assistant_id":"a"}"#;
+        let limit = record_from_message(job, Some("application/json"), 0);
+        assert_eq!(limit.reason, DeadLetterReason::DeliveryLimit);
+        assert_eq!(limit.execution_id.as_deref(), Some("exec_a1"));
+        assert_eq!(limit.tool_name.as_deref(), Some("t"));
+        assert!(limit.job.is_some());
+        let record = serde_json::to_vec(&limit).unwrap();
+        assert_eq!(record_from_message(&record, None, 5), limit, "a record stays itself");
+    }
+}

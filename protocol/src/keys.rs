@@ -84,6 +84,11 @@ impl Keys {
         format!("{}{{dead_letters}}:record:{execution_id}", self.prefix)
     }
 
+    /// Held while one operation (retry, delete) acts on a dead letter, so two never act on it at once.
+    pub fn dead_letter_lock(&self, execution_id: &str) -> String {
+        format!("{}{{dead_letters}}:lock:{execution_id}", self.prefix)
+    }
+
     /// Sorted set of dead-lettered execution ids by time.
     pub fn dead_letters_index(&self) -> String {
         format!("{}{{dead_letters}}:index", self.prefix)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lapin::options::BasicGetOptions;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::BasicProperties;
 use serde_json::{json, Value};
 
@@ -110,6 +110,22 @@ async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(500)).await;
     let fleet = spawn_fleet(FleetOptions::default()).await;
     fleet.register_tool("broken", &receiver.url("/broken"), SECRET).await;
+    // An operator's tap: a queue of one's own bound to the dead-letter exchange (the fleet's own
+    // dead-letter queue is drained into Redis by the dispatcher).
+    let (tap_conn, tap) = fleet.amqp().await;
+    let tap_queue = tap
+        .queue_declare("".into(), QueueDeclareOptions { exclusive: true, ..Default::default() }, Default::default())
+        .await
+        .unwrap();
+    tap.queue_bind(
+        tap_queue.name().as_str().into(),
+        fleet.topology.dead_letter_exchange().as_str().into(),
+        "".into(),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
     let id = fleet.call_tool("broken", json!({"query": "x"})).await;
     let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(50)).await;
     let got = receiver.received_for(&id);
@@ -135,17 +151,16 @@ async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
     assert_eq!(record["history"].as_array().unwrap().len(), 6);
     assert!(!record.to_string().contains(SECRET), "no secret in a dead letter");
 
-    // The dead-letter queue itself holds the record.
-    let (conn, channel) = fleet.amqp().await;
-    let msg = channel
-        .basic_get(fleet.topology.dead_letter_queue().as_str().into(), BasicGetOptions { no_ack: true })
+    // The tap got the record too.
+    let msg = tap
+        .basic_get(tap_queue.name().as_str().into(), BasicGetOptions { no_ack: true })
         .await
         .unwrap()
-        .expect("a message on the dead-letter queue");
+        .expect("a message on the tap");
     let queued: Value = serde_json::from_slice(&msg.delivery.data).unwrap();
     assert_eq!(queued["execution_id"], id.as_str());
     assert_eq!(queued["job"]["tool_name"], "broken");
-    let _ = conn.close(200, "".into()).await;
+    let _ = tap_conn.close(200, "".into()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,13 +267,11 @@ async fn poison_messages_are_dead_lettered_and_the_worker_keeps_working() {
             BasicProperties::default().with_content_type("application/json".into()).with_message_id("exec_future".into()),
         )
         .await;
-    let dlq = fleet.topology.dead_letter_queue();
-    wait_for("three poison messages on the dead-letter queue", Duration::from_secs(20), || async {
-        (fleet.queue_depth(&dlq).await == 3).then_some(())
+    let listed = wait_for("three poison dead letters", Duration::from_secs(20), || async {
+        let (status, listed) = fleet.get("/v1/dead-letters").await;
+        (status == 200 && listed["data"].as_array().is_some_and(|d| d.len() >= 3)).then_some(listed)
     })
     .await;
-    let (status, listed) = fleet.get("/v1/dead-letters").await;
-    assert_eq!(status, 200);
     let records = listed["data"].as_array().unwrap();
     assert_eq!(records.len(), 3);
     assert!(records.iter().all(|r| r["reason"] == "poison"));

@@ -48,6 +48,12 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
     let (status, dl) = fleet.get(&format!("/v1/dead-letters/{gone}")).await;
     assert_eq!(status, 200);
     assert_eq!(dl["data"]["reason"], "permanent");
+    // Listing (MGET), the per-id lock and removal work on the cluster too.
+    let (status, listed) = fleet.get("/v1/dead-letters?reason=permanent").await;
+    assert_eq!((status, listed["data"][0]["execution_id"].as_str()), (200, Some(gone.as_str())), "{listed}");
+    let (status, _) = fleet.request(reqwest::Method::DELETE, &format!("/v1/dead-letters/{gone}"), None).await;
+    assert_eq!(status, 204);
+    assert_eq!(fleet.get(&format!("/v1/dead-letters/{gone}")).await.0, 404);
 
     // The idempotency keys really are spread over the cluster's masters.
     let mut holding = 0;

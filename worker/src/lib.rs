@@ -48,7 +48,8 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
         config.common.keys.clone(),
         config.common.redis_timeout,
         metrics.clone(),
-    )?;
+    )?
+    .with_dead_letter_retention(config.common.dead_letter_retention);
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;

@@ -11,6 +11,7 @@ use lapin::BasicProperties;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use fleet_platform::dead_letters;
 use fleet_platform::telemetry;
 
 use fleet_platform::broker::{BrokerError, Publisher};
@@ -508,7 +509,10 @@ impl Processor {
         Ok(())
     }
 
-    /// Publishes a dead-letter record (confirmed) and indexes it in Redis; only then may the job be acked.
+    /// Makes the dead letter durable; only then may the job be acked. Redis is its store of record;
+    /// the dead-letter queue gets a copy too, marked as stored (operators' tap; the dispatcher's
+    /// drain acks it). With Redis down, the queue's confirmed copy is what makes it durable, and the
+    /// drain stores it once Redis is back.
     pub(crate) async fn publish_dead_letter(
         &self,
         publisher: &Publisher,
@@ -516,9 +520,17 @@ impl Processor {
         record: &DeadLetterRecord,
         kind: &str,
     ) -> Settle {
+        let stored = match self.store.save_dead_letter(id, record, now_ms()).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(dead_letter_id = %id, error = %e, "dead letter not stored in Redis; queued for the drain");
+                false
+            }
+        };
         let body = serde_json::to_vec(record).expect("a record serialises");
         let mut headers = FieldTable::default();
         headers.insert("x-fleet-dead-letter-reason".into(), long_string(record.reason.as_str()));
+        headers.insert(dead_letters::STORED_HEADER.into(), AMQPValue::Boolean(stored));
         let properties = BasicProperties::default()
             .with_content_type(CONTENT_TYPE.into())
             .with_delivery_mode(2)
@@ -527,14 +539,15 @@ impl Processor {
             .with_headers(headers);
         let published: Result<(), BrokerError> =
             publisher.publish(&self.config.common.topology.dead_letter_exchange(), "", &body, properties).await;
-        if let Err(e) = published {
-            tracing::warn!(dead_letter_id = %id, error = %e, "cannot publish dead letter; requeued");
-            return Settle::Requeue;
+        match published {
+            Err(e) if !stored => {
+                tracing::warn!(dead_letter_id = %id, error = %e, "cannot publish dead letter; requeued");
+                return Settle::Requeue;
+            }
+            Err(e) => tracing::debug!(dead_letter_id = %id, error = %e, "dead letter stored; its queue copy failed"),
+            Ok(()) => {}
         }
         self.metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
-        if let Err(e) = self.store.save_dead_letter(id, record, now_ms()).await {
-            tracing::warn!(dead_letter_id = %id, error = %e, "dead letter queued but not indexed in Redis");
-        }
         Settle::Ack
     }
 }
