@@ -328,6 +328,27 @@ impl Fleet {
         (conn, channel)
     }
 
+    /// An operator's tap: a queue of the test's own bound to the dead-letter exchange, receiving a
+    /// copy of every dead letter published from now on (the fleet's own dead-letter queue is
+    /// drained into Redis by the dispatcher).
+    pub async fn dead_letter_tap(&self) -> DeadLetterTap {
+        let (connection, channel) = self.amqp().await;
+        let options = QueueDeclareOptions { exclusive: true, ..Default::default() };
+        let queue = channel.queue_declare("".into(), options, FieldTable::default()).await.unwrap();
+        let queue = queue.name().as_str().to_string();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                self.topology.dead_letter_exchange().as_str().into(),
+                "".into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        DeadLetterTap { connection, channel, queue }
+    }
+
     /// Messages ready in `queue` (passive declare).
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let (conn, channel) = self.amqp().await;
@@ -360,6 +381,32 @@ impl Fleet {
             .await
             .unwrap();
         let _ = conn.close(200, "".into()).await;
+    }
+}
+
+/// See `Fleet::dead_letter_tap`; the queue goes with the connection.
+pub struct DeadLetterTap {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub queue: String,
+}
+
+impl DeadLetterTap {
+    /// Dead letters the tap holds (passive declare).
+    pub async fn depth(&self) -> u32 {
+        let options = QueueDeclareOptions { passive: true, ..Default::default() };
+        let q = self.channel.queue_declare(self.queue.as_str().into(), options, FieldTable::default()).await.unwrap();
+        q.message_count()
+    }
+
+    /// Takes the next dead letter off the tap, as JSON.
+    pub async fn next(&self) -> Option<Value> {
+        let got = self
+            .channel
+            .basic_get(self.queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()?;
+        serde_json::from_slice(&got.delivery.data).ok()
     }
 }
 

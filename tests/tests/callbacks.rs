@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::BasicProperties;
 use serde_json::{json, Value};
 
@@ -110,22 +109,7 @@ async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(500)).await;
     let fleet = spawn_fleet(FleetOptions::default()).await;
     fleet.register_tool("broken", &receiver.url("/broken"), SECRET).await;
-    // An operator's tap: a queue of one's own bound to the dead-letter exchange (the fleet's own
-    // dead-letter queue is drained into Redis by the dispatcher).
-    let (tap_conn, tap) = fleet.amqp().await;
-    let tap_queue = tap
-        .queue_declare("".into(), QueueDeclareOptions { exclusive: true, ..Default::default() }, Default::default())
-        .await
-        .unwrap();
-    tap.queue_bind(
-        tap_queue.name().as_str().into(),
-        fleet.topology.dead_letter_exchange().as_str().into(),
-        "".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let tap = fleet.dead_letter_tap().await;
     let id = fleet.call_tool("broken", json!({"query": "x"})).await;
     let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(50)).await;
     let got = receiver.received_for(&id);
@@ -151,16 +135,10 @@ async fn always_failing_callbacks_use_all_six_attempts_then_dead_letter() {
     assert_eq!(record["history"].as_array().unwrap().len(), 6);
     assert!(!record.to_string().contains(SECRET), "no secret in a dead letter");
 
-    // The tap got the record too.
-    let msg = tap
-        .basic_get(tap_queue.name().as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-        .expect("a message on the tap");
-    let queued: Value = serde_json::from_slice(&msg.delivery.data).unwrap();
+    // An operator's tap on the dead-letter exchange got the record too.
+    let queued = tap.next().await.expect("a message on the tap");
     assert_eq!(queued["execution_id"], id.as_str());
     assert_eq!(queued["job"]["tool_name"], "broken");
-    let _ = tap_conn.close(200, "".into()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,7 @@ async fn a_resubscribe_does_not_fork_a_retrying_job() {
     )
     .await;
     fleet.register_tool("failing", &receiver.url("/failing"), SECRET).await;
+    let tap = fleet.dead_letter_tap().await;
     let id = fleet.call_tool("failing", json!({"query": "x"})).await;
     wait_for("attempt 2 in flight", Duration::from_secs(20), || async {
         (receiver.received_for(&id).len() >= 2).then_some(())
@@ -100,7 +101,7 @@ async fn a_resubscribe_does_not_fork_a_retrying_job() {
     })
     .await;
     let attempts = receiver.received_for(&id).len();
-    let dead = fleet.queue_depth(&fleet.topology.dead_letter_queue()).await;
+    let dead = tap.depth().await;
     println!("resubscribe mid-attempt: {attempts} attempts, {dead} dead letters");
     assert_eq!((attempts, dead), (6, 1), "exactly 6 attempts and one dead letter");
 }
