@@ -225,3 +225,108 @@ async fn a_key_reused_with_a_different_body_is_refused() {
     assert_eq!(status, 202, "{again}");
     assert_eq!(again["data"]["execution_id"], first["data"]["execution_id"]);
 }
+
+/// Issue 10, defect 9: `POST /v1/turns` ignored `Idempotency-Key`. The same key and body give the
+/// same execution (one model call, the replay marked), another body is refused with 422, and the
+/// session's line is left free for the next turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_honour_the_idempotency_key_like_tool_calls() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+
+    let llm = MockLlm::start(|_, _| LlmReply::text("once")).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let post = |body: Value| {
+        let fleet = &fleet;
+        async move {
+            let resp = fleet
+                .http
+                .post(format!("{}/v1/turns", fleet.api))
+                .bearer_auth(&fleet.token)
+                .header("Idempotency-Key", "turn-key-1")
+                .json(&body)
+                .send()
+                .await
+                .expect("dispatcher reachable");
+            let (status, replayed) = (resp.status().as_u16(), resp.headers().contains_key("idempotent-replayed"));
+            (status, replayed, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let body = turn_body("s_keyed", "hello once", &[]);
+    let (first_status, _, first) = post(body.clone()).await;
+    let first_id = first["data"]["execution_id"].as_str().unwrap_or("").to_string();
+    fleet.wait_status(&first_id, "succeeded", Duration::from_secs(20)).await;
+    let (again_status, again_replayed, again) = post(body.clone()).await;
+    let mut other_body = body.clone();
+    other_body["messages"][0]["content"] = json!("hello twice");
+    let (other_status, _, other) = post(other_body).await;
+    let observed = format!(
+        "first: {first_status} {first}; same key and body: {again_status} replayed={again_replayed} {again}; \
+         another body: {other_status} {other}; model calls so far: {}",
+        llm.requests().len()
+    );
+    eprintln!("observed: {observed}");
+    assert_eq!(first_status, 202, "{observed}");
+    assert_eq!(again_status, 202, "{observed}");
+    assert_eq!(again["data"]["execution_id"], first_id.as_str(), "the same execution: {observed}");
+    assert!(again_replayed, "the replay is marked: {observed}");
+    assert_eq!(again["data"]["status"], "succeeded", "a replay reports the current status: {observed}");
+    assert_eq!(other_status, 422, "{observed}");
+    assert_eq!(other["error"]["code"], "idempotency_key_reused", "{observed}");
+
+    // The line is free: a later turn of the session runs, and the model ran once per execution.
+    let next = post_turn(&fleet, &turn_body("s_keyed", "next", &[])).await;
+    fleet.wait_status(&next, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(llm.requests().len(), 2, "{observed}");
+}
+
+/// Issue 10, defect 9 (the uncertain case): a turn whose publish is never confirmed keeps its
+/// record and its place in the session's line; the job that did reach the broker runs once, a
+/// retry with the key names that execution, and the session's next turn is not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_turn_keeps_its_execution_and_its_line() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+
+    let llm = MockLlm::start(|_, _| LlmReply::text("once")).await;
+    let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    let mut options = llm_fleet(&llm).env("FLEET_PUBLISH_TIMEOUT", "1");
+    options.dispatcher_amqp_url = Some(broker_proxy_url(&proxy));
+    let fleet = spawn_fleet(options).await;
+    let post = |body: Value| {
+        let fleet = &fleet;
+        async move {
+            let resp = fleet
+                .http
+                .post(format!("{}/v1/turns", fleet.api))
+                .bearer_auth(&fleet.token)
+                .header("Idempotency-Key", "turn-unconfirmed-1")
+                .json(&body)
+                .send()
+                .await
+                .expect("dispatcher reachable");
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let body = turn_body("s_unconfirmed", "hello", &[]);
+    proxy.freeze_replies();
+    let (first_status, first) = post(body.clone()).await;
+    proxy.thaw();
+    let first_id = first["error"]["execution_id"].as_str().unwrap_or("").to_string();
+    let (record_status, _) = fleet.get(&format!("/v1/executions/{first_id}")).await;
+    let observed = format!("first: {first_status} {first}; record of the first: {record_status}");
+    eprintln!("observed: {observed}");
+    assert_eq!(first_status, 503, "{observed}");
+    assert_eq!(first["error"]["code"], "outcome_unknown", "{observed}");
+    assert_eq!(record_status, 200, "the record is kept: {observed}");
+    fleet.wait_status(&first_id, "succeeded", Duration::from_secs(20)).await;
+
+    let (retry_status, retry) = post(body).await;
+    let observed = format!("{observed}; retry: {retry_status} {retry}");
+    eprintln!("observed: {observed}");
+    assert_eq!(retry_status, 202, "{observed}");
+    assert_eq!(retry["data"]["execution_id"], first_id.as_str(), "the same execution: {observed}");
+    let next = post_turn(&fleet, &turn_body("s_unconfirmed", "next", &[])).await;
+    fleet.wait_status(&next, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(llm.requests().len(), 2, "one model call per execution: {observed}");
+}

@@ -81,3 +81,36 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
     };
     assert_eq!(send().await, send().await);
 }
+
+/// Issue 10, defect 7: a session id with `{` or `}` once put its keys in different slots (its Lua
+/// scripts failed with CROSSSLOT and its turns were parked forever). Every turn must finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_id_with_braces_runs_on_redis_cluster() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let mut options = llm_fleet(&llm).env("FLEET_REDIS_URL", CLUSTER);
+    options.capture_logs = true;
+    let fleet = spawn_fleet(options).await;
+    let mut ids = Vec::new();
+    // `%7Bodd%7D` is what `{odd}` encodes to: the two must not share a session.
+    for session in ["}odd{", "{a}b", "{odd}", "%7Bodd%7D"] {
+        ids.push((session, post_turn(&fleet, &turn_body(session, "hi", &[])).await));
+    }
+    for (session, id) in &ids {
+        let done = tokio::time::timeout(
+            Duration::from_secs(20),
+            fleet.wait_status(id, "succeeded", Duration::from_secs(3600)),
+        );
+        if done.await.is_err() {
+            let (_, body) = fleet.get(&format!("/v1/executions/{id}")).await;
+            let crossslot = fleet.logs().matches("CROSSSLOT").count();
+            panic!(
+                "session {session:?}: turn {id} is {} after 20 s; CROSSSLOT in the fleet's logs {crossslot} times",
+                body["data"]["status"]
+            );
+        }
+    }
+    assert_eq!(llm.requests().len(), ids.len(), "one model call per turn");
+}
