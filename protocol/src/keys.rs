@@ -49,9 +49,11 @@ impl Keys {
         format!("{}turn:{{{execution_id}}}:results", self.prefix)
     }
 
-    /// A session's keys (`lock`, `queue`, `steer`, `events`), sharing one hash tag.
+    /// A session's keys (`lock`, `queue`, `steer`, `events`), sharing one hash tag. The id is
+    /// percent-encoded in it: a raw `}` would end the tag early (or empty it, hashing each whole
+    /// key apart), and encoding `%` too keeps two ids from ever sharing a tag.
     pub fn session(&self, session_id: &str, part: &str) -> String {
-        format!("{}session:{{{session_id}}}:{part}", self.prefix)
+        format!("{}session:{{{}}}:{part}", self.prefix, hash_tag_safe(session_id))
     }
 
     /// A registered tool (a hash; the secret field is encrypted).
@@ -95,9 +97,64 @@ impl Keys {
     }
 }
 
+/// `id` with `%`, `{` and `}` percent-encoded: brace-free, so it is a whole hash tag, and distinct
+/// ids stay distinct. Ids without those characters are unchanged (their keys too).
+fn hash_tag_safe(id: &str) -> std::borrow::Cow<'_, str> {
+    if !id.contains(['%', '{', '}']) {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    let mut out = String::with_capacity(id.len() + 8);
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.
+    fn hashed_part(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn a_sessions_keys_share_one_slot_whatever_its_id() {
+        let k = Keys::new("t1:");
+        for id in ["plain", "}odd{", "{a}b", "{}", "}", "a{b}c", "%7B", "100%"] {
+            let tags: Vec<String> = ["lock", "queue", "steer", "events"]
+                .iter()
+                .map(|p| hashed_part(&k.session(id, p)).to_string())
+                .collect();
+            assert!(tags.iter().all(|t| t == &tags[0] && !t.contains(['{', '}'])), "{id:?}: {tags:?}");
+        }
+        assert_eq!(k.session("s1", "lock"), "t1:session:{s1}:lock", "plain ids keep their keys");
+        assert_eq!(k.session("}odd{", "queue"), "t1:session:{%7Dodd%7B}:queue");
+    }
+
+    #[test]
+    fn distinct_session_ids_never_share_a_tag() {
+        let k = Keys::default();
+        let ids = ["{odd}", "%7Bodd%7D", "%257Bodd%257D", "odd", "%", "%25"];
+        for (i, a) in ids.iter().enumerate() {
+            for b in &ids[i + 1..] {
+                assert_ne!(hashed_part(&k.session(a, "lock")), hashed_part(&k.session(b, "lock")), "{a:?} vs {b:?}");
+            }
+        }
+    }
 
     #[test]
     fn production_keys_match_the_spec() {
