@@ -11,6 +11,9 @@ pub const CONTENT_TYPE: &str = "application/json";
 pub const VERSION_HEADER: &str = "x-fleet-envelope";
 /// Largest job body the worker will parse; anything larger is poison.
 pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
+/// Room a job keeps below `MAX_ENVELOPE_BYTES` when first published, for what its later
+/// deliveries add (attempt times, `not_before_ms`, a poll's status URL).
+pub const ENVELOPE_HEADROOM_BYTES: usize = 16 * 1024;
 
 /// What kind of work a job is; each kind has its own work queue and delay queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -158,6 +161,16 @@ impl Envelope {
         serde_json::to_vec(self).expect("an envelope always serialises")
     }
 
+    /// Whether a new job is small enough to publish: a larger one (with the headroom its retries
+    /// and polls need) would be poison to the worker. `Err` holds its encoded size.
+    pub fn check_publishable_size(&self) -> Result<(), usize> {
+        let size = self.to_bytes().len();
+        match size + ENVELOPE_HEADROOM_BYTES <= MAX_ENVELOPE_BYTES {
+            true => Ok(()),
+            false => Err(size),
+        }
+    }
+
     /// Parses a delivery's body, refusing anything that is not a job this build can run.
     pub fn decode(body: &[u8], content_type: Option<&str>) -> Result<Envelope, PoisonReason> {
         match content_type {
@@ -293,6 +306,28 @@ mod tests {
         assert!(matches!(Envelope::decode(bad_id, Some(CONTENT_TYPE)), Err(PoisonReason::Shape(_))));
         let huge = vec![b' '; MAX_ENVELOPE_BYTES + 1];
         assert!(matches!(Envelope::decode(&huge, Some(CONTENT_TYPE)), Err(PoisonReason::TooLarge(_))));
+    }
+
+    #[test]
+    fn a_job_is_publishable_only_with_room_for_its_retries() {
+        assert_eq!(sample().check_publishable_size(), Ok(()));
+        let sized = |n: usize| Envelope {
+            job: Job::ToolCall(ToolCallJob {
+                tool_name: "t".into(),
+                parameters: json!({"q": "x".repeat(n)}),
+                room_id: None,
+                assistant_id: None,
+                parent: None,
+            }),
+            ..sample()
+        };
+        let base = sized(0).to_bytes().len();
+        let limit = MAX_ENVELOPE_BYTES - ENVELOPE_HEADROOM_BYTES;
+        assert_eq!(sized(limit - base).check_publishable_size(), Ok(()));
+        assert_eq!(sized(limit - base + 1).check_publishable_size(), Err(limit + 1));
+        let poison = sized(MAX_ENVELOPE_BYTES);
+        assert!(matches!(Envelope::decode(&poison.to_bytes(), Some(CONTENT_TYPE)), Err(PoisonReason::TooLarge(_))));
+        assert!(poison.check_publishable_size().is_err());
     }
 
     #[test]

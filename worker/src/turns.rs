@@ -288,33 +288,42 @@ impl Processor {
                 turn::tool_call_event(call, parameters.as_ref().unwrap_or(&Value::Null), &state.message_id),
             )
             .await;
+            let exec = derived_execution_id(&[turn_id, &job.round.to_string(), &call.id]);
+            let planned = PendingCall {
+                call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                execution_id: Some(exec.clone()),
+            };
             let problem = if !state.enabled(&call.name) {
-                Some(format!("tool {:?} is not enabled for this assistant", call.name))
+                Some(("tool_not_allowed", format!("tool {:?} is not enabled for this assistant", call.name)))
             } else {
-                parameters.as_ref().err().cloned()
+                match &parameters {
+                    Err(e) => Some(("tool_not_allowed", e.clone())),
+                    // Published, it would be poison to every worker and the turn would wait forever.
+                    Ok(p) => tool_call_envelope(&state, turn_id, &planned, &exec, p.clone(), job.round)
+                        .check_publishable_size()
+                        .err()
+                        .map(|size| ("tool_arguments_too_large", too_large_message(size))),
+                }
             };
             match problem {
-                Some(error) => {
-                    refused.push((call.id.clone(), call.name.clone(), error));
+                Some((code, error)) => {
+                    refused.push((call.id.clone(), code, error));
                     pending.push(PendingCall {
                         call_id: call.id.clone(),
                         tool_name: call.name.clone(),
                         execution_id: None,
                     });
                 }
-                None => pending.push(PendingCall {
-                    call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                    execution_id: Some(derived_execution_id(&[turn_id, &job.round.to_string(), &call.id])),
-                }),
+                None => pending.push(planned),
             }
         }
-        for (call_id, _, error) in &refused {
+        for (call_id, code, error) in &refused {
             let _ = self
                 .store
                 .record_call_outcome(turn_id, call_id, &CallOutcome { ok: false, result: json!(error) })
                 .await;
-            self.emit(&session, turn::error_event("tool_not_allowed", error, Some(call_id), &state.message_id)).await;
+            self.emit(&session, turn::error_event(code, error, Some(call_id), &state.message_id)).await;
         }
         state.tool_calls.extend(pending.iter().cloned());
         state.pending = pending;
@@ -382,17 +391,8 @@ impl Processor {
         let done = self.store.call_outcomes(turn_id).await.unwrap_or_default();
         for call in state.pending.iter().filter(|c| !done.contains_key(&c.call_id)) {
             let Some(exec) = &call.execution_id else { continue };
-            let job = Job::ToolCall(ToolCallJob {
-                tool_name: call.tool_name.clone(),
-                parameters: arguments.get(&call.call_id).cloned().unwrap_or_else(|| json!({})),
-                room_id: Some(state.session_id.clone()),
-                assistant_id: Some(state.assistant.id.clone()),
-                parent: Some(TurnParent {
-                    turn_execution_id: turn_id.to_string(),
-                    call_id: call.call_id.clone(),
-                    round: state.round - 1,
-                }),
-            });
+            let parameters = arguments.get(&call.call_id).cloned().unwrap_or_else(|| json!({}));
+            let envelope = tool_call_envelope(state, turn_id, call, exec, parameters, state.round - 1);
             let _ = self
                 .store
                 .create_execution(&NewExecution {
@@ -404,7 +404,6 @@ impl Processor {
                     now_ms: now_ms(),
                 })
                 .await;
-            let envelope = Envelope::new(exec.clone(), job, now_ms());
             if let Err(e) = publisher.publish_job(&self.config.common.topology, &envelope, trace_headers()).await {
                 tracing::warn!(error = %e, "cannot publish a tool call; the step's redelivery publishes it");
             } else {
@@ -571,6 +570,34 @@ impl Processor {
         );
         let _ = publisher.publish_job(&self.config.common.topology, &envelope, trace_headers()).await;
     }
+}
+
+/// The job that runs `call` (made in the turn's `round`) as execution `exec`.
+fn tool_call_envelope(
+    state: &TurnState,
+    turn_id: &str,
+    call: &PendingCall,
+    exec: &str,
+    parameters: Value,
+    round: u32,
+) -> Envelope {
+    let job = Job::ToolCall(ToolCallJob {
+        tool_name: call.tool_name.clone(),
+        parameters,
+        room_id: Some(state.session_id.clone()),
+        assistant_id: Some(state.assistant.id.clone()),
+        parent: Some(TurnParent { turn_execution_id: turn_id.to_string(), call_id: call.call_id.clone(), round }),
+    });
+    Envelope::new(exec.to_string(), job, now_ms())
+}
+
+/// What the model is told about a call whose job would be `size` bytes (its arguments are not echoed).
+fn too_large_message(size: usize) -> String {
+    use fleet_protocol::envelope::{ENVELOPE_HEADROOM_BYTES, MAX_ENVELOPE_BYTES};
+    format!(
+        "the call's arguments make a job of {size} bytes, over the limit of {} bytes; call the tool with smaller arguments",
+        MAX_ENVELOPE_BYTES - ENVELOPE_HEADROOM_BYTES
+    )
 }
 
 /// Every model attempt leaves a log line, like a callback attempt: duration, outcome, tokens.
