@@ -32,7 +32,7 @@ use crate::AppState;
 
 /// Which client a request came from: a digest of its token, to namespace its `Idempotency-Key`s.
 #[derive(Clone)]
-struct Caller(String);
+pub(crate) struct Caller(String);
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
@@ -413,14 +413,7 @@ async fn create_tool_call(
     validate::tool_name(&input.tool_name)?;
     validate::identifier("room_id", input.room_id.as_deref())?;
     validate::identifier("assistant_id", input.assistant_id.as_deref())?;
-    let idempotency_key = match headers.get("idempotency-key") {
-        Some(v) => {
-            let k = v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be visible ASCII"))?;
-            validate::idempotency_key(k)?;
-            Some(state.store.keys().request_key(&caller.0, &hex::encode(Sha256::digest(k.as_bytes()))))
-        }
-        None => None,
-    };
+    let idempotency_key = request_key(&state, &caller, &headers)?;
     if !tool_exists(&state, &input.tool_name).await? {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -428,24 +421,51 @@ async fn create_tool_call(
             format!("tool_name {:?} is not a registered tool", input.tool_name),
         ));
     }
+    submit(&state, idempotency_key, &headers, input).await
+}
+
+/// The request's `Idempotency-Key` as its store key (namespaced by the caller), if it sent one.
+pub(crate) fn request_key(state: &AppState, caller: &Caller, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    let k = v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be visible ASCII"))?;
+    validate::idempotency_key(k)?;
+    Ok(Some(state.store.keys().request_key(&caller.0, &hex::encode(Sha256::digest(k.as_bytes())))))
+}
+
+/// One kind of job a client submits (`POST /v1/tool-calls`, `POST /v1/turns`): what its
+/// `Idempotency-Key` compares, how it is recorded and published, and what a refused one leaves.
+/// Everything else about accepting a job is `submit`'s, the same for every kind.
+pub(crate) trait Submission {
+    /// A digest of what the request asks for (not of its bytes: key order and spacing do not count).
+    fn body_digest(&self) -> String;
+    /// The server span the enqueue runs in.
+    fn span(&self, execution_id: &str) -> tracing::Span;
+    /// Records the job (a republish keeps what an earlier attempt recorded), then publishes it and
+    /// waits for the broker's confirm.
+    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure>;
+    /// Removes what a first attempt wrote, once it is certain nothing was accepted.
+    async fn undo(&self, state: &AppState, execution_id: &str, failure: &EnqueueFailure);
+}
+
+/// Accepts a job: reserves its `Idempotency-Key` (or answers from it), enqueues it, and answers 202
+/// once the broker confirmed it, or refuses it by what the failure means.
+pub(crate) async fn submit<S: Submission>(
+    state: &AppState,
+    idempotency_key: Option<String>,
+    headers: &HeaderMap,
+    submission: S,
+) -> Result<Response, ApiError> {
     let (execution_id, hold) = match &idempotency_key {
         None => (fleet_protocol::new_execution_id(), None),
-        Some(key) => match reserve(&state, key, &input).await? {
+        Some(key) => match reserve(state, key, &submission.body_digest()).await? {
             Reserved::Answer(response) => return Ok(response),
             Reserved::Held(hold) => (hold.execution_id().to_string(), Some(hold)),
         },
     };
     let republish = hold.as_ref().is_some_and(|h| h.republish);
-    let span = tracing::info_span!(
-        "tool_call",
-        otel.name = "POST /v1/tool-calls",
-        otel.kind = "server",
-        http.request.method = "POST",
-        http.route = "/v1/tool-calls",
-        execution_id = %execution_id,
-    );
-    let _ = span.set_parent(telemetry::from_http_headers(&headers));
-    let result = enqueue(&state, &execution_id, input, republish).instrument(span).await;
+    let span = submission.span(&execution_id);
+    let _ = span.set_parent(telemetry::from_http_headers(headers));
+    let result = submission.enqueue(state, &execution_id, republish).instrument(span).await;
     match result {
         Ok(()) => {
             if let Some(hold) = &hold {
@@ -455,9 +475,37 @@ async fn create_tool_call(
                     tracing::warn!(error = %e, execution_id, "accepted, but the Idempotency-Key was not recorded");
                 }
             }
-            Ok(accepted(&state, &execution_id, republish).await)
+            Ok(accepted(state, &execution_id, republish).await)
         }
-        Err(failure) => Err(refuse(&state, &execution_id, hold.as_ref(), republish, failure).await),
+        Err(failure) => Err(refuse(state, &submission, &execution_id, hold.as_ref(), republish, failure).await),
+    }
+}
+
+impl Submission for ToolCallInput {
+    fn body_digest(&self) -> String {
+        body_digest(self)
+    }
+
+    fn span(&self, execution_id: &str) -> tracing::Span {
+        tracing::info_span!(
+            "tool_call",
+            otel.name = "POST /v1/tool-calls",
+            otel.kind = "server",
+            http.request.method = "POST",
+            http.route = "/v1/tool-calls",
+            execution_id = %execution_id,
+        )
+    }
+
+    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure> {
+        enqueue(state, execution_id, self, republish).await
+    }
+
+    async fn undo(&self, state: &AppState, execution_id: &str, failure: &EnqueueFailure) {
+        // Before the publish, the record itself is what failed to be written.
+        if matches!(failure, EnqueueFailure::Publish(_)) {
+            let _ = state.store.delete_execution(execution_id, "tool_call").await;
+        }
     }
 }
 
@@ -480,10 +528,10 @@ enum Reserved {
 }
 
 /// Reserves the key for this request, or answers from what the key already holds.
-async fn reserve(state: &AppState, key: &str, input: &ToolCallInput) -> Result<Reserved, ApiError> {
+async fn reserve(state: &AppState, key: &str, body_digest: &str) -> Result<Reserved, ApiError> {
     let pending_for = state.config.common.publish_timeout + state.config.common.redis_timeout;
     let fresh = fleet_protocol::new_execution_id();
-    Ok(match state.store.reserve_request(key, &fresh, &body_digest(input), pending_for).await? {
+    Ok(match state.store.reserve_request(key, &fresh, body_digest, pending_for).await? {
         Reservation::New(hold) => Reserved::Held(Held { hold, republish: false }),
         Reservation::Unconfirmed(hold) => Reserved::Held(Held { hold, republish: true }),
         Reservation::Existing(previous) => Reserved::Answer(accepted(state, &previous, true).await),
@@ -516,7 +564,7 @@ fn body_digest(input: &ToolCallInput) -> String {
 }
 
 /// Why an enqueue failed: before anything was published, or in the publish.
-enum EnqueueFailure {
+pub(crate) enum EnqueueFailure {
     BeforePublish(ApiError),
     Publish(BrokerError),
 }
@@ -540,8 +588,9 @@ fn failure_outcome(publish: Option<PublishFailure>, republish: bool) -> FailureO
 }
 
 /// Undoes or keeps what the request wrote, by what the failure means, and builds its answer.
-async fn refuse(
+async fn refuse<S: Submission>(
     state: &AppState,
+    submission: &S,
     execution_id: &str,
     hold: Option<&Held>,
     republish: bool,
@@ -559,8 +608,8 @@ async fn refuse(
                 Some(hold) => state.store.release_request(&hold.hold).await.unwrap_or(false),
                 None => true,
             };
-            if ours && publish.is_some() {
-                let _ = state.store.delete_execution(execution_id, "tool_call").await;
+            if ours {
+                submission.undo(state, execution_id, &failure).await;
             }
             match failure {
                 EnqueueFailure::BeforePublish(e) => e,
@@ -586,10 +635,11 @@ async fn refuse(
 async fn enqueue(
     state: &AppState,
     execution_id: &str,
-    input: ToolCallInput,
+    input: &ToolCallInput,
     republish: bool,
 ) -> Result<(), EnqueueFailure> {
-    let publisher = state.broker.publisher().map_err(EnqueueFailure::Publish)?;
+    // No record is written while the broker is certainly out of reach.
+    state.broker.publisher().map_err(EnqueueFailure::Publish)?;
     let now = now_ms();
     let record = async {
         // A republished execution may already have run: its record is not reset.
@@ -610,13 +660,20 @@ async fn enqueue(
     };
     record.await.map_err(|e| EnqueueFailure::BeforePublish(e.into()))?;
     let job = Job::ToolCall(ToolCallJob {
-        tool_name: input.tool_name,
-        parameters: Value::Object(input.parameters),
-        room_id: input.room_id,
-        assistant_id: input.assistant_id,
+        tool_name: input.tool_name.clone(),
+        parameters: Value::Object(input.parameters.clone()),
+        room_id: input.room_id.clone(),
+        assistant_id: input.assistant_id.clone(),
         parent: None,
     });
     let envelope = Envelope::new(execution_id.to_string(), job, now);
+    publish(state, &envelope).await
+}
+
+/// Publishes a new job under a producer span and waits for the broker's confirm.
+pub(crate) async fn publish(state: &AppState, envelope: &Envelope) -> Result<(), EnqueueFailure> {
+    let publisher = state.broker.publisher().map_err(EnqueueFailure::Publish)?;
+    let execution_id = envelope.execution_id.as_str();
     let topology = &state.config.common.topology;
     let exchange = topology.jobs_exchange();
     let routing_key = envelope.kind().as_str();
@@ -631,7 +688,7 @@ async fn enqueue(
         messaging.message.id = execution_id,
     );
     let headers = telemetry::amqp_headers(&send);
-    publisher.publish_job(topology, &envelope, headers).instrument(send).await.map_err(EnqueueFailure::Publish)?;
+    publisher.publish_job(topology, envelope, headers).instrument(send).await.map_err(EnqueueFailure::Publish)?;
     state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
     tracing::info!(execution_id, trace_id = %telemetry::trace_id(&tracing::Span::current()), "job accepted");
     Ok(())

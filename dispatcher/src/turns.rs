@@ -3,71 +3,97 @@
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::{json, Value};
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use sha2::{Digest, Sha256};
+
+use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
-use fleet_platform::{now_ms, telemetry};
 use fleet_protocol::envelope::{Envelope, Job, JobKind, TurnJob};
 use fleet_protocol::turn::{self, TurnInput, TurnState};
 
-use crate::api::{require_json, Body};
+use crate::api::{publish, request_key, require_json, submit, Body, Caller, EnqueueFailure, Submission};
 use crate::error::ApiError;
 use crate::{validate, AppState};
 
 /// Records the turn, puts it in its session's line (arrival order is run order), and publishes its
-/// first step with a publisher confirm before answering 202.
+/// first step with a publisher confirm before answering 202; `Idempotency-Key` is honoured as on
+/// `POST /v1/tool-calls` (the same `submit`).
 pub(crate) async fn create_turn(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     headers: HeaderMap,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
     let input: TurnInput = validate::parse_body(&body)?;
     input.validate().map_err(ApiError::invalid)?;
-    let execution_id = fleet_protocol::new_execution_id();
-    let message_id = fleet_protocol::turn::attempt_message_id(&execution_id, 0, 1);
-    let span =
-        tracing::info_span!("turn", otel.name = "POST /v1/turns", otel.kind = "server", execution_id = %execution_id);
-    let _ = span.set_parent(telemetry::from_http_headers(&headers));
-    async {
-        let publisher = state.broker.publisher()?;
-        let turn = TurnState::new(&input, message_id);
-        state.store.save_turn(&execution_id, &turn).await?;
-        state
-            .store
-            .create_execution(&NewExecution {
-                execution_id: &execution_id,
-                kind: JobKind::Turn.as_str(),
-                tool_name: None,
-                room_id: Some(&input.session_id),
-                assistant_id: Some(&input.assistant.id),
-                now_ms: now_ms(),
-            })
-            .await?;
-        state.store.session_enqueue(&input.session_id, &execution_id).await?;
-        let envelope = Envelope::new(
-            execution_id.clone(),
-            Job::Turn(TurnJob { session_id: input.session_id.clone(), round: 0 }),
-            now_ms(),
-        );
-        let headers = telemetry::amqp_headers(&tracing::Span::current());
-        if let Err(e) = publisher.publish_job(&state.config.common.topology, &envelope, headers).await {
-            let _ = state.store.session_dequeue(&input.session_id, &execution_id).await;
-            let _ = state.store.delete_execution(&execution_id, JobKind::Turn.as_str()).await;
-            return Err(ApiError::from(e));
-        }
-        state.metrics.jobs_published.with_label_values(&[JobKind::Turn.as_str()]).inc();
-        Ok::<_, ApiError>(())
+    let idempotency_key = request_key(&state, &caller, &headers)?;
+    let canonical: Value = serde_json::from_slice(&body).map_err(|e| ApiError::malformed(e.to_string()))?;
+    submit(&state, idempotency_key, &headers, NewTurn { input, canonical }).await
+}
+
+/// A turn as submitted: the parsed input, and the body as JSON for its `Idempotency-Key` digest.
+struct NewTurn {
+    input: TurnInput,
+    canonical: Value,
+}
+
+impl Submission for NewTurn {
+    fn body_digest(&self) -> String {
+        turn_digest(&self.canonical)
     }
-    .instrument(span)
-    .await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({"data": {"execution_id": execution_id, "status": "queued"}})))
-        .into_response())
+
+    fn span(&self, execution_id: &str) -> tracing::Span {
+        tracing::info_span!("turn", otel.name = "POST /v1/turns", otel.kind = "server", execution_id = %execution_id)
+    }
+
+    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure> {
+        state.broker.publisher().map_err(EnqueueFailure::Publish)?;
+        let input = &self.input;
+        let record = async {
+            // The line entry is made before the record, so a republish that finds the record knows
+            // the entry was made: the turn may have taken it (started) since, and it is not put back.
+            if republish && state.store.get_execution(execution_id).await?.is_some() {
+                return Ok(());
+            }
+            let turn = TurnState::new(input, turn::attempt_message_id(execution_id, 0, 1));
+            state.store.save_turn(execution_id, &turn).await?;
+            // Nothing was published without a record, so nothing has run: one entry, kept or made.
+            state.store.session_enqueue(&input.session_id, execution_id).await?;
+            state
+                .store
+                .create_execution(&NewExecution {
+                    execution_id,
+                    kind: JobKind::Turn.as_str(),
+                    tool_name: None,
+                    room_id: Some(&input.session_id),
+                    assistant_id: Some(&input.assistant.id),
+                    now_ms: now_ms(),
+                })
+                .await
+        };
+        record.await.map_err(|e| EnqueueFailure::BeforePublish(e.into()))?;
+        let job = Job::Turn(TurnJob { session_id: input.session_id.clone(), round: 0 });
+        publish(state, &Envelope::new(execution_id.to_string(), job, now_ms())).await
+    }
+
+    async fn undo(&self, state: &AppState, execution_id: &str, _failure: &EnqueueFailure) {
+        // A line entry without a job would hold up every later turn of the session.
+        let _ = state.store.session_dequeue(&self.input.session_id, execution_id).await;
+        let _ = state.store.delete_execution(execution_id, JobKind::Turn.as_str()).await;
+    }
+}
+
+/// What a turn request asks for: its JSON with keys sorted and spacing dropped, apart from tool
+/// calls' (a key sent to both routes is refused as reused, never replayed across them).
+fn turn_digest(canonical: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"turn\n");
+    hasher.update(serde_json::to_vec(canonical).expect("JSON serialises"));
+    hex::encode(hasher.finalize())
 }
 
 /// The turn's part of `GET /v1/executions/{id}`: rounds, tool calls, final message.
@@ -146,6 +172,16 @@ fn is_stream_id(id: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_turns_digest_ignores_key_order_and_spacing_but_not_content() {
+        let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        let a = parse(r#"{"session_id":"s","messages":[{"role":"user","content":"hi"}]}"#);
+        let b = parse(r#"{ "messages": [ {"content": "hi", "role": "user"} ], "session_id": "s" }"#);
+        let c = parse(r#"{"session_id":"s","messages":[{"role":"user","content":"ho"}]}"#);
+        assert_eq!(super::turn_digest(&a), super::turn_digest(&b));
+        assert_ne!(super::turn_digest(&a), super::turn_digest(&c));
+    }
+
     #[test]
     fn stream_ids_are_redis_ids() {
         assert!(super::is_stream_id("1700000000000-0"));

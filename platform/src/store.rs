@@ -239,6 +239,12 @@ enum Backend {
     },
 }
 
+const SESSION_ENQUEUE_LUA: &str = r#"
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"#;
+
 const SESSION_ACQUIRE_LUA: &str = r#"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 'held' end
@@ -574,17 +580,16 @@ impl Store {
         Ok(self.count(r)?.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect())
     }
 
-    /// Puts a turn in its session's line (at acceptance, so arrival order is the order they run).
+    /// Puts a turn in its session's line (at acceptance, so arrival order is the order they run),
+    /// once: a republished turn already in line keeps its place.
     pub async fn session_enqueue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
-        let key = self.keys.session(session_id, "queue");
-        let r: Result<(), _> = redis::pipe()
-            .rpush(&key, execution_id)
-            .ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
-            .ignore()
-            .query_async(&mut self.conn().await?)
+        let r: Result<i64, _> = Script::new(SESSION_ENQUEUE_LUA)
+            .key(self.keys.session(session_id, "queue"))
+            .arg(execution_id)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .invoke_async(&mut self.conn().await?)
             .await;
-        self.count(r)
+        self.count(r).map(|_| ())
     }
 
     pub async fn session_dequeue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
