@@ -184,9 +184,7 @@ async fn tool_call_parameters_that_fail_the_schema_are_422_naming_the_path() {
     let receiver = Receiver::echo(SECRET).await;
     let fleet = spawn_fleet(FleetOptions::default()).await;
     register(&fleet, &seed_tool("search_products", &receiver.url("/s"))).await;
-    let call = |parameters: Value| {
-        json!({"tool_name": "search_products", "parameters": parameters, "room_id": "room_1", "assistant_id": "asst_1"})
-    };
+    let call = |parameters: Value| json!({"tool_name": "search_products", "parameters": parameters, "room_id": "room_1", "assistant_id": "asst_1"});
     for (parameters, path) in [
         (json!({"query": 5}), "parameters/query"),
         (json!({"category": "electronics"}), "query"),

@@ -289,13 +289,18 @@ impl Processor {
             )
             .await;
             let problem = if !state.enabled(&call.name) {
-                Some(format!("tool {:?} is not enabled for this assistant", call.name))
+                Some(("tool_not_allowed", format!("tool {:?} is not enabled for this assistant", call.name)))
             } else {
-                parameters.as_ref().err().cloned()
+                match &parameters {
+                    Err(e) => Some(("tool_not_allowed", e.clone())),
+                    Ok(arguments) => crate::arguments::schema_problem(&self.store, &call.name, arguments)
+                        .await
+                        .map(|e| ("invalid_arguments", e)),
+                }
             };
             match problem {
-                Some(error) => {
-                    refused.push((call.id.clone(), call.name.clone(), error));
+                Some((code, error)) => {
+                    refused.push((call.id.clone(), code, error));
                     pending.push(PendingCall {
                         call_id: call.id.clone(),
                         tool_name: call.name.clone(),
@@ -309,12 +314,12 @@ impl Processor {
                 }),
             }
         }
-        for (call_id, _, error) in &refused {
+        for (call_id, code, error) in &refused {
             let _ = self
                 .store
                 .record_call_outcome(turn_id, call_id, &CallOutcome { ok: false, result: json!(error) })
                 .await;
-            self.emit(&session, turn::error_event("tool_not_allowed", error, Some(call_id), &state.message_id)).await;
+            self.emit(&session, turn::error_event(code, error, Some(call_id), &state.message_id)).await;
         }
         state.tool_calls.extend(pending.iter().cloned());
         state.pending = pending;
