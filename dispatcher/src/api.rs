@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use fleet_platform::broker::{BrokerError, PublishFailure};
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
-use fleet_platform::store::{ExecutionView, NewExecution, RequestHold, Reservation, StoredTool, StoredWebhook};
+use fleet_platform::store::{ExecutionView, NewExecution, RequestHold, Reservation, StoredWebhook};
 use fleet_platform::telemetry;
 use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, ListCursor};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
@@ -36,8 +36,11 @@ pub(crate) struct Caller(String);
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
-        .route("/v1/tools", get(list_tools))
-        .route("/v1/tools/{name}", put(put_tool).get(get_tool).delete(delete_tool))
+        .route("/v1/tools", get(crate::tools::list_tools).post(crate::tools::post_tool))
+        .route(
+            "/v1/tools/{tool}",
+            put(crate::tools::put_tool).get(crate::tools::get_tool).delete(crate::tools::delete_tool),
+        )
         .route("/v1/tool-calls", post(create_tool_call))
         .route("/v1/turns", post(crate::turns::create_turn))
         .route("/v1/sessions/{id}/stream", get(crate::turns::stream_session))
@@ -125,99 +128,11 @@ pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-// ---- tools ----
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ToolInput {
-    name: Option<String>,
-    description: Option<String>,
-    parameters: Option<Map<String, Value>>,
-    callback_url: Option<String>,
-    callback_secret: Option<String>,
-}
-
-fn tool_json(t: &StoredTool) -> Value {
-    json!({
-        "id": format!("tool_{}", t.name),
-        "name": t.name,
-        "description": t.description,
-        "parameters": t.parameters,
-        "callback_url": t.callback_url,
-        "created_at": rfc3339_from_millis(t.created_at_ms),
-        "updated_at": rfc3339_from_millis(t.updated_at_ms),
-    })
-}
-
-async fn put_tool(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    Body(body): Body,
-) -> Result<Response, ApiError> {
-    require_json(&headers)?;
-    validate::tool_name(&name)?;
-    let input: ToolInput = validate::parse_body(&body)?;
-    if input.name.as_deref().is_some_and(|n| n != name) {
-        return Err(ApiError::invalid("name in the body must match the name in the path"));
-    }
-    if let Some(d) = &input.description {
-        if d.chars().count() > 4096 {
-            return Err(ApiError::invalid("description is longer than 4096 characters"));
-        }
-    }
-    if let Some(url) = &input.callback_url {
-        validate::callback_url("callback_url", url, state.config.allow_private_callbacks)?;
-        if !state.config.allow_private_callbacks {
-            refuse_private_resolution(url).await?;
-        }
-    }
-    if let Some(secret) = &input.callback_secret {
-        if secret.len() < 16 || secret.len() > 1024 {
-            return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
-        }
-    }
-    let existing = state.store.get_tool(&name).await?;
-    let now = now_ms();
-    let owner = format!("tool:{name}");
-    let tool = match existing {
-        Some(old) => StoredTool {
-            name: name.clone(),
-            description: input.description.unwrap_or(old.description),
-            parameters: input.parameters.map(Value::Object).unwrap_or(old.parameters),
-            callback_url: input.callback_url.unwrap_or(old.callback_url),
-            secret_ciphertext: match input.callback_secret {
-                Some(s) => state.config.secrets_key.encrypt(&owner, &s),
-                None => old.secret_ciphertext,
-            },
-            created_at_ms: old.created_at_ms,
-            updated_at_ms: now,
-        },
-        None => {
-            let callback_url = input.callback_url.ok_or_else(|| ApiError::invalid("callback_url is required"))?;
-            let secret = input.callback_secret.ok_or_else(|| ApiError::invalid("callback_secret is required"))?;
-            StoredTool {
-                name: name.clone(),
-                description: input.description.unwrap_or_default(),
-                parameters: input
-                    .parameters
-                    .map(Value::Object)
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-                callback_url,
-                secret_ciphertext: state.config.secrets_key.encrypt(&owner, &secret),
-                created_at_ms: now,
-                updated_at_ms: now,
-            }
-        }
-    };
-    let created = state.store.put_tool(&tool).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
-}
+// ---- shared by the registries ----
 
 /// Refuses a callback host whose DNS answer includes a private address (the worker checks again
 /// at connect time, so a later rebinding fails there).
-async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
+pub(crate) async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
     let Ok(url) = url::Url::parse(raw) else { return Ok(()) };
     let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { return Ok(()) };
     if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') {
@@ -234,56 +149,16 @@ async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn get_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
-    let tool =
-        state.store.get_tool(&name).await?.ok_or_else(|| ApiError::not_found(format!("no tool named {name:?}")))?;
-    Ok(Json(json!({"data": tool_json(&tool)})))
-}
-
 #[derive(Deserialize)]
-struct Page {
-    cursor: Option<String>,
-    limit: Option<usize>,
+pub(crate) struct Page {
+    pub(crate) cursor: Option<String>,
+    pub(crate) limit: Option<usize>,
 }
 
-fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+pub(crate) fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     match limit.unwrap_or(50) {
         n @ 1..=200 => Ok(n),
         _ => Err(ApiError::invalid("limit must be between 1 and 200")),
-    }
-}
-
-async fn list_tools(State(state): State<AppState>, Query(page): Query<Page>) -> Result<Json<Value>, ApiError> {
-    let limit = page_limit(page.limit)?;
-    let tools = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
-    let next = (tools.len() > limit).then(|| tools[limit - 1].name.clone());
-    let data: Vec<Value> = tools.iter().take(limit).map(tool_json).collect();
-    Ok(Json(json!({"data": data, "next_cursor": next})))
-}
-
-/// Whether `name` is registered, from a 2-second cache of positive answers.
-async fn tool_exists(state: &AppState, name: &str) -> Result<bool, ApiError> {
-    const TTL: std::time::Duration = std::time::Duration::from_secs(2);
-    if state.known_tools.lock().unwrap().get(name).is_some_and(|at| at.elapsed() < TTL) {
-        return Ok(true);
-    }
-    let exists = state.store.get_tool(name).await?.is_some();
-    if exists {
-        let mut known = state.known_tools.lock().unwrap();
-        if known.len() > 10_000 {
-            known.clear();
-        }
-        known.insert(name.to_string(), Instant::now());
-    }
-    Ok(exists)
-}
-
-async fn delete_tool(State(state): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    state.known_tools.lock().unwrap().remove(&name);
-    if state.store.delete_tool(&name).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("no tool named {name:?}")))
     }
 }
 
@@ -414,13 +289,7 @@ async fn create_tool_call(
     validate::identifier("room_id", input.room_id.as_deref())?;
     validate::identifier("assistant_id", input.assistant_id.as_deref())?;
     let idempotency_key = request_key(&state, &caller, &headers)?;
-    if !tool_exists(&state, &input.tool_name).await? {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_tool",
-            format!("tool_name {:?} is not a registered tool", input.tool_name),
-        ));
-    }
+    crate::tools::check_call(&state, &input.tool_name, &input.parameters).await?;
     submit(&state, idempotency_key, &headers, input).await
 }
 

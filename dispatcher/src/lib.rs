@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod stats;
+pub mod tools;
 pub mod turns;
 pub mod validate;
 
@@ -25,8 +26,8 @@ pub struct AppState {
     pub broker: BrokerLink,
     pub store: Store,
     pub metrics: Metrics,
-    /// Tool names seen registered recently (2 s), so enqueueing does not read Redis every time.
-    pub known_tools: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+    /// Registered tools' compiled schemas (2 s), so enqueueing does not read Redis every time.
+    pub tool_schemas: Arc<tools::SchemaCache>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +80,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         metrics.clone(),
         broker_cancel.clone(),
     ));
-    let state = AppState { config: Arc::new(config), broker: link, store, metrics, known_tools: Default::default() };
+    let state = AppState { config: Arc::new(config), broker: link, store, metrics, tool_schemas: Default::default() };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
     let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
     broker_cancel.cancel();

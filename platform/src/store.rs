@@ -30,6 +30,10 @@ pub enum StoreError {
 /// A registered tool as stored: the secret only as ciphertext.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredTool {
+    /// The id the API hands out (`tool_…`); empty for a tool stored before tools had ids, until
+    /// the dispatcher gives it one.
+    #[serde(default)]
+    pub id: String,
     pub name: String,
     pub description: String,
     pub parameters: Value,
@@ -37,6 +41,13 @@ pub struct StoredTool {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+}
+
+/// A tool as read, with the stored text that a conditional write compares against.
+#[derive(Debug, Clone)]
+pub struct ToolVersion {
+    pub tool: StoredTool,
+    raw: String,
 }
 
 /// A registered webhook as stored: the secret only as ciphertext.
@@ -264,6 +275,30 @@ redis.call('LREM', KEYS[2], 0, ARGV[1])
 return 1
 "#;
 
+/// Writes a tool only if its entry is still what the writer read (`ARGV[1]`, empty: absent), and
+/// keeps the id index in step. KEYS: entry, name index, id index (one `{tools}` slot).
+const TOOL_WRITE_LUA: &str = r#"
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+if ARGV[5] ~= '' and ARGV[5] ~= ARGV[4] then redis.call('HDEL', KEYS[3], ARGV[5]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], ARGV[4], ARGV[3]) end
+return 1
+"#;
+
+/// Deletes a tool (only the one with id `ARGV[2]`, unless empty) with its index entries.
+const TOOL_DELETE_LUA: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local ok, rec = pcall(cjson.decode, cur)
+local id = (ok and type(rec) == 'table' and type(rec.id) == 'string') and rec.id or ''
+if ARGV[2] ~= '' and ARGV[2] ~= id then return 0 end
+if id ~= '' then redis.call('HDEL', KEYS[3], id) end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#;
+
 const SESSION_FINISH_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not_holder', ''} end
 if redis.call('LLEN', KEYS[3]) > 0 then return {'steer', ''} end
@@ -274,26 +309,22 @@ return {'released', redis.call('LINDEX', KEYS[2], 0) or ''}
 /// Which registry an entry belongs to.
 #[derive(Debug, Clone, Copy)]
 enum Registry {
-    Tools,
     Webhooks,
 }
 
 impl Registry {
     fn entry(self, keys: &Keys, id: &str) -> String {
         match self {
-            Registry::Tools => keys.tool(id),
             Registry::Webhooks => keys.webhook(id),
         }
     }
     fn index(self, keys: &Keys) -> String {
         match self {
-            Registry::Tools => keys.tools_index(),
             Registry::Webhooks => keys.webhooks_index(),
         }
     }
     fn label(self) -> &'static str {
         match self {
-            Registry::Tools => "tool",
             Registry::Webhooks => "webhook",
         }
     }
@@ -479,22 +510,78 @@ impl Store {
         Ok(self.count(r)?.0 > 0)
     }
 
-    /// Creates or replaces a tool; returns whether it is new.
-    pub async fn put_tool(&self, tool: &StoredTool) -> Result<bool, StoreError> {
-        self.registry_put(Registry::Tools, &tool.name, tool).await
+    /// Writes `tool` if its entry is unchanged since `previous` was read (`None`: only if there is
+    /// none); returns whether it was written.
+    pub async fn write_tool(&self, tool: &StoredTool, previous: Option<&ToolVersion>) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(tool).expect("a tool serialises");
+        let r: Result<i64, _> = Script::new(TOOL_WRITE_LUA)
+            .key(self.keys.tool(&tool.name))
+            .key(self.keys.tools_index())
+            .key(self.keys.tool_ids())
+            .arg(previous.map_or("", |p| p.raw.as_str()))
+            .arg(json)
+            .arg(&tool.name)
+            .arg(&tool.id)
+            .arg(previous.map_or("", |p| p.tool.id.as_str()))
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? == 1)
     }
 
     pub async fn get_tool(&self, name: &str) -> Result<Option<StoredTool>, StoreError> {
-        self.registry_get(Registry::Tools, name).await
+        Ok(self.read_tool(name).await?.map(|v| v.tool))
+    }
+
+    /// A tool with what a conditional write needs.
+    pub async fn read_tool(&self, name: &str) -> Result<Option<ToolVersion>, StoreError> {
+        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.tool(name)).await;
+        self.count(raw)?
+            .map(|raw| match serde_json::from_str(&raw) {
+                Ok(tool) => Ok(ToolVersion { tool, raw }),
+                Err(e) => Err(StoreError::Corrupt(format!("tool {name}: {e}"))),
+            })
+            .transpose()
+    }
+
+    /// The name the id index holds for `id` (the caller checks that tool's id: the name may have
+    /// been registered again since).
+    pub async fn tool_name_by_id(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let r: Result<Option<String>, _> = self.conn().await?.hget(self.keys.tool_ids(), id).await;
+        self.count(r)
     }
 
     /// Tools in name order after `after`, at most `limit`.
-    pub async fn list_tools(&self, after: Option<&str>, limit: usize) -> Result<Vec<StoredTool>, StoreError> {
-        self.registry_list(Registry::Tools, after, limit).await
+    pub async fn list_tools(&self, after: Option<&str>, limit: usize) -> Result<Vec<ToolVersion>, StoreError> {
+        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
+        let names: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.keys.tools_index())
+            .arg(min)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let mut tools = Vec::new();
+        for name in self.count(names)? {
+            if let Some(tool) = self.read_tool(&name).await? {
+                tools.push(tool);
+            }
+        }
+        Ok(tools)
     }
 
-    pub async fn delete_tool(&self, name: &str) -> Result<bool, StoreError> {
-        self.registry_delete(Registry::Tools, name).await
+    /// Deletes the tool named `name` (only if its id is `id`, when given); returns whether it did.
+    pub async fn delete_tool(&self, name: &str, id: Option<&str>) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = Script::new(TOOL_DELETE_LUA)
+            .key(self.keys.tool(name))
+            .key(self.keys.tools_index())
+            .key(self.keys.tool_ids())
+            .arg(name)
+            .arg(id.unwrap_or(""))
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? == 1)
     }
 
     /// Creates or replaces a webhook; returns whether it is new.

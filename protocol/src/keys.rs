@@ -66,6 +66,11 @@ impl Keys {
         format!("{}{{tools}}:index", self.prefix)
     }
 
+    /// Hash of tool id → tool name, so the id the API hands out addresses the tool.
+    pub fn tool_ids(&self) -> String {
+        format!("{}{{tools}}:ids", self.prefix)
+    }
+
     /// A registered webhook (JSON; the secret field is encrypted).
     pub fn webhook(&self, id: &str) -> String {
         format!("{}{{webhooks}}:webhook:{id}", self.prefix)

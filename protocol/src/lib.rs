@@ -13,10 +13,12 @@ pub mod idempotency;
 pub mod keys;
 pub mod retry;
 pub mod sanitize;
+pub mod schema;
 pub mod secrets;
 pub mod signing;
 pub mod ssrf;
 pub mod timefmt;
+pub mod tools;
 pub mod topology;
 pub mod turn;
 

@@ -29,8 +29,12 @@ async fn a_broker_restart_under_load_loses_no_accepted_job() {
         tokio::spawn(async move {
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
-                let (status, body) =
-                    fleet.post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"n": n}})).await;
+                let (status, body) = fleet
+                    .post(
+                        "/v1/tool-calls",
+                        &json!({"tool_name": "echo", "parameters": {"query": format!("{n}"), "n": n}}),
+                    )
+                    .await;
                 match status {
                     202 => accepted.lock().unwrap().push(body["data"]["execution_id"].as_str().unwrap().to_string()),
                     503 => *refused.lock().unwrap() += 1,

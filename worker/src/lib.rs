@@ -1,6 +1,7 @@
 //! The worker: consumes jobs with manual acks and a concurrency limit, claims each in Redis before
 //! any side effect, sends signed callbacks, and retries through broker-held delay queues.
 
+mod arguments;
 pub mod callback;
 pub mod config;
 pub mod health;

@@ -299,11 +299,14 @@ impl Processor {
             } else {
                 match &parameters {
                     Err(e) => Some(("tool_not_allowed", e.clone())),
-                    // Published, it would be poison to every worker and the turn would wait forever.
-                    Ok(p) => tool_call_envelope(&state, turn_id, &planned, &exec, p.clone(), job.round)
-                        .check_publishable_size()
-                        .err()
-                        .map(|size| ("tool_arguments_too_large", too_large_message(size))),
+                    Ok(arguments) => match crate::arguments::schema_problem(&self.store, &call.name, arguments).await {
+                        Some(e) => Some(("invalid_arguments", e)),
+                        // Published, it would be poison to every worker and the turn would wait forever.
+                        None => tool_call_envelope(&state, turn_id, &planned, &exec, arguments.clone(), job.round)
+                            .check_publishable_size()
+                            .err()
+                            .map(|size| ("tool_arguments_too_large", too_large_message(size))),
+                    },
                 }
             };
             match problem {

@@ -1,0 +1,408 @@
+//! The tool registry's routes: the seed's `POST /v1/tools` (create only) and the SPEC's
+//! `PUT /v1/tools/{name}` (create or update), with `/v1/tools/{tool}` taking the id the registry
+//! hands out as well as the name; and the check of a tool call's parameters against its schema.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use fleet_platform::now_ms;
+use fleet_platform::store::{StoredTool, ToolVersion};
+use fleet_protocol::schema::ToolSchema;
+use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
+
+use crate::api::{page_limit, refuse_private_resolution, require_json, Body, Page};
+use crate::error::ApiError;
+use crate::validate;
+use crate::AppState;
+
+/// Conditional writes tried before a request gives up on a tool that keeps changing under it.
+const WRITE_ATTEMPTS: usize = 5;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolInput {
+    name: Option<String>,
+    description: Option<String>,
+    parameters: Option<Map<String, Value>>,
+    callback_url: Option<String>,
+    callback_secret: Option<String>,
+}
+
+fn tool_json(t: &StoredTool) -> Value {
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "description": t.description,
+        "parameters": t.parameters,
+        "callback_url": t.callback_url,
+        "created_at": rfc3339_from_millis(t.created_at_ms),
+        "updated_at": rfc3339_from_millis(t.updated_at_ms),
+    })
+}
+
+/// The checks each given field passes on its own (the schema is compiled to see that it is one).
+fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> {
+    if input.description.as_ref().is_some_and(|d| d.chars().count() > 4096) {
+        return Err(ApiError::invalid("description is longer than 4096 characters"));
+    }
+    if let Some(url) = &input.callback_url {
+        validate::callback_url("callback_url", url, allow_private)?;
+    }
+    if input.callback_secret.as_ref().is_some_and(|s| s.len() < 16 || s.len() > 1024) {
+        return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
+    }
+    if let Some(parameters) = &input.parameters {
+        ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The tool `input` makes of `existing` (or a new one named `name`); `secret_ciphertext` is the
+/// input's secret, encrypted.
+fn merged(
+    existing: Option<&StoredTool>,
+    name: &str,
+    input: &ToolInput,
+    secret_ciphertext: Option<String>,
+    now: i64,
+) -> Result<StoredTool, ApiError> {
+    Ok(match existing {
+        Some(old) => StoredTool {
+            // A tool stored before tools had ids gets one with its first update.
+            id: if old.id.is_empty() { new_tool_id() } else { old.id.clone() },
+            name: old.name.clone(),
+            description: input.description.clone().unwrap_or_else(|| old.description.clone()),
+            parameters: input.parameters.clone().map(Value::Object).unwrap_or_else(|| old.parameters.clone()),
+            callback_url: input.callback_url.clone().unwrap_or_else(|| old.callback_url.clone()),
+            secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
+            created_at_ms: old.created_at_ms,
+            updated_at_ms: now,
+        },
+        None => {
+            let callback_url =
+                input.callback_url.clone().ok_or_else(|| ApiError::invalid("callback_url is required"))?;
+            let secret_ciphertext =
+                secret_ciphertext.ok_or_else(|| ApiError::invalid("callback_secret is required"))?;
+            StoredTool {
+                id: new_tool_id(),
+                name: name.to_string(),
+                description: input.description.clone().unwrap_or_default(),
+                parameters: input
+                    .parameters
+                    .clone()
+                    .map(Value::Object)
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                callback_url,
+                secret_ciphertext,
+                created_at_ms: now,
+                updated_at_ms: now,
+            }
+        }
+    })
+}
+
+fn no_tool(tool: ToolRef<'_>) -> ApiError {
+    match tool {
+        ToolRef::Id(id) => ApiError::not_found(format!("no tool with id {id:?}")),
+        ToolRef::Name(name) => ApiError::not_found(format!("no tool named {name:?}")),
+    }
+}
+
+/// The tool `tool` names, as stored.
+async fn find(state: &AppState, tool: ToolRef<'_>) -> Result<Option<ToolVersion>, ApiError> {
+    match tool {
+        ToolRef::Name(name) => Ok(state.store.read_tool(name).await?),
+        ToolRef::Id(id) => {
+            let Some(name) = state.store.tool_name_by_id(id).await? else { return Ok(None) };
+            Ok(state.store.read_tool(&name).await?.filter(|v| v.tool.id == id))
+        }
+    }
+}
+
+/// Creates or updates the tool `target` names; `create_only` refuses an existing one (409), an
+/// id never creates. Each write is conditional on what was read, so concurrent requests neither
+/// lose an update's fields nor make two tools of one name.
+async fn save(
+    state: &AppState,
+    target: ToolRef<'_>,
+    create_only: bool,
+    input: &ToolInput,
+) -> Result<(StatusCode, StoredTool), ApiError> {
+    for _ in 0..WRITE_ATTEMPTS {
+        let current = find(state, target).await?;
+        let name = match (&current, target) {
+            (Some(c), _) if create_only => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "tool_exists",
+                    format!(
+                        "a tool named {:?} already exists (id {}); PUT /v1/tools/{{id or name}} updates it",
+                        c.tool.name, c.tool.id
+                    ),
+                ))
+            }
+            (Some(c), _) => c.tool.name.clone(),
+            (None, ToolRef::Id(_)) => return Err(no_tool(target)),
+            (None, ToolRef::Name(name)) => name.to_string(),
+        };
+        if input.name.as_deref().is_some_and(|n| n != name) {
+            return Err(ApiError::invalid(format!("name in the body must be the tool's name, {name:?}")));
+        }
+        let owner = format!("tool:{name}");
+        let ciphertext = input.callback_secret.as_ref().map(|s| state.config.secrets_key.encrypt(&owner, s));
+        let tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
+        if state.store.write_tool(&tool, current.as_ref()).await? {
+            state.tool_schemas.forget(&name);
+            let status = if current.is_none() { StatusCode::CREATED } else { StatusCode::OK };
+            return Ok((status, tool));
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "tool_busy",
+        "the tool kept changing while this request wrote it; try again",
+    ))
+}
+
+/// Parses and checks a registration body, resolving its callback host when private targets are off.
+async fn tool_input(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<ToolInput, ApiError> {
+    require_json(headers)?;
+    let input: ToolInput = validate::parse_body(body)?;
+    check_fields(&input, state.config.allow_private_callbacks)?;
+    if let (Some(url), false) = (&input.callback_url, state.config.allow_private_callbacks) {
+        refuse_private_resolution(url).await?;
+    }
+    Ok(input)
+}
+
+/// `POST /v1/tools`: the seed's registration; 201, or 409 if the name is taken.
+pub(crate) async fn post_tool(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let input = tool_input(&state, &headers, &body).await?;
+    let name = input.name.clone().ok_or_else(|| ApiError::invalid("name is required"))?;
+    validate::tool_name(&name)?;
+    if is_tool_id(&name) {
+        return Err(ApiError::invalid(format!(
+            "tool name {name:?} is reserved: names of the form tool_<32 hex digits> are tool ids"
+        )));
+    }
+    let (status, tool) = save(&state, ToolRef::Name(&name), true, &input).await?;
+    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
+}
+
+/// `PUT /v1/tools/{tool}`: by name, creates (201) or updates (200); by id, updates only (404 if none).
+pub(crate) async fn put_tool(
+    State(state): State<AppState>,
+    Path(tool): Path<String>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let target = ToolRef::parse(&tool);
+    if let ToolRef::Name(name) = target {
+        validate::tool_name(name)?;
+    }
+    let input = tool_input(&state, &headers, &body).await?;
+    let (status, tool) = save(&state, target, false, &input).await?;
+    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
+}
+
+/// The tool to show: one stored before tools had ids gets its id here, once.
+async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, ApiError> {
+    if !version.tool.id.is_empty() {
+        return Ok(version.tool);
+    }
+    let mut tool = version.tool.clone();
+    tool.id = new_tool_id();
+    if state.store.write_tool(&tool, Some(&version)).await? {
+        return Ok(tool);
+    }
+    // Another request gave it an id (or changed it) meanwhile: show what is stored now.
+    Ok(state.store.get_tool(&tool.name).await?.unwrap_or(version.tool))
+}
+
+pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
+    let target = ToolRef::parse(&tool);
+    let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
+    Ok(Json(json!({"data": tool_json(&with_id(&state, version).await?)})))
+}
+
+pub(crate) async fn list_tools(
+    State(state): State<AppState>,
+    Query(page): Query<Page>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(page.limit)?;
+    let versions = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
+    let next = (versions.len() > limit).then(|| versions[limit - 1].tool.name.clone());
+    let mut data = Vec::with_capacity(limit);
+    for version in versions.into_iter().take(limit) {
+        data.push(tool_json(&with_id(&state, version).await?));
+    }
+    Ok(Json(json!({"data": data, "next_cursor": next})))
+}
+
+pub(crate) async fn delete_tool(
+    State(state): State<AppState>,
+    Path(tool): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let target = ToolRef::parse(&tool);
+    let deleted = match target {
+        ToolRef::Name(name) => state.store.delete_tool(name, None).await?.then(|| name.to_string()),
+        ToolRef::Id(id) => match state.store.tool_name_by_id(id).await? {
+            Some(name) => state.store.delete_tool(&name, Some(id)).await?.then_some(name),
+            None => None,
+        },
+    };
+    let name = deleted.ok_or_else(|| no_tool(target))?;
+    state.tool_schemas.forget(&name);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- tool calls against the schema ----
+
+/// A registered tool's compiled schema (`None`: its stored schema does not compile, which only a
+/// tool registered before schemas were checked can have; its calls are not checked).
+type Compiled = Arc<Option<ToolSchema>>;
+
+/// Registered tools' compiled schemas for 2 s, so an enqueue neither reads Redis nor compiles a
+/// schema every time; after that the tool is read again, and compiled again only if it changed.
+#[derive(Default)]
+pub struct SchemaCache {
+    entries: Mutex<HashMap<String, Cached>>,
+}
+
+struct Cached {
+    at: Instant,
+    /// The tool's id and update time: what the schema was compiled from.
+    version: (String, i64),
+    schema: Compiled,
+}
+
+impl SchemaCache {
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn fresh(&self, name: &str) -> Option<Compiled> {
+        let entries = self.entries.lock().unwrap();
+        entries.get(name).filter(|c| c.at.elapsed() < Self::TTL).map(|c| c.schema.clone())
+    }
+
+    fn compiled_from(&self, name: &str, version: &(String, i64)) -> Option<Compiled> {
+        let entries = self.entries.lock().unwrap();
+        entries.get(name).filter(|c| &c.version == version).map(|c| c.schema.clone())
+    }
+
+    fn put(&self, name: &str, version: (String, i64), schema: Compiled) {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.len() > 10_000 {
+            entries.clear();
+        }
+        entries.insert(name.to_string(), Cached { at: Instant::now(), version, schema });
+    }
+
+    fn forget(&self, name: &str) {
+        self.entries.lock().unwrap().remove(name);
+    }
+}
+
+/// The schema of the tool named `name`, `None` if there is no such tool.
+async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, ApiError> {
+    if let Some(schema) = state.tool_schemas.fresh(name) {
+        return Ok(Some(schema));
+    }
+    let Some(tool) = state.store.get_tool(name).await? else {
+        state.tool_schemas.forget(name);
+        return Ok(None);
+    };
+    let version = (tool.id.clone(), tool.updated_at_ms);
+    let schema = match state.tool_schemas.compiled_from(name, &version) {
+        Some(schema) => schema,
+        None => Arc::new(ToolSchema::compile(&tool.parameters).map_err(|e| tracing::warn!(tool = name, error = %e, "stored schema does not compile; calls are not checked")).ok()),
+    };
+    state.tool_schemas.put(name, version, schema.clone());
+    Ok(Some(schema))
+}
+
+/// Refuses a call of an unregistered tool, or one whose parameters fail the tool's schema (422
+/// naming each failing path).
+pub(crate) async fn check_call(state: &AppState, name: &str, parameters: &Map<String, Value>) -> Result<(), ApiError> {
+    let Some(schema) = schema_of(state, name).await? else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_tool",
+            format!("tool_name {name:?} is not a registered tool"),
+        ));
+    };
+    match schema.as_ref() {
+        Some(schema) => schema.check(&Value::Object(parameters.clone())).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_parameters",
+                format!("parameters do not match the schema of tool {name:?}: {e}"),
+            )
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(body: Value) -> ToolInput {
+        serde_json::from_value(body).unwrap()
+    }
+
+    fn stored(id: &str) -> StoredTool {
+        StoredTool {
+            id: id.into(),
+            name: "t".into(),
+            description: "old".into(),
+            parameters: json!({"type": "object"}),
+            callback_url: "https://a.example/x".into(),
+            secret_ciphertext: "v1.old".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn an_update_keeps_the_id_and_what_it_does_not_name() {
+        let old = stored("tool_0123456789abcdef0123456789abcdef");
+        let new = merged(Some(&old), "t", &input(json!({"description": "new"})), None, 5).unwrap();
+        assert_eq!((new.id.as_str(), new.description.as_str()), (old.id.as_str(), "new"));
+        assert_eq!((new.secret_ciphertext.as_str(), new.created_at_ms, new.updated_at_ms), ("v1.old", 1, 5));
+        let legacy = merged(Some(&stored("")), "t", &input(json!({})), None, 5).unwrap();
+        assert!(is_tool_id(&legacy.id), "a tool without an id gets one: {}", legacy.id);
+    }
+
+    #[test]
+    fn a_new_tool_needs_a_url_and_a_secret_and_gets_an_id() {
+        let e = merged(None, "t", &input(json!({"callback_secret": "s"})), Some("c".into()), 5).unwrap_err();
+        assert!(e.message.contains("callback_url"), "{}", e.message);
+        let e = merged(None, "t", &input(json!({"callback_url": "https://a.example"})), None, 5).unwrap_err();
+        assert!(e.message.contains("callback_secret"), "{}", e.message);
+        let new = merged(None, "t", &input(json!({"callback_url": "https://a.example"})), Some("c".into()), 5).unwrap();
+        assert!(is_tool_id(&new.id));
+        assert_eq!(new.parameters, json!({"type": "object", "properties": {}}));
+    }
+
+    #[test]
+    fn fields_are_checked_and_the_schema_must_compile() {
+        assert!(check_fields(&input(json!({"parameters": {"type": "object"}})), false).is_ok());
+        let e = check_fields(&input(json!({"parameters": {"type": "strnig"}})), false).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.starts_with("parameters is not a valid JSON Schema"), "{}", e.message);
+        assert!(check_fields(&input(json!({"callback_secret": "short"})), false).is_err());
+    }
+}

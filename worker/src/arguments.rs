@@ -1,0 +1,18 @@
+//! A model's tool-call arguments checked against the tool's registered JSON Schema before any
+//! callback: arguments that fail it go back to the model as an error, and the tool owner is not
+//! called with them.
+
+use serde_json::Value;
+
+use fleet_platform::store::Store;
+use fleet_protocol::schema::ToolSchema;
+
+/// Why `arguments` cannot go to `tool_name`, or `None` when they may (also when the tool cannot be
+/// read now, or its stored schema predates the check and does not compile: the callback path then
+/// decides, as it did before).
+pub(crate) async fn schema_problem(store: &Store, tool_name: &str, arguments: &Value) -> Option<String> {
+    let tool = store.get_tool(tool_name).await.ok()??;
+    let schema = ToolSchema::compile(&tool.parameters).ok()?;
+    let errors = schema.check(arguments).err()?;
+    Some(format!("the arguments do not match the parameters schema of tool {tool_name:?}: {errors}"))
+}
