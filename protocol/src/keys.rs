@@ -49,7 +49,8 @@ impl Keys {
         format!("{}turn:{{{execution_id}}}:results", self.prefix)
     }
 
-    /// A session's keys (`lock`, `queue`, `steer`, `events`), sharing one hash tag.
+    /// A session's keys (`lock`, `queue`, `steer`, `events`, `history`, `history_seq`,
+    /// `history_turns`), sharing one hash tag.
     pub fn session(&self, session_id: &str, part: &str) -> String {
         format!("{}session:{{{session_id}}}:{part}", self.prefix)
     }

@@ -60,7 +60,12 @@ async fn a_follow_up_turn_sees_the_earlier_exchange_and_delete_forgets_it() {
     let (status, page1) = fleet.get("/v1/sessions/s_ada/messages?limit=3").await;
     assert_eq!(status, 200, "{page1}");
     let contents = |page: &Value| -> Vec<String> {
-        page["data"]["messages"].as_array().unwrap().iter().map(|m| m["content"].as_str().unwrap().to_string()).collect()
+        page["data"]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
     };
     assert_eq!(contents(&page1), ["Noted.", "what is my name?", "Nice to meet you, Ada."]);
     assert_eq!(page1["data"]["has_more"], true);
