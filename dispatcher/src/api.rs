@@ -44,6 +44,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tool-calls", post(create_tool_call))
         .route("/v1/turns", post(crate::turns::create_turn))
         .route("/v1/sessions/{id}/stream", get(crate::turns::stream_session))
+        .route("/v1/sessions/{id}/messages", get(crate::sessions::list_messages))
+        .route("/v1/sessions/{id}", axum::routing::delete(crate::sessions::delete_session))
         .route("/v1/webhooks", get(list_webhooks))
         .route("/v1/webhooks/{id}", put(put_webhook).get(get_webhook).delete(delete_webhook))
         .route("/v1/executions/{id}", get(get_execution))

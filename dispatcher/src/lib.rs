@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod sessions;
 pub mod stats;
 pub mod tools;
 pub mod turns;

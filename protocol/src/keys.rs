@@ -49,9 +49,10 @@ impl Keys {
         format!("{}turn:{{{execution_id}}}:results", self.prefix)
     }
 
-    /// A session's keys (`lock`, `queue`, `steer`, `events`), sharing one hash tag. The id is
-    /// percent-encoded in it: a raw `}` would end the tag early (or empty it, hashing each whole
-    /// key apart), and encoding `%` too keeps two ids from ever sharing a tag.
+    /// A session's keys (`lock`, `queue`, `steer`, `events`, `history`, `history_seq`,
+    /// `history_turns`), sharing one hash tag. The id is percent-encoded in it: a raw `}` would end
+    /// the tag early (or empty it, hashing each whole key apart), and encoding `%` too keeps two ids
+    /// from ever sharing a tag.
     pub fn session(&self, session_id: &str, part: &str) -> String {
         format!("{}session:{{{}}}:{part}", self.prefix, hash_tag_safe(session_id))
     }

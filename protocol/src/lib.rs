@@ -9,6 +9,7 @@ pub mod deadletter;
 pub mod envelope;
 pub mod events;
 pub mod execution;
+pub mod history;
 pub mod idempotency;
 pub mod keys;
 pub mod retry;

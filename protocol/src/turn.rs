@@ -183,6 +183,12 @@ pub struct TurnState {
     /// Tokens the provider reported across the turn's model calls.
     #[serde(default)]
     pub usage: Usage,
+    /// Messages of the session's history placed in `conversation` after the instructions.
+    #[serde(default)]
+    pub history_len: usize,
+    /// How many of the turn's own messages were already appended to the session's history.
+    #[serde(default)]
+    pub remembered: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,7 +215,27 @@ impl TurnState {
             final_message: None,
             message_id,
             usage: Usage::default(),
+            history_len: 0,
+            remembered: 0,
         }
+    }
+
+    /// Puts the session's history between the instructions and the turn's own messages (once).
+    pub fn insert_history(&mut self, history: Vec<Message>) {
+        if self.history_len > 0 {
+            return;
+        }
+        let at = usize::from(!self.assistant.instructions.is_empty()).min(self.conversation.len());
+        self.history_len = history.len();
+        self.conversation.splice(at..at, history);
+    }
+
+    /// The turn's own messages not yet appended to the history, with the index of the first
+    /// among the turn's own messages.
+    pub fn unremembered(&self) -> (usize, &[Message]) {
+        let own = usize::from(!self.assistant.instructions.is_empty()) + self.history_len;
+        let start = (own + self.remembered).min(self.conversation.len());
+        (self.remembered, &self.conversation[start..])
     }
 
     /// Whether the assistant may call `tool`.
@@ -515,6 +541,23 @@ pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_goes_between_the_instructions_and_the_new_messages() {
+        let input: TurnInput = serde_json::from_value(json!({"session_id": "s", "assistant": {"id": "a", "instructions": "be brief", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": "new"}]})).unwrap();
+        let mut state = TurnState::new(&input, "msg_1".into());
+        state.insert_history(vec![Message::text("user", "old"), Message::text("assistant", "old answer")]);
+        state.insert_history(vec![Message::text("user", "twice")]);
+        let contents: Vec<_> = state.conversation.iter().map(|m| m.content.clone().unwrap()).collect();
+        assert_eq!(contents, ["be brief", "old", "old answer", "new"]);
+        state.conversation.push(Message::text("assistant", "answer"));
+        let (first, own) = state.unremembered();
+        assert_eq!((first, own.len()), (0, 2));
+        state.remembered = 2;
+        state.conversation.push(Message::text("user", "steered"));
+        let (first, own) = state.unremembered();
+        assert_eq!((first, own[0].content.as_deref()), (2, Some("steered")));
+    }
 
     #[test]
     fn streamed_tool_call_fragments_are_assembled_by_index() {

@@ -39,6 +39,10 @@ pub struct WorkerConfig {
     /// Largest tool result (its JSON text, bytes) handed to the model whole; above it the model
     /// gets the first bytes and `truncated: true`.
     pub tool_result_max_bytes: usize,
+    /// A session's remembered conversation: at most this many messages and bytes (stored JSON);
+    /// beyond either, the oldest whole exchanges are dropped.
+    pub history_max_messages: usize,
+    pub history_max_bytes: usize,
     /// How long a tool or webhook registration is cached by the worker.
     pub registry_cache_ttl: Duration,
     /// Names this worker in claims and logs.
@@ -58,6 +62,16 @@ impl WorkerConfig {
         let tool_result_max_bytes: usize = src.parse("FLEET_TOOL_RESULT_MAX_BYTES", 64 * 1024)?;
         if tool_result_max_bytes < 64 {
             return Err(ConfigError::new("FLEET_TOOL_RESULT_MAX_BYTES", "must be at least 64"));
+        }
+        let history_max_messages: usize =
+            src.parse("FLEET_SESSION_HISTORY_MAX_MESSAGES", fleet_protocol::history::DEFAULT_MAX_MESSAGES)?;
+        if history_max_messages == 0 {
+            return Err(ConfigError::new("FLEET_SESSION_HISTORY_MAX_MESSAGES", "must be at least 1"));
+        }
+        let history_max_bytes: usize =
+            src.parse("FLEET_SESSION_HISTORY_MAX_BYTES", fleet_protocol::history::DEFAULT_MAX_BYTES)?;
+        if history_max_bytes < 1024 {
+            return Err(ConfigError::new("FLEET_SESSION_HISTORY_MAX_BYTES", "must be at least 1024"));
         }
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         Ok(WorkerConfig {
@@ -84,6 +98,8 @@ impl WorkerConfig {
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
             session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
             tool_result_max_bytes,
+            history_max_messages,
+            history_max_bytes,
             registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,
             worker_id: format!("{host}-{}", std::process::id()),
         })
@@ -104,6 +120,7 @@ mod tests {
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:9090");
         assert!(!c.allow_private_callbacks);
         assert_eq!(c.tool_result_max_bytes, 65536);
+        assert_eq!((c.history_max_messages, c.history_max_bytes), (100, 256 * 1024));
     }
 
     #[test]
@@ -113,6 +130,10 @@ mod tests {
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "many").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_CLAIM_LEASE", "0.01").unwrap_err().setting, "FLEET_CLAIM_LEASE");
         assert_eq!(load("FLEET_TOOL_RESULT_MAX_BYTES", "10").unwrap_err().setting, "FLEET_TOOL_RESULT_MAX_BYTES");
+        let setting = "FLEET_SESSION_HISTORY_MAX_MESSAGES";
+        assert_eq!(load(setting, "0").unwrap_err().setting, setting);
+        let setting = "FLEET_SESSION_HISTORY_MAX_BYTES";
+        assert_eq!(load(setting, "10").unwrap_err().setting, setting);
         assert_eq!(
             load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting,
             "FLEET_ALLOW_PRIVATE_CALLBACKS"

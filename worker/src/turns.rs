@@ -11,6 +11,7 @@ use fleet_platform::store::{Claim, NewExecution, SessionFinish, SessionSlot};
 use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::history::{self, HistoryEntry};
 use fleet_protocol::retry::RetryDecision;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -92,6 +93,16 @@ impl Processor {
         }
         if job.round == 0 && envelope.attempt == 1 {
             let _ = self.store.mark_started(turn_id, JobKind::Turn.as_str()).await;
+        }
+        if job.round == 0 {
+            // Read under the session's lock, so the previous turn's exchange is in it.
+            match self.store.history(&session).await {
+                Ok(history) => state.insert_history(history.iter().map(HistoryEntry::to_message).collect()),
+                Err(_) => {
+                    let _ = self.store.release(&step_id, token, "released").await;
+                    return self.park(publisher, envelope, self.config.common.retry.delays()[0]).await;
+                }
+            }
         }
         if job.round > 0 && !state.pending.is_empty() {
             let outcomes = self.store.call_outcomes(turn_id).await.unwrap_or_default();
@@ -485,6 +496,7 @@ impl Processor {
         }
         state.conversation.push(Message::text("assistant", &content));
         state.round += 1;
+        self.remember(turn_id, state).await;
         match self.store.session_finish(&state.session_id, turn_id).await {
             Ok(SessionFinish::SteerPending) => {
                 // A steer arrived while the model answered: the turn goes on with it.
@@ -562,6 +574,21 @@ impl Processor {
         let _ = self.store.complete(step_id, token, &json!({"step": "failed"})).await;
         self.finished(envelope, "dead_letter");
         Settle::Ack
+    }
+
+    /// Appends what the turn said since its last append to the session's history, while it still
+    /// holds the session, so the next turn reads it. Once per (turn, round): a finish run twice
+    /// appends once.
+    async fn remember(&self, turn_id: &str, state: &mut TurnState) {
+        let (first, own) = state.unremembered();
+        let created_at = rfc3339_from_millis(now_ms());
+        let entries = history::exchange_entries(turn_id, first, own, &state.message_id, &created_at);
+        let append_id = format!("{turn_id}:{}", state.round);
+        let (max_messages, max_bytes) = (self.config.history_max_messages, self.config.history_max_bytes);
+        match self.store.history_append(&state.session_id, &append_id, &entries, max_messages, max_bytes).await {
+            Ok(()) => state.remembered = first + entries.len(),
+            Err(e) => tracing::warn!(error = %e, "cannot append the turn to its session's history"),
+        }
     }
 
     /// Nudges the next turn in a session's line (its own parked job would also come back).

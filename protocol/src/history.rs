@@ -1,0 +1,281 @@
+//! A session's conversation history as plain data: the stored entry, which whole exchanges the
+//! budget drops, and the seed's cursor paging of `GET /v1/sessions/{id}/messages`.
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::turn::{Message, ToolCall};
+
+/// Messages a session keeps at most (`FLEET_SESSION_HISTORY_MAX_MESSAGES`).
+pub const DEFAULT_MAX_MESSAGES: usize = 100;
+/// Bytes of stored entries a session keeps at most (`FLEET_SESSION_HISTORY_MAX_BYTES`).
+pub const DEFAULT_MAX_BYTES: usize = 256 * 1024;
+/// A session's history lives this long after its last use.
+pub const HISTORY_TTL_SECS: u64 = 7 * 24 * 3600;
+/// The seed's listing: `limit` default and maximum.
+pub const DEFAULT_PAGE: usize = 50;
+pub const MAX_PAGE: usize = 100;
+
+/// One remembered message. `seq` is assigned by the store, increasing per session; `exchange` is
+/// the turn that produced it (the unit the budget drops).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// Written by the store (spliced into the JSON), so never serialised here while unset.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
+    pub id: String,
+    pub exchange: String,
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    pub created_at: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl HistoryEntry {
+    /// The message as the model reads it.
+    pub fn to_message(&self) -> Message {
+        Message {
+            role: self.role.clone(),
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+        }
+    }
+
+    /// The seed's listing shape: `id, role, content, tool_calls, created_at` (+ `tool_call_id`).
+    pub fn to_api(&self) -> Value {
+        let calls: Vec<Value> = self
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "tool_name": c.name, "arguments": c.arguments}))
+            .collect();
+        let mut v = json!({"id": self.id, "role": self.role, "content": self.content, "created_at": self.created_at, "execution_id": self.exchange});
+        if self.role == "assistant" {
+            v["tool_calls"] = json!(calls);
+        }
+        if let Some(id) = &self.tool_call_id {
+            v["tool_call_id"] = json!(id);
+        }
+        v
+    }
+}
+
+/// The entries one finished turn adds: its own messages (`own`, in order, the first being its
+/// `first`-th own message), the last being its final answer, which keeps the id the turn streamed
+/// it under (`final_id`).
+pub fn exchange_entries(
+    turn_id: &str,
+    first: usize,
+    own: &[Message],
+    final_id: &str,
+    created_at: &str,
+) -> Vec<HistoryEntry> {
+    let base = format!("msg_{}", turn_id.strip_prefix("exec_").unwrap_or(turn_id));
+    own.iter()
+        .enumerate()
+        .map(|(i, m)| HistoryEntry {
+            seq: 0,
+            id: if i + 1 == own.len() { final_id.to_string() } else { format!("{base}_h{}", first + i) },
+            exchange: turn_id.to_string(),
+            role: m.role.clone(),
+            content: m.content.clone(),
+            tool_calls: m.tool_calls.clone(),
+            tool_call_id: m.tool_call_id.clone(),
+            created_at: created_at.to_string(),
+        })
+        .collect()
+}
+
+/// How many entries, from the oldest, to drop so that the rest fit `max_messages` and `max_bytes`.
+/// `entries` are (exchange, stored bytes), oldest first. Only whole exchanges are dropped, so a
+/// tool result never outlives its call; an exchange larger than the budget by itself goes too.
+pub fn entries_to_drop(entries: &[(&str, usize)], max_messages: usize, max_bytes: usize) -> usize {
+    let mut count = entries.len();
+    let mut bytes: usize = entries.iter().map(|(_, b)| b).sum();
+    let mut drop = 0;
+    while drop < entries.len() && (count > max_messages || bytes > max_bytes) {
+        let exchange = entries[drop].0;
+        while drop < entries.len() && entries[drop].0 == exchange {
+            count -= 1;
+            bytes -= entries[drop].1;
+            drop += 1;
+        }
+    }
+    drop
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    Asc,
+    #[default]
+    Desc,
+}
+
+/// A listing request, checked: the error names the parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    pub limit: usize,
+    pub after: Option<u64>,
+    pub order: Order,
+}
+
+impl PageRequest {
+    pub fn parse(limit: Option<&str>, cursor: Option<&str>, order: Option<&str>) -> Result<Self, String> {
+        let limit = match limit {
+            None => DEFAULT_PAGE,
+            Some(l) => match l.parse::<usize>() {
+                Ok(n @ 1..=MAX_PAGE) => n,
+                _ => return Err(format!("limit must be an integer between 1 and {MAX_PAGE}")),
+            },
+        };
+        let order = match order {
+            None => Order::Desc,
+            Some("asc") => Order::Asc,
+            Some("desc") => Order::Desc,
+            Some(_) => return Err("order must be asc or desc".into()),
+        };
+        let after = match cursor {
+            None | Some("") => None,
+            Some(c) => Some(decode_cursor(c).ok_or("cursor is not a next_cursor this listing returned")?),
+        };
+        Ok(PageRequest { limit, after, order })
+    }
+}
+
+/// An opaque cursor: the `seq` of the last entry a page returned.
+pub fn encode_cursor(seq: u64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{{\"seq\":{seq}}}"))
+}
+
+pub fn decode_cursor(cursor: &str) -> Option<u64> {
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).ok()?;
+    let v: Value = serde_json::from_slice(&raw).ok()?;
+    v["seq"].as_u64()
+}
+
+/// One page of `entries` (oldest first, increasing `seq`): the page, `has_more`, `next_cursor`.
+pub fn page<'a>(entries: &'a [HistoryEntry], req: &PageRequest) -> (Vec<&'a HistoryEntry>, bool, Option<String>) {
+    let ordered: Vec<&HistoryEntry> = match req.order {
+        Order::Asc => entries.iter().filter(|e| req.after.is_none_or(|a| e.seq > a)).collect(),
+        Order::Desc => entries.iter().rev().filter(|e| req.after.is_none_or(|a| e.seq < a)).collect(),
+    };
+    let has_more = ordered.len() > req.limit;
+    let page: Vec<&HistoryEntry> = ordered.into_iter().take(req.limit).collect();
+    let next = if has_more { page.last().map(|e| encode_cursor(e.seq)) } else { None };
+    (page, has_more, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> HistoryEntry {
+        HistoryEntry {
+            seq,
+            id: format!("msg_{seq}"),
+            exchange: "exec_1".into(),
+            role: "user".into(),
+            content: Some(seq.to_string()),
+            tool_calls: vec![],
+            tool_call_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn nothing_is_dropped_within_the_budget() {
+        assert_eq!(entries_to_drop(&[("a", 10), ("a", 10), ("b", 10)], 3, 30), 0);
+        assert_eq!(entries_to_drop(&[], 0, 0), 0);
+    }
+
+    #[test]
+    fn the_count_drops_the_oldest_whole_exchange() {
+        // Four of `a` (a call and its result among them) then two of `b`: over 4, `a` goes whole.
+        let e = [("a", 1), ("a", 1), ("a", 1), ("a", 1), ("b", 1), ("b", 1)];
+        assert_eq!(entries_to_drop(&e, 4, 1000), 4);
+        assert_eq!(entries_to_drop(&e, 5, 1000), 4, "never half an exchange");
+        assert_eq!(entries_to_drop(&e, 6, 1000), 0);
+    }
+
+    #[test]
+    fn the_bytes_drop_oldest_first_until_they_fit() {
+        let e = [("a", 100), ("b", 50), ("b", 50), ("c", 30)];
+        assert_eq!(entries_to_drop(&e, 100, 230), 0);
+        assert_eq!(entries_to_drop(&e, 100, 229), 1);
+        assert_eq!(entries_to_drop(&e, 100, 130), 1);
+        assert_eq!(entries_to_drop(&e, 100, 129), 3);
+        assert_eq!(entries_to_drop(&e, 100, 10), 4, "an exchange over the budget by itself goes too");
+    }
+
+    #[test]
+    fn exchange_entries_keep_the_final_id_and_the_calls() {
+        let call = ToolCall { id: "call_1".into(), name: "t".into(), arguments: "{}".into() };
+        let own = vec![
+            Message::text("user", "hi"),
+            Message { role: "assistant".into(), content: None, tool_calls: vec![call.clone()], tool_call_id: None },
+            Message {
+                role: "tool".into(),
+                content: Some("r".into()),
+                tool_calls: vec![],
+                tool_call_id: Some("call_1".into()),
+            },
+            Message::text("assistant", "done"),
+        ];
+        let e = exchange_entries("exec_abc", 0, &own, "msg_final", "2026-01-01T00:00:00Z");
+        let ids: Vec<&str> = e.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["msg_abc_h0", "msg_abc_h1", "msg_abc_h2", "msg_final"]);
+        assert_eq!(e[1].to_message().tool_calls, vec![call]);
+        assert_eq!(e[2].to_message().tool_call_id.as_deref(), Some("call_1"));
+        assert!(e.iter().all(|x| x.exchange == "exec_abc"));
+        assert!(!serde_json::to_string(&e[0]).unwrap().contains("seq"), "the store numbers it");
+        assert_eq!(e[0].to_api()["role"], "user");
+        assert_eq!(e[3].to_api()["tool_calls"], json!([]));
+    }
+
+    #[test]
+    fn pages_follow_the_cursor_both_ways() {
+        let all: Vec<HistoryEntry> = (1..=5).map(entry).collect();
+        let req = PageRequest::parse(Some("2"), None, None).unwrap();
+        let (p, more, next) = page(&all, &req);
+        assert_eq!(p.iter().map(|e| e.seq).collect::<Vec<_>>(), [5, 4]);
+        assert!(more);
+        let req = PageRequest::parse(Some("2"), next.as_deref(), None).unwrap();
+        let (p, _, next) = page(&all, &req);
+        assert_eq!(p.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 2]);
+        let req = PageRequest::parse(Some("2"), next.as_deref(), None).unwrap();
+        let (p, more, next) = page(&all, &req);
+        assert_eq!(p.iter().map(|e| e.seq).collect::<Vec<_>>(), [1]);
+        assert!(!more);
+        assert_eq!(next, None);
+        let req = PageRequest::parse(Some("3"), None, Some("asc")).unwrap();
+        let (p, more, next) = page(&all, &req);
+        assert_eq!(p.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(more);
+        let req = PageRequest::parse(None, next.as_deref(), Some("asc")).unwrap();
+        assert_eq!(page(&all, &req).0.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 5]);
+    }
+
+    #[test]
+    fn bad_listing_parameters_are_named() {
+        assert!(PageRequest::parse(Some("101"), None, None).unwrap_err().contains("limit"));
+        assert!(PageRequest::parse(Some("0"), None, None).unwrap_err().contains("limit"));
+        assert!(PageRequest::parse(Some("x"), None, None).unwrap_err().contains("limit"));
+        assert!(PageRequest::parse(None, None, Some("up")).unwrap_err().contains("order"));
+        assert!(PageRequest::parse(None, Some("nonsense"), None).unwrap_err().contains("cursor"));
+        assert_eq!(
+            PageRequest::parse(None, None, None).unwrap(),
+            PageRequest { limit: 50, after: None, order: Order::Desc }
+        );
+        assert_eq!(decode_cursor(&encode_cursor(42)), Some(42));
+    }
+}
