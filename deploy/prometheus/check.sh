@@ -252,6 +252,27 @@ if dash is not None:
     # Dashboard queries -> recording rules (JSON is valid YAML) for promtool.
     subst = [("$__rate_interval", "5m"), ("$__interval", "1m"), ("$__range", "1h"),
              ("${kind}", ".*"), ("$kind", ".*")]
+    # Hidden constants the Helm chart sets to its release (job labels, namespace, queue prefix).
+    constants = {v["name"]: v.get("query", "") for v in dash.get("templating", {}).get("list", [])
+                 if v.get("type") == "constant"}
+    for name, value in sorted(constants.items(), key=lambda kv: -len(kv[0])):
+        subst += [("${" + name + "}", value), ("$" + name, value)]
+    problems = []
+    for name in ("dispatcher_job", "worker_job", "namespace", "queue_prefix"):
+        if name not in constants:
+            problems.append(f"no constant variable {name}")
+    # Every series selector is scoped to the release: a job matcher on the two job variables
+    # and the namespace variable (so two fleets in one Prometheus do not mix).
+    selector = re.compile(r'(?<![A-Za-z0-9_:])(fleet_[A-Za-z0-9_]+|up)(\{[^}]*\})?(?![A-Za-z0-9_(])')
+    for pid, ref, expr in queries:
+        for m in selector.finditer(expr):
+            sel = m.group(2) or ""
+            if not re.search(r'job=~?"[^"]*\$(dispatcher_job|worker_job)', sel) or 'namespace=~"$namespace"' not in sel:
+                problems.append(f"panel {pid}/{ref}: {m.group(0)} is not scoped by $dispatcher_job/$worker_job and $namespace")
+            if "queue=~" in sel and "${queue_prefix}" not in sel:
+                problems.append(f"panel {pid}/{ref}: {m.group(0)} names queues without ${{queue_prefix}}")
+    report(not problems, "every dashboard selector is scoped to the release (job, namespace, queue prefix)",
+           "; ".join(problems))
     rules, problems = [], []
     for pid, ref, expr in queries:
         e = expr
