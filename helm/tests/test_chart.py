@@ -940,3 +940,219 @@ def test_chart_renders_the_deploy_rules_and_dashboard(tmp_path):
     assert json.loads(cm["data"]["fleet-dashboard.json"]) == json.loads(dashboard_src.read_text())
     size = sum(len(v) for v in cm["data"].values())
     assert size < 1024 * 1024, "a ConfigMap holds at most 1 MiB"
+
+
+# --------------------------------------------------------------------------- secrets in a cluster
+
+
+from fake_kube import FakeKube  # noqa: E402  (helm/tests is on sys.path under pytest)
+
+
+def render_in_cluster(chart, kube: FakeKube, values: dict, **opts) -> list[dict]:
+    """Render as `helm install/upgrade` does: lookup reads the (fake) API server."""
+    with helm.Config(kube_apiserver=kube.url, namespace=NAMESPACE, storage_driver="memory") as cfg:
+        return parse_manifests(cfg.render(chart, values, name=RELEASE, namespace=NAMESPACE, **opts))
+
+
+def secret_data(docs: list[dict]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret", "config")["data"].items()}
+
+
+def test_secrets_key_is_required_without_a_cluster(chart):
+    values = {"secrets": {"amqpUrl": "amqp://u:p@mq:5672/%2f"}}
+    for opts in ({"is_install": True}, {"is_upgrade": True}):
+        with pytest.raises(helm.HelmRenderError, match="secrets.secretsKey is required when rendering without a cluster"):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE, **opts)
+    # an existing Secret needs no key from values
+    render(chart, {"secrets": {"existingSecret": "mine"}}, minimal=False)
+
+
+def test_install_then_upgrade_keeps_the_generated_key(chart):
+    values = {"secrets": {"amqpUrl": "amqp://u:p@mq:5672/%2f"}}
+    with FakeKube() as kube:
+        installed = render_in_cluster(chart, kube, values, is_install=True)
+        first = secret_data(installed)
+        assert re.fullmatch(r"[0-9a-f]{64}", first["FLEET_SECRETS_KEY"])
+        secret = one(installed, "Secret", "config")
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        kube.put_secret(secret)
+        # upgrade (new broker URL): the key and the generated token are read back, not regenerated
+        upgraded = render_in_cluster(chart, kube, {"secrets": {"amqpUrl": "amqp://u:p@mq2:5672/%2f"}},
+                                     is_upgrade=True)
+        second = secret_data(upgraded)
+        assert second["FLEET_SECRETS_KEY"] == first["FLEET_SECRETS_KEY"]
+        assert second["FLEET_API_TOKENS"] == first["FLEET_API_TOKENS"]
+        assert second["FLEET_AMQP_URL"] == "amqp://u:p@mq2:5672/%2f"
+        # the pods' checksum is the hash of exactly what the Secret holds
+        for dep in find(upgraded, "Deployment"):
+            checksum = dep["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+            import hashlib
+            data = one(upgraded, "Secret", "config")["data"]
+            assert checksum == hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        # a reinstall after `helm uninstall` finds the kept Secret and its key
+        again = render_in_cluster(chart, kube, values, is_install=True)
+        assert secret_data(again)["FLEET_SECRETS_KEY"] == first["FLEET_SECRETS_KEY"]
+
+
+def test_upgrade_refuses_to_regenerate_a_lost_key(chart):
+    with FakeKube() as kube:
+        with helm.Config(kube_apiserver=kube.url, namespace=NAMESPACE, storage_driver="memory") as cfg:
+            with pytest.raises(helm.HelmRenderError, match="FLEET_SECRETS_KEY is gone"):
+                cfg.render(chart, {"secrets": {"amqpUrl": "amqp://u:p@mq:5672/%2f"}}, name=RELEASE,
+                           namespace=NAMESPACE, is_upgrade=True)
+
+
+def test_existing_secret_key_mapping_checksum_and_reloader(chart):
+    values = {"secrets": {"existingSecret": "fleet-creds", "existingSecretKeys": {
+        "FLEET_SECRETS_KEY": "secrets-key",
+        "FLEET_AMQP_URL": {"name": "rabbitmq-default-user", "key": "connection_string"}}},
+        "reloader": {"enabled": True}}
+    with FakeKube() as kube:
+        def b64(s):
+            return base64.b64encode(s.encode()).decode()
+
+        kube.put_secret({"metadata": {"name": "rabbitmq-default-user", "namespace": NAMESPACE},
+                         "data": {"connection_string": b64("amqp://a:b@mq:5672/")}})
+        kube.put_secret({"metadata": {"name": "fleet-creds", "namespace": NAMESPACE},
+                         "data": {"secrets-key": b64(SECRETS_KEY), "FLEET_REDIS_URL": b64("redis://r:6379/0")}})
+        before = render_in_cluster(chart, kube, values, is_upgrade=True)
+        assert find(before, "Secret") == []
+        worker = one(before, "Deployment", "worker")
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(worker)["env"] if "valueFrom" in e}
+        assert refs["FLEET_AMQP_URL"] == {"name": "rabbitmq-default-user", "key": "connection_string"}
+        assert refs["FLEET_SECRETS_KEY"] == {"name": "fleet-creds", "key": "secrets-key"}
+        assert refs["FLEET_REDIS_URL"] == {"name": "fleet-creds", "key": "FLEET_REDIS_URL"}
+        assert worker["metadata"]["annotations"]["secret.reloader.stakater.com/reload"] == \
+            "fleet-creds,rabbitmq-default-user"
+        # the operator rotates the broker password: the next upgrade rolls the pods
+        kube.put_secret({"metadata": {"name": "rabbitmq-default-user", "namespace": NAMESPACE},
+                         "data": {"connection_string": b64("amqp://a:ROTATED@mq:5672/")}})
+        after = render_in_cluster(chart, kube, values, is_upgrade=True)
+
+        def checksum(docs):
+            return one(docs, "Deployment", "worker")["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+
+        assert checksum(after) != checksum(before)
+        assert checksum(render_in_cluster(chart, kube, values, is_upgrade=True)) == checksum(after)
+
+
+# --------------------------------------------------------------------------- extension points
+
+
+def test_extra_volumes_env_init_containers_and_startup_probe(chart):
+    docs = render(chart, {
+        "extraEnv": [{"name": "SHARED", "value": "1"}],
+        "extraEnvFrom": [{"secretRef": {"name": "shared-env"}}],
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
+        "worker": {"extraEnv": [{"name": "OWN", "valueFrom": {"secretKeyRef": {"name": "x", "key": "y"}}}],
+                   "extraEnvFrom": [{"configMapRef": {"name": "worker-env"}}],
+                   "extraVolumes": [{"name": "cache", "emptyDir": {}}],
+                   "extraVolumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+                   "initContainers": [{"name": "wait", "image": "busybox", "command": ["true"]}],
+                   "startupProbe": {"enabled": True, "failureThreshold": 60}},
+    })
+    w = one(docs, "Deployment", "worker")
+    c = container(w)
+    names = [e["name"] for e in c["env"]]
+    assert names.index("SHARED") < names.index("OWN")
+    assert c["envFrom"][1:] == [{"secretRef": {"name": "shared-env"}}, {"configMapRef": {"name": "worker-env"}}]
+    assert [m["name"] for m in c["volumeMounts"]] == ["tmp", "ca", "cache"]
+    assert [v["name"] for v in w["spec"]["template"]["spec"]["volumes"]] == ["tmp", "ca", "cache"]
+    assert w["spec"]["template"]["spec"]["initContainers"][0]["name"] == "wait"
+    assert c["startupProbe"] == {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 0,
+                                 "periodSeconds": 2, "timeoutSeconds": 3, "failureThreshold": 60}
+    d = container(one(docs, "Deployment", "dispatcher"))
+    assert "startupProbe" not in d and "OWN" not in [e["name"] for e in d["env"]]
+    assert [m["name"] for m in d["volumeMounts"]] == ["tmp", "ca"]
+    for doc in docs:
+        kubernetes_validate.validate(strip(doc), KUBE_VERSION, strict=True)
+
+
+def test_global_image_registry_and_common_annotations(chart, full_values):
+    docs = render(chart, deep_merge(full_values, {
+        "global": {"imageRegistry": "mirror.example.com", "imagePullSecrets": [{"name": "mirror"}]},
+        "commonAnnotations": {"example.com/owner": "agents"}}))
+    for dep in find(docs, "Deployment"):
+        spec = dep["spec"]["template"]["spec"]
+        assert container(dep)["image"] == "mirror.example.com/registry.example.com/agent-fleet:0.1.0"
+        assert spec["imagePullSecrets"] == [{"name": "mirror"}, {"name": "regcred"}]
+    assert one(docs, "Pod", "test")["spec"]["containers"][0]["image"] == "mirror.example.com/curlimages/curl:8.11.1"
+    for d in docs:
+        assert d["metadata"]["annotations"]["example.com/owner"] == "agents", d["metadata"]["name"]
+    assert one(docs, "Pod", "test")["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    image = container(one(render(chart, {"image": {"registry": "own.example.com"}}), "Deployment", "worker"))["image"]
+    assert image == "own.example.com/agent-fleet:0.1.0"
+
+
+def test_as_a_dependency_of_a_parent_chart(tmp_path):
+    """helm/tests/parent-chart depends on this chart by file:// path; its `global` and the
+    dependency condition's `enabled` pass the values schema."""
+    import shutil
+
+    parent = tmp_path / "parent"
+    shutil.copytree(TESTS_DIR / "parent-chart", parent)
+    chart_yaml = (parent / "Chart.yaml").read_text().replace("file://../../agent-fleet", f"file://{CHART_DIR}")
+    (parent / "Chart.yaml").write_text(chart_yaml)
+    helm.dependency_update(parent)
+    with helm.Chart.load(parent) as p:
+        docs = parse_manifests(p.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True))
+        for dep in find(docs, "Deployment"):
+            assert container(dep)["image"] == "registry.platform.example/agent-fleet:0.1.0"
+            assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "platform-pull"}]
+        assert {d["metadata"]["name"] for d in find(docs, "ConfigMap")} >= {f"{RELEASE}-platform"}
+        # the condition switches it off
+        off = parse_manifests(p.render({"agent-fleet": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE))
+        assert find(off, "Deployment") == []
+
+
+# --------------------------------------------------------------------------- alert rules follow the values
+
+
+def rule_docs(chart, values: dict) -> list[dict]:
+    return [r for g in one(render(chart, deep_merge({"prometheusRule": {"enabled": True}}, values)),
+                             "PrometheusRule", "monitoring")["spec"]["groups"] for r in g["rules"]]
+
+
+def test_alert_rules_select_this_release_only(chart):
+    rules = rule_docs(chart, {"config": {"topologyPrefix": "acme.prod"}})
+    jobs = f'job=~"{RELEASE}-agent-fleet-dispatcher|{RELEASE}-agent-fleet-worker",namespace="{NAMESPACE}"'
+    selector = re.compile(r'(?<![A-Za-z0-9_:])(fleet_[A-Za-z0-9_]+|up)(\{[^}]*\})?(?![A-Za-z0-9_(])')
+    for r in rules:
+        for m in selector.finditer(r["expr"]):
+            sel = m.group(2) or ""
+            assert f'namespace="{NAMESPACE}"' in sel and f'job=~"{RELEASE}-agent-fleet-' in sel or \
+                f'job="{RELEASE}-agent-fleet-worker"' in sel, f"{r['alert']}: {m.group(0)}"
+            assert "fleet[.]" not in sel
+    no_consumers = next(r for r in rules if r["alert"] == "FleetNoConsumersWithBacklog")
+    assert 'queue=~"acme[.]prod[.]work[.].*"' in no_consumers["expr"] and jobs in no_consumers["expr"]
+
+
+def test_alert_rules_enable_thresholds_for_and_runbook_url(chart):
+    rules = rule_docs(chart, {"prometheusRule": {
+        "runbookBaseUrl": "https://wiki.example.com/runbooks#",
+        "additionalRuleLabels": {"team": "agents"},
+        "rules": {"FleetRedisErrors": {"enabled": False},
+                  "FleetErrorRatioHigh": {"threshold": 0.2, "for": "30m"},
+                  "FleetOldestJobAgeHigh": {"threshold": 600, "runbookUrl": "https://x.example.com/old"}}}})
+    by_name = {r["alert"]: r for r in rules}
+    assert "FleetRedisErrors" not in by_name
+    assert by_name["FleetErrorRatioHigh"]["expr"].rstrip().endswith(") > 0.2")
+    assert by_name["FleetErrorRatioHigh"]["for"] == "30m"
+    assert ") > 600" in by_name["FleetOldestJobAgeHigh"]["expr"] and "> 120" not in by_name["FleetOldestJobAgeHigh"]["expr"]
+    assert by_name["FleetOldestJobAgeHigh"]["annotations"]["runbook_url"] == "https://x.example.com/old"
+    assert by_name["FleetWorkerDown"]["annotations"]["runbook_url"] == "https://wiki.example.com/runbooks#fleetworkerdown"
+    assert all(r["labels"]["team"] == "agents" and r["labels"]["severity"] for r in rules)
+    # the rewritten rules are still valid Prometheus rules
+    import shutil
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (make check-monitoring installs it)")
+    path = TESTS_DIR / ".rendered-rules.yml"
+    try:
+        path.write_text(yaml.safe_dump({"groups": [{"name": "rendered", "rules": rules}]}))
+        out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        path.unlink(missing_ok=True)
