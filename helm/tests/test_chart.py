@@ -303,7 +303,7 @@ def test_standard_labels_everywhere(docs):
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/part-of"] == "agent-fleet"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
-        assert labels["helm.sh/chart"] == "agent-fleet-0.1.0"
+        assert labels["helm.sh/chart"] == "agent-fleet-0.2.0"
         for value in labels.values():
             assert isinstance(value, str) and len(value) <= 63
 
@@ -975,6 +975,11 @@ def test_install_then_upgrade_keeps_the_generated_key(chart):
         assert re.fullmatch(r"[0-9a-f]{64}", first["FLEET_SECRETS_KEY"])
         secret = one(installed, "Secret", "config")
         assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        # generated values are computed once: the pods' checksum matches the Secret they get
+        import hashlib
+        digest = hashlib.sha256(json.dumps(secret["data"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        assert {d["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+                for d in find(installed, "Deployment")} == {digest}
         kube.put_secret(secret)
         # upgrade (new broker URL): the key and the generated token are read back, not regenerated
         upgraded = render_in_cluster(chart, kube, {"secrets": {"amqpUrl": "amqp://u:p@mq2:5672/%2f"}},
