@@ -364,6 +364,60 @@ impl Fleet {
         q.message_count()
     }
 
+    /// Publishes `envelope` to the jobs exchange (confirmed), as a duplicate publish or a wake would.
+    pub async fn publish_envelope(&self, envelope: &fleet_protocol::envelope::Envelope) {
+        let (conn, channel) = self.amqp().await;
+        channel.confirm_select(Default::default()).await.unwrap();
+        let properties = BasicProperties::default()
+            .with_content_type(fleet_protocol::envelope::CONTENT_TYPE.into())
+            .with_delivery_mode(2)
+            .with_message_id(envelope.execution_id.as_str().into());
+        let body = serde_json::to_vec(envelope).unwrap();
+        channel
+            .basic_publish(
+                self.topology.jobs_exchange().as_str().into(),
+                envelope.kind().as_str().into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                &body,
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let _ = conn.close(200, "".into()).await;
+    }
+
+    /// Binds (or unbinds) `kind`'s work queue to the jobs exchange: unbound, every publish of that
+    /// kind is returned unroutable, which is how a test makes the fleet's publishes fail.
+    pub async fn bind_work_queue(&self, kind: JobKind, bound: bool) {
+        let (conn, channel) = self.amqp().await;
+        let (queue, exchange) = (self.topology.work_queue(kind), self.topology.jobs_exchange());
+        if bound {
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    exchange.as_str().into(),
+                    kind.as_str().into(),
+                    Default::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        } else {
+            channel
+                .queue_unbind(
+                    queue.as_str().into(),
+                    exchange.as_str().into(),
+                    kind.as_str().into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let _ = conn.close(200, "".into()).await;
+    }
+
     /// Publishes raw bytes straight onto the tool-call work queue, as another client might.
     pub async fn publish_raw(&self, body: &[u8], properties: BasicProperties) {
         let (conn, channel) = self.amqp().await;

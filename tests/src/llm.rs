@@ -29,11 +29,17 @@ pub enum LlmReply {
     Raw(Vec<Vec<u8>>),
     /// A model that never stops: a token every millisecond until the client hangs up.
     Runaway,
+    /// `reply`, after the model thought for the given time.
+    After(Duration, Box<LlmReply>),
 }
 
 impl LlmReply {
     pub fn text(t: &str) -> Self {
         LlmReply::Text { tokens: t.split_inclusive(' ').map(str::to_string).collect(), delay: Duration::ZERO }
+    }
+    /// This reply, sent after `delay`.
+    pub fn after(self, delay: Duration) -> Self {
+        LlmReply::After(delay, Box::new(self))
     }
 }
 
@@ -115,7 +121,11 @@ async fn complete(
         });
         all.len() - 1
     };
-    let reply = (inner.script)(&body, index);
+    let mut reply = (inner.script)(&body, index);
+    while let LlmReply::After(delay, then) = reply {
+        tokio::time::sleep(delay).await;
+        reply = *then;
+    }
     let finish = {
         let inner = inner.clone();
         move || inner.requests.lock().unwrap()[index].ended = Some(Instant::now())
@@ -137,7 +147,7 @@ async fn complete(
             finish();
             return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})).into_response();
         }
-        LlmReply::Raw(_) | LlmReply::Runaway => unreachable!("answered above"),
+        LlmReply::Raw(_) | LlmReply::Runaway | LlmReply::After(..) => unreachable!("answered above"),
         LlmReply::Text { tokens, delay } => {
             let mut f =
                 vec![(Duration::ZERO, chunk(json!({"role": "assistant", "content": ""}), Value::Null).to_string())];
