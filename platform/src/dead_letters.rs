@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use fleet_protocol::deadletter::{
     record_from_message, DeadLetterFilter, DeadLetterRecord, ListCursor, RECORD_MESSAGE_TYPE,
 };
-use fleet_protocol::envelope::{Envelope, CONTENT_TYPE};
+use fleet_protocol::envelope::{DeadLetterReason, Envelope, Job, Verdict, CONTENT_TYPE};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::topology::Topology;
+use fleet_protocol::topology::WORK_QUEUE_DELIVERY_LIMIT;
 
 use crate::broker::{BrokerError, BrokerLink, Publisher};
 use crate::now_ms;
@@ -106,14 +107,11 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
     let (Some(envelope), Some(redrive)) = (replayable(&record), redrive) else {
         return Ok(Outcome::NotReplayable);
     };
-    let fresh = Envelope {
-        attempt: 1,
-        first_attempt_at_ms: None,
-        not_before_ms: None,
-        poll: None,
-        enqueued_at_ms: now_ms(),
-        ..envelope
-    };
+    let fresh = Envelope { enqueued_at_ms: now_ms(), ..envelope.as_first_attempt() };
+    // A turn runs its failed step again: open it and put it back in its session's line.
+    if matches!(fresh.job, Job::Turn(_)) && !store.reopen_turn(id).await? {
+        return Ok(Outcome::NotReplayable);
+    }
     let _ = store.set_status(id, ExecutionStatus::Queued, None, now_ms(), None).await;
     if let Err(e) = redrive.publisher.publish_job(redrive.topology, &fresh, FieldTable::default()).await {
         let _ = store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms(), None).await;
@@ -239,7 +237,7 @@ pub async fn drain(
 ) {
     while let Some(live) = link.wait_live(&cancel).await {
         let outcome = tokio::select! {
-            r = drain_once(&live.connection, &topology, &store, &metrics, &cancel) => r,
+            r = drain_once(&live, &topology, &store, &metrics, &cancel) => r,
             _ = link.lost(&live) => Ok(()),
         };
         if let Err(e) = outcome {
@@ -252,14 +250,33 @@ pub async fn drain(
     }
 }
 
+/// A job the broker dead-lettered itself (it kept losing its worker) goes back to the workers
+/// marked as decided, so its dead letter is carried out like any other: record, status, metric,
+/// and its turn or session told. Once only: a marked job dead-lettered again is stored as is.
+async fn hand_back(publisher: &Publisher, topology: &Topology, body: &[u8], content_type: Option<&str>) -> bool {
+    let Ok(envelope) = Envelope::decode(body, content_type) else { return false };
+    if envelope.settle.is_some() {
+        return false;
+    }
+    let error = fleet_protocol::envelope::delivery_limit_error(WORK_QUEUE_DELIVERY_LIMIT as u64);
+    let decided = Envelope { settle: Some(Verdict { reason: DeadLetterReason::DeliveryLimit, error }), ..envelope };
+    match publisher.publish_job(topology, &decided, FieldTable::default()).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(execution_id = %decided.execution_id, error = %e, "cannot hand a dead-lettered job back to the workers; stored as is");
+            false
+        }
+    }
+}
+
 async fn drain_once(
-    connection: &lapin::Connection,
+    live: &crate::broker::Live,
     topology: &Topology,
     store: &Store,
     metrics: &crate::metrics::Metrics,
     cancel: &CancellationToken,
 ) -> Result<(), SweepError> {
-    let channel = connection.create_channel().await?;
+    let channel = live.connection.create_channel().await?;
     channel.basic_qos(50, BasicQosOptions::default()).await?;
     let queue = topology.dead_letter_queue();
     let mut consumer = channel
@@ -280,9 +297,16 @@ async fn drain_once(
             .as_ref()
             .and_then(|h| h.inner().get(STORED_HEADER).cloned())
             .is_some_and(|v| matches!(v, AMQPValue::Boolean(true)));
+        let content_type = delivery.properties.content_type().as_ref().map(|c| c.to_string());
+        let from_worker = delivery.properties.kind().as_ref().is_some_and(|t| t.as_str() == RECORD_MESSAGE_TYPE);
+        if !stored
+            && !from_worker
+            && hand_back(&live.publisher, topology, &delivery.data, content_type.as_deref()).await
+        {
+            delivery.ack(BasicAckOptions::default()).await?;
+            continue;
+        }
         if !stored {
-            let content_type = delivery.properties.content_type().as_ref().map(|c| c.to_string());
-            let from_worker = delivery.properties.kind().as_ref().is_some_and(|t| t.as_str() == RECORD_MESSAGE_TYPE);
             let record = record_from_message(&delivery.data, content_type.as_deref(), now_ms());
             let id = record.execution_id.clone().unwrap_or_default();
             match store.insert_dead_letter(&id, &record, now_ms()).await {

@@ -19,6 +19,9 @@ use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use crate::metrics::Metrics;
 
+mod turns;
+pub use turns::{SessionFinish, SessionSlot};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("redis unavailable: {0}")]
@@ -250,31 +253,6 @@ enum Backend {
     },
 }
 
-const SESSION_ENQUEUE_LUA: &str = r#"
-if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"#;
-
-const SESSION_ACQUIRE_LUA: &str = r#"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 'held' end
-if holder then return 'busy' end
-local head = redis.call('LINDEX', KEYS[2], 0)
-if head and head ~= ARGV[1] then return 'queued' end
-if head == ARGV[1] then redis.call('LPOP', KEYS[2]) end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 'acquired'
-"#;
-
-const SESSION_STEER_LUA: &str = r#"
-local holder = redis.call('GET', KEYS[1])
-if not holder or holder == ARGV[1] then return 0 end
-for i = 2, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
-redis.call('LREM', KEYS[2], 0, ARGV[1])
-return 1
-"#;
-
 /// Writes a tool only if its entry is still what the writer read (`ARGV[1]`, empty: absent), and
 /// keeps the id index in step. KEYS: entry, name index, id index (one `{tools}` slot).
 const TOOL_WRITE_LUA: &str = r#"
@@ -299,13 +277,6 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 "#;
 
-const SESSION_FINISH_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not_holder', ''} end
-if redis.call('LLEN', KEYS[3]) > 0 then return {'steer', ''} end
-redis.call('DEL', KEYS[1])
-return {'released', redis.call('LINDEX', KEYS[2], 0) or ''}
-"#;
-
 /// Which registry an entry belongs to.
 #[derive(Debug, Clone, Copy)]
 enum Registry {
@@ -328,26 +299,6 @@ impl Registry {
             Registry::Webhooks => "webhook",
         }
     }
-}
-
-/// What `session_acquire` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionSlot {
-    /// This turn runs now (it was first in line, or already held the session).
-    Acquired,
-    /// Another turn runs, or is ahead in line.
-    Wait,
-}
-
-/// What `session_finish` decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SessionFinish {
-    /// Released; the next turn in line (if any) should be woken.
-    Released { next: Option<String> },
-    /// Steer messages arrived meanwhile: the turn keeps the session and calls the model again.
-    SteerPending,
-    /// This turn no longer holds the session (its lock expired).
-    NotHolder,
 }
 
 #[derive(Clone)]
@@ -617,144 +568,7 @@ impl Store {
         self.registry_delete(Registry::Webhooks, id).await
     }
 
-    // ---- agent turns and sessions ----
-
-    pub async fn save_turn(
-        &self,
-        execution_id: &str,
-        state: &fleet_protocol::turn::TurnState,
-    ) -> Result<(), StoreError> {
-        let json = serde_json::to_string(state).expect("a turn state serialises");
-        let r: Result<(), _> =
-            self.conn().await?.set_ex(self.keys.turn(execution_id), json, IDEMPOTENCY_TTL_SECS).await;
-        self.count(r)
-    }
-
-    pub async fn load_turn(&self, execution_id: &str) -> Result<Option<fleet_protocol::turn::TurnState>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.turn(execution_id)).await;
-        self.count(raw)?
-            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}"))))
-            .transpose()
-    }
-
-    /// Records a tool call's outcome (the first one wins) and returns every outcome so far.
-    pub async fn record_call_outcome(
-        &self,
-        turn_execution_id: &str,
-        call_id: &str,
-        outcome: &fleet_protocol::turn::CallOutcome,
-    ) -> Result<std::collections::HashMap<String, fleet_protocol::turn::CallOutcome>, StoreError> {
-        let key = self.keys.turn_results(turn_execution_id);
-        let json = serde_json::to_string(outcome).expect("an outcome serialises");
-        let r: Result<((), (), std::collections::HashMap<String, String>), _> = redis::pipe()
-            .hset_nx(&key, call_id, json)
-            .ignore()
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
-            .ignore()
-            .hgetall(&key)
-            .query_async::<(std::collections::HashMap<String, String>,)>(&mut self.conn().await?)
-            .await
-            .map(|(m,)| ((), (), m));
-        Ok(self.count(r)?.2.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect())
-    }
-
-    pub async fn call_outcomes(
-        &self,
-        turn_execution_id: &str,
-    ) -> Result<std::collections::HashMap<String, fleet_protocol::turn::CallOutcome>, StoreError> {
-        let r: Result<std::collections::HashMap<String, String>, _> =
-            self.conn().await?.hgetall(self.keys.turn_results(turn_execution_id)).await;
-        Ok(self.count(r)?.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect())
-    }
-
-    /// Puts a turn in its session's line (at acceptance, so arrival order is the order they run),
-    /// once: a republished turn already in line keeps its place.
-    pub async fn session_enqueue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
-        let r: Result<i64, _> = Script::new(SESSION_ENQUEUE_LUA)
-            .key(self.keys.session(session_id, "queue"))
-            .arg(execution_id)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        self.count(r).map(|_| ())
-    }
-
-    pub async fn session_dequeue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
-        let r: Result<(), _> = self.conn().await?.lrem(self.keys.session(session_id, "queue"), 0, execution_id).await;
-        self.count(r)
-    }
-
-    /// Takes (or keeps) the session for `execution_id` if it is its turn; the lock expires after
-    /// `lease` unless taken again, so a crashed turn does not hold its session forever.
-    pub async fn session_acquire(
-        &self,
-        session_id: &str,
-        execution_id: &str,
-        lease: Duration,
-    ) -> Result<SessionSlot, StoreError> {
-        let r: Result<String, _> = Script::new(SESSION_ACQUIRE_LUA)
-            .key(self.keys.session(session_id, "lock"))
-            .key(self.keys.session(session_id, "queue"))
-            .arg(execution_id)
-            .arg(lease.as_millis() as u64)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(match self.count(r)?.as_str() {
-            "acquired" | "held" => SessionSlot::Acquired,
-            _ => SessionSlot::Wait,
-        })
-    }
-
-    /// If another turn holds the session, hands it `messages` (JSON) for its next model call and
-    /// returns true; false means nothing runs, so the steer runs as a turn of its own.
-    pub async fn session_steer(
-        &self,
-        session_id: &str,
-        execution_id: &str,
-        messages: &[String],
-    ) -> Result<bool, StoreError> {
-        let script = Script::new(SESSION_STEER_LUA);
-        let mut inv = script.prepare_invoke();
-        inv.key(self.keys.session(session_id, "lock"))
-            .key(self.keys.session(session_id, "queue"))
-            .key(self.keys.session(session_id, "steer"))
-            .arg(execution_id);
-        for m in messages {
-            inv.arg(m);
-        }
-        let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
-        Ok(self.count(r)? == 1)
-    }
-
-    /// Takes the steer messages waiting for the running turn.
-    pub async fn session_take_steer(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
-        let key = self.keys.session(session_id, "steer");
-        let r: Result<(Vec<String>, ()), _> = redis::pipe()
-            .atomic()
-            .lrange(&key, 0, -1)
-            .del(&key)
-            .ignore()
-            .query_async::<(Vec<String>,)>(&mut self.conn().await?)
-            .await
-            .map(|(v,)| (v, ()));
-        Ok(self.count(r)?.0)
-    }
-
-    pub async fn session_finish(&self, session_id: &str, execution_id: &str) -> Result<SessionFinish, StoreError> {
-        let r: Result<(String, String), _> = Script::new(SESSION_FINISH_LUA)
-            .key(self.keys.session(session_id, "lock"))
-            .key(self.keys.session(session_id, "queue"))
-            .key(self.keys.session(session_id, "steer"))
-            .arg(execution_id)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        let (state, next) = self.count(r)?;
-        Ok(match state.as_str() {
-            "steer" => SessionFinish::SteerPending,
-            "released" => SessionFinish::Released { next: (!next.is_empty()).then_some(next) },
-            _ => SessionFinish::NotHolder,
-        })
-    }
+    // ---- session event streams ----
 
     /// The id of the newest event in the session's stream (`0-0` if none): where a new reader starts.
     pub async fn last_event_id(&self, session_id: &str) -> Result<String, StoreError> {
@@ -1061,6 +875,14 @@ impl Store {
     /// fenced this writer off and nothing was written.
     pub async fn complete(&self, execution_id: &str, token: u64, result: &Value) -> Result<bool, StoreError> {
         self.fenced(&self.complete, execution_id, token, result.to_string()).await
+    }
+
+    /// Marks a claim done whoever held it: a steer's step, answered by the turn it steered into.
+    pub async fn force_done(&self, execution_id: &str, result: &Value) -> Result<(), StoreError> {
+        let done = format!(r#"{{"state":"done","token":0,"result":{result}}}"#);
+        let r: Result<(), _> =
+            self.conn().await?.set_ex(self.keys.idempotency(execution_id), done, IDEMPOTENCY_TTL_SECS).await;
+        self.count(r)
     }
 
     /// Gives up the claim after a failed attempt so the next attempt can claim at once.

@@ -9,30 +9,7 @@ use crate::execution::AttemptRecord;
 /// AMQP `type` property of a dead-letter record message.
 pub const RECORD_MESSAGE_TYPE: &str = "fleet.dead_letter";
 
-/// Why a job was dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeadLetterReason {
-    /// All attempts failed with retryable errors.
-    Exhausted,
-    /// The tool owner answered with a permanent failure (or the target is forbidden).
-    Permanent,
-    /// The message could not be parsed as a job.
-    Poison,
-    /// The broker dead-lettered the job after too many redeliveries (it kept losing its worker).
-    DeliveryLimit,
-}
-
-impl DeadLetterReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterReason::Exhausted => "exhausted",
-            DeadLetterReason::Permanent => "permanent",
-            DeadLetterReason::Poison => "poison",
-            DeadLetterReason::DeliveryLimit => "delivery_limit",
-        }
-    }
-}
+pub use crate::envelope::DeadLetterReason;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetterRecord {
@@ -68,6 +45,45 @@ pub fn excerpt_raw_body(body: &[u8]) -> String {
 }
 
 impl DeadLetterRecord {
+    /// The record of a job that ends as a dead letter: the one place a record is built from an
+    /// envelope. `history` is the execution's attempts; `first_attempt_at_ms` falls back to the
+    /// first recorded attempt.
+    pub fn for_job(
+        envelope: &crate::envelope::Envelope,
+        reason: DeadLetterReason,
+        error: &str,
+        history: Vec<AttemptRecord>,
+        now_ms: i64,
+    ) -> Self {
+        use crate::envelope::Job;
+        use crate::timefmt::rfc3339_from_millis;
+        let (tool_name, assistant_id, room_id) = match &envelope.job {
+            Job::ToolCall(call) => (Some(call.tool_name.clone()), call.assistant_id.clone(), call.room_id.clone()),
+            Job::Webhook(_) => (None, None, None),
+            Job::Turn(t) => (None, None, Some(t.session_id.clone())),
+        };
+        let first_attempt_at = envelope
+            .first_attempt_at_ms
+            .map(rfc3339_from_millis)
+            .or_else(|| history.first().map(|a| a.started_at.clone()));
+        DeadLetterRecord {
+            execution_id: Some(envelope.execution_id.clone()),
+            kind: Some(envelope.kind().as_str().to_string()),
+            tool_name,
+            assistant_id,
+            room_id,
+            attempts: envelope.attempt,
+            last_error: crate::sanitize::sanitize_error(if error.is_empty() { "failed" } else { error }),
+            first_attempt_at,
+            last_attempt_at: history.last().map(|a| a.started_at.clone()),
+            reason,
+            dead_lettered_at: rfc3339_from_millis(now_ms),
+            history,
+            job: serde_json::to_value(envelope.as_first_attempt()).ok(),
+            raw_body: None,
+        }
+    }
+
     /// The `tool.callback.failed` event payload: the call failed for good (retries exhausted or a
     /// permanent answer).
     pub fn failed_event_payload(&self) -> Value {

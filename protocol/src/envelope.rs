@@ -123,8 +123,55 @@ pub struct Envelope {
     /// POSTing the callback. Absent in envelopes written before polling lived in the broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll: Option<PollState>,
+    /// Set when the job's end is already decided (the broker gave up on it, or carrying out the
+    /// dead letter failed half-way): its next delivery only settles it, nothing runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle: Option<Verdict>,
     #[serde(flatten)]
     pub job: Job,
+}
+
+/// Why a job was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterReason {
+    /// All attempts failed with retryable errors.
+    Exhausted,
+    /// The tool owner answered with a permanent failure (or the target is forbidden).
+    Permanent,
+    /// The message could not be parsed as a job.
+    Poison,
+    /// The job was delivered too many times without finishing (it kept losing its worker).
+    DeliveryLimit,
+}
+
+impl DeadLetterReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::Exhausted => "exhausted",
+            DeadLetterReason::Permanent => "permanent",
+            DeadLetterReason::Poison => "poison",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
+        }
+    }
+}
+
+/// A decided dead letter travelling with its job (see `Envelope::settle`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub reason: DeadLetterReason,
+    pub error: String,
+}
+
+/// The error a delivery-limit dead letter records.
+pub fn delivery_limit_error(deliveries: u64) -> String {
+    format!("the job was delivered {deliveries} times without finishing (its worker kept failing on it)")
+}
+
+/// Whether a delivery seen `delivery_count` times before (the broker's `x-delivery-count`) has
+/// used up `max_deliveries`.
+pub fn delivery_limit_reached(delivery_count: u64, max_deliveries: u64) -> bool {
+    delivery_count >= max_deliveries
 }
 
 /// An attempt that was answered 202 and is polled from the broker, one delivery per poll.
@@ -139,6 +186,18 @@ pub struct PollState {
 }
 
 impl Envelope {
+    /// This job as a fresh first attempt (what a dead letter keeps for replay).
+    pub fn as_first_attempt(&self) -> Envelope {
+        Envelope {
+            attempt: 1,
+            first_attempt_at_ms: None,
+            not_before_ms: None,
+            poll: None,
+            settle: None,
+            ..self.clone()
+        }
+    }
+
     /// A fresh job at attempt 1.
     pub fn new(execution_id: String, job: Job, now_ms: i64) -> Self {
         Envelope {
@@ -149,6 +208,7 @@ impl Envelope {
             first_attempt_at_ms: None,
             not_before_ms: None,
             poll: None,
+            settle: None,
             job,
         }
     }
@@ -290,6 +350,17 @@ mod tests {
             ..sample()
         };
         assert_eq!(Envelope::decode(&polled.to_bytes(), Some(CONTENT_TYPE)).unwrap(), polled);
+    }
+
+    #[test]
+    fn a_verdict_travels_with_its_job_and_a_replay_drops_it() {
+        let verdict = Verdict { reason: DeadLetterReason::DeliveryLimit, error: delivery_limit_error(20) };
+        let decided = Envelope { settle: Some(verdict.clone()), attempt: 3, ..sample() };
+        let decoded = Envelope::decode(&decided.to_bytes(), Some(CONTENT_TYPE)).unwrap();
+        assert_eq!(decoded.settle, Some(verdict));
+        let fresh = decoded.as_first_attempt();
+        assert_eq!((fresh.settle, fresh.attempt), (None, 1));
+        assert!(!delivery_limit_reached(9, 10) && delivery_limit_reached(10, 10));
     }
 
     #[test]

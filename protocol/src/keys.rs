@@ -44,6 +44,11 @@ impl Keys {
         format!("{}turn:{{{execution_id}}}", self.prefix)
     }
 
+    /// The newest step fence that wrote a turn's state (`turn::step_fence`).
+    pub fn turn_fence(&self, execution_id: &str) -> String {
+        format!("{}turn:{{{execution_id}}}:fence", self.prefix)
+    }
+
     /// Hash of a turn's tool-call outcomes by call id.
     pub fn turn_results(&self, execution_id: &str) -> String {
         format!("{}turn:{{{execution_id}}}:results", self.prefix)

@@ -189,6 +189,40 @@ pub struct TurnState {
     /// How many of the turn's own messages were already appended to the session's history.
     #[serde(default)]
     pub remembered: usize,
+    /// The turn ended as a dead letter: its steps do nothing until a replay reopens it.
+    #[serde(default)]
+    pub dead_lettered: bool,
+}
+
+/// The claim id of a turn's step `round` (one model call): redelivered or duplicated copies of
+/// the step share it, so the step runs once.
+pub fn step_claim_id(turn_id: &str, round: u32) -> String {
+    crate::derived_execution_id(&[turn_id, "round", &round.to_string()])
+}
+
+/// Claim tokens restart with every round's claim; the turn's record and state are fenced by
+/// this number, which grows with the round first, then the token.
+pub fn step_fence(round: u32, token: u64) -> u64 {
+    u64::from(round) * 1_000_000 + token.min(999_999)
+}
+
+/// The fence a turn's end writes with: no step of the ended turn writes after it (a replay clears it).
+pub const FINAL_FENCE: u64 = 1 << 50;
+
+/// A steer waiting in its session for the running turn's next model call: which turn sent it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Steer {
+    pub from: String,
+    pub message: Message,
+}
+
+impl Steer {
+    /// Reads a steer entry (older entries were a bare message).
+    pub fn parse(raw: &str) -> Option<Steer> {
+        serde_json::from_str(raw)
+            .ok()
+            .or_else(|| serde_json::from_str(raw).ok().map(|message| Steer { from: String::new(), message }))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,6 +251,7 @@ impl TurnState {
             usage: Usage::default(),
             history_len: 0,
             remembered: 0,
+            dead_lettered: false,
         }
     }
 
@@ -541,6 +576,22 @@ pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fences_grow_with_the_round_then_the_token() {
+        assert!(step_fence(1, 1) > step_fence(0, 7));
+        assert!(step_fence(2, 3) > step_fence(2, 2));
+        assert!(FINAL_FENCE > step_fence(10_000, 999_999));
+        assert_ne!(step_claim_id("exec_a", 0), step_claim_id("exec_a", 1));
+    }
+
+    #[test]
+    fn steers_name_their_turn_and_old_entries_still_read() {
+        let steer = Steer { from: "exec_b".into(), message: Message::text("user", "also") };
+        assert_eq!(Steer::parse(&serde_json::to_string(&steer).unwrap()), Some(steer));
+        let old = Steer::parse(r#"{"role":"user","content":"hi"}"#).unwrap();
+        assert_eq!((old.from.as_str(), old.message.content.as_deref()), ("", Some("hi")));
+    }
 
     #[test]
     fn history_goes_between_the_instructions_and_the_new_messages() {

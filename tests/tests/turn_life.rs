@@ -224,13 +224,14 @@ async fn a_session_stays_held_while_its_turn_waits_on_a_slow_tool() {
     expect_status(&fleet, &first, "succeeded", Duration::from_secs(30)).await;
     expect_status(&fleet, &second, "succeeded", Duration::from_secs(30)).await;
 
+    // The second turn's requests carry the first exchange as history: tell them apart by its text.
     let requests = llm.requests();
-    let first_done = requests.iter().filter(|r| mentions(&r.body, "slow first")).map(|r| r.ended.unwrap()).max();
-    let second_start = requests
+    let first_done = requests
         .iter()
-        .find(|r| mentions(&r.body, "then second") && !mentions(&r.body, "slow first"))
-        .or_else(|| requests.iter().find(|r| mentions(&r.body, "then second")))
-        .map(|r| r.started);
+        .filter(|r| mentions(&r.body, "slow first") && !mentions(&r.body, "then second"))
+        .map(|r| r.ended.unwrap())
+        .max();
+    let second_start = requests.iter().find(|r| mentions(&r.body, "then second")).map(|r| r.started);
     assert!(first_done.unwrap() <= second_start.unwrap(), "the second turn called the model while the first still ran");
 }
 

@@ -35,7 +35,8 @@ pub struct WorkerConfig {
     /// Model rounds a turn may take.
     pub max_rounds: u32,
     /// How long a session stays held by its turn without the turn touching it.
-    pub session_lease: Duration,
+    /// Deliveries after which a job is dead-lettered without running (`FLEET_MAX_DELIVERIES`).
+    pub max_deliveries: u64,
     /// Largest tool result (its JSON text, bytes) handed to the model whole; above it the model
     /// gets the first bytes and `truncated: true`.
     pub tool_result_max_bytes: usize,
@@ -54,6 +55,10 @@ impl WorkerConfig {
         let concurrency: u16 = src.parse("FLEET_WORKER_CONCURRENCY", 32)?;
         if concurrency == 0 {
             return Err(ConfigError::new("FLEET_WORKER_CONCURRENCY", "must be at least 1"));
+        }
+        let max_deliveries: u64 = src.parse("FLEET_MAX_DELIVERIES", 10)?;
+        if max_deliveries == 0 {
+            return Err(ConfigError::new("FLEET_MAX_DELIVERIES", "must be at least 1"));
         }
         let claim_lease = src.seconds("FLEET_CLAIM_LEASE", Duration::from_secs(60))?;
         if claim_lease < Duration::from_millis(300) {
@@ -96,7 +101,7 @@ impl WorkerConfig {
             llm_max_tokens: src.parse("FLEET_LLM_MAX_TOKENS", 4096)?,
             llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
-            session_lease: src.seconds("FLEET_SESSION_LEASE", Duration::from_secs(600))?,
+            max_deliveries,
             tool_result_max_bytes,
             history_max_messages,
             history_max_bytes,

@@ -6,10 +6,12 @@ pub mod callback;
 pub mod config;
 pub mod health;
 pub mod http;
+mod jobs;
 pub mod llm;
+mod notify;
 pub mod process;
 pub mod registry;
-mod turns;
+mod settle;
 
 use std::sync::Arc;
 use std::time::Duration;

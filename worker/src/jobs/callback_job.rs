@@ -1,0 +1,193 @@
+//! The life of a callback job (a tool call or a webhook delivery): claim, one signed POST (or a
+//! status poll) with the claim renewed, then the outcome. A tool call made by a turn tells its
+//! turn when it succeeds, also when a redelivery finds it already done.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use fleet_platform::broker::Publisher;
+use fleet_platform::now_ms;
+use fleet_protocol::envelope::{Envelope, PollState, TurnParent};
+use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::turn::CallOutcome;
+
+use super::{claim, parent, renewing, Claimed};
+use crate::callback::{self, AttemptVerdict, CallbackContext};
+use crate::process::Processor;
+use crate::settle::{trace_headers, Failure, Held, Outcome};
+
+/// The turn waiting for a tool call's result, and the tool's name.
+pub(super) type Parent<'a> = Option<(&'a TurnParent, &'a str)>;
+
+pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelope, parent: Parent<'_>) -> Outcome {
+    let id = &envelope.execution_id;
+    let kind = envelope.kind().as_str();
+    let held = match claim(p, id, |token| token).await {
+        Claimed::Held(held) => held,
+        Claimed::Done(result) => return already_done(p, publisher, envelope, parent, result).await,
+        Claimed::Later(wait) => return Outcome::Parked(wait),
+    };
+    p.metrics.jobs_started.with_label_values(&[kind]).inc();
+    // A poll continues the attempt its POST started.
+    let started_ms = envelope.poll.as_ref().map_or_else(now_ms, |poll| poll.started_at_ms);
+    // The first record write registers this claim's token before the attempt starts, so an older
+    // worker can no longer write over it. Independent writes go together.
+    let running =
+        p.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms, Some(held.fence));
+    let started = async {
+        if envelope.attempt == 1 {
+            let _ = p.store.mark_started(id, kind).await;
+        }
+    };
+    if let (Ok(false), ()) = tokio::join!(running, started) {
+        return Outcome::Fenced;
+    }
+    let clock = Instant::now();
+    let ctx = CallbackContext {
+        store: &p.store,
+        targets: &p.targets,
+        callback_timeout: p.config.callback_timeout,
+        client: &p.client,
+        secrets: &p.config.secrets_key,
+        poll_limit: p.config.async_poll_limit,
+    };
+    let attempt = callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref());
+    let report = renewing(p, &held, false, attempt).await.expect("callbacks are not stopped by a lost lease");
+    let elapsed = clock.elapsed();
+    p.metrics.attempt_duration.with_label_values(&[kind]).observe(elapsed.as_secs_f64());
+    p.metrics.callback_responses.with_label_values(&[kind, report.class]).inc();
+    tracing::info!(http_status = report.http_status, error = report.error.as_deref(), "attempt finished");
+    let record = AttemptRecord {
+        attempt: envelope.attempt,
+        started_at: rfc3339_from_millis(started_ms),
+        duration_ms: elapsed.as_millis() as u64,
+        http_status: report.http_status,
+        error: report.error.clone(),
+        outcome: AttemptOutcome::Success,
+        prompt_tokens: None,
+        completion_tokens: None,
+    };
+    let error = report.error.clone().unwrap_or_else(|| "failed".into());
+    let failure = |retry_after, permanent| {
+        Outcome::Failed(Failure {
+            record: record.clone(),
+            error,
+            retry_after,
+            permanent,
+            held: held.clone(),
+            started_ms,
+        })
+    };
+    match report.verdict {
+        AttemptVerdict::Succeeded(result) => succeed(p, publisher, envelope, parent, &held, &record, result).await,
+        AttemptVerdict::Retryable { retry_after } => failure(retry_after, false),
+        AttemptVerdict::Permanent => failure(None, true),
+        AttemptVerdict::Accepted(poll) => poll_later(p, publisher, envelope, &held, &poll).await,
+    }
+}
+
+async fn succeed(
+    p: &Processor,
+    publisher: &Publisher,
+    envelope: &Envelope,
+    parent: Parent<'_>,
+    held: &Held,
+    record: &AttemptRecord,
+    result: Value,
+) -> Outcome {
+    let id = &envelope.execution_id;
+    match p.store.complete(id, held.token, &result).await {
+        Ok(true) => {}
+        Ok(false) => return Outcome::Fenced,
+        Err(e) => {
+            // The callback ran but its result is not stored: run the attempt again later.
+            tracing::warn!(error = %e, "cannot store result; requeued");
+            return Outcome::Requeue;
+        }
+    }
+    let recorded =
+        p.store.record_attempt(id, record, ExecutionStatus::Succeeded, Some(&result), now_ms(), Some(held.fence)).await;
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => return Outcome::Fenced,
+        Err(e) => {
+            // The result is stored; the record is not. The redelivery finds the result (nothing
+            // runs again) and repairs the record.
+            tracing::warn!(error = %e, "result stored but not recorded; requeued");
+            return Outcome::Requeue;
+        }
+    }
+    tell_parent(p, publisher, parent, result, "success").await
+}
+
+/// A redelivery, duplicate publish or replay of a finished job: nothing runs again, but the record
+/// is repaired and the parent turn told (both may have been cut short).
+async fn already_done(
+    p: &Processor,
+    publisher: &Publisher,
+    envelope: &Envelope,
+    parent: Parent<'_>,
+    result: Value,
+) -> Outcome {
+    let id = &envelope.execution_id;
+    p.metrics.idempotency_hits.with_label_values(&[envelope.kind().as_str()]).inc();
+    let repaired = match p.store.get_execution(id).await {
+        Ok(Some(view)) if view.status == ExecutionStatus::Succeeded => Ok(()),
+        Ok(_) => p.store.mark_succeeded(id, &result, now_ms()).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = repaired {
+        tracing::warn!(error = %e, "cannot repair the execution record; parked");
+        return Outcome::Parked(p.config.common.retry.delays()[0]);
+    }
+    tracing::info!("already succeeded; not run again");
+    tell_parent(p, publisher, parent, result, "duplicate").await
+}
+
+async fn tell_parent(
+    p: &Processor,
+    publisher: &Publisher,
+    parent: Parent<'_>,
+    result: Value,
+    label: &'static str,
+) -> Outcome {
+    let Some((turn, tool_name)) = parent else { return Outcome::Done(label) };
+    let outcome = CallOutcome { ok: true, result };
+    match parent::tool_call_finished(p, publisher, turn, tool_name, outcome).await {
+        Ok(()) => Outcome::Done(label),
+        // Done, but its turn does not know yet: the job comes back, finds itself done, tells again.
+        Err(_) => Outcome::Parked(p.config.common.retry.delays()[0]),
+    }
+}
+
+/// A 202 (or a poll still pending): the attempt goes on in the broker, not in a sleeping task.
+/// The claim is released as `polling` (not done), and the job, carrying the status URL and
+/// deadline, returns after the poll interval to GET the status URL. No attempt is spent.
+async fn poll_later(
+    p: &Processor,
+    publisher: &Publisher,
+    envelope: &Envelope,
+    held: &Held,
+    poll: &PollState,
+) -> Outcome {
+    if !p.release(held, "polling").await {
+        return Outcome::Fenced;
+    }
+    let interval = p.config.async_poll_interval;
+    let next = Envelope {
+        first_attempt_at_ms: Some(envelope.first_attempt_at_ms.unwrap_or(poll.started_at_ms)),
+        not_before_ms: Some(now_ms() + interval.as_millis() as i64),
+        poll: Some(poll.clone()),
+        ..envelope.clone()
+    };
+    let queue = p.config.common.topology.delay_queue(envelope.kind(), p.config.common.retry.park_step(interval));
+    match publisher.publish_delayed(&queue, &next, trace_headers()).await {
+        Ok(()) => Outcome::Done("polling"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot park the status poll; requeued");
+            Outcome::Requeue
+        }
+    }
+}
