@@ -4,6 +4,7 @@
 pub mod config;
 pub mod error;
 mod routes;
+pub mod scopes;
 pub mod stats;
 pub mod tool_schemas;
 pub mod validate;
@@ -17,6 +18,7 @@ use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 
 pub use config::DispatcherConfig;
+pub use routes::{openapi, openapi_text};
 
 /// Everything a request handler needs.
 #[derive(Clone)]

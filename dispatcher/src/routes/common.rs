@@ -1,8 +1,8 @@
-//! Request helpers every route shares: bearer-token auth, the raw body with a JSON 413, the
+//! Request helpers every route shares: bearer-token auth and scopes, the raw body with a JSON 413, the
 //! Content-Type check, paging, and the callback host's DNS check.
 
-use axum::extract::{FromRequest, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequest, MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -10,6 +10,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
+use crate::scopes::{required_scope, Grant};
 use crate::AppState;
 
 /// Which client a request came from: a digest of its token, to namespace its `Idempotency-Key`s.
@@ -26,11 +27,30 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
     let Some(token) = token else { return ApiError::unauthorized().into_response() };
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     // Digests are compared, so timing reveals nothing about the tokens themselves.
-    if !state.config.token_digests.contains(&digest) {
+    let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {
         return ApiError::unauthorized().into_response();
+    };
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("");
+    if let Err(refused) = check_scope(known.grant, request.method(), route) {
+        return refused.into_response();
     }
     request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
     next.run(request).await
+}
+
+/// Whether `grant` allows the route; a route without a scope is open to full-rights tokens only.
+fn check_scope(grant: Grant, method: &Method, route: &str) -> Result<(), ApiError> {
+    match required_scope(method, route) {
+        Some(scope) if !grant.allows(scope) => {
+            Err(ApiError::insufficient_scope(scope.as_str(), method.as_str(), route))
+        }
+        None if grant != Grant::Full => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            format!("{} {route} is open to full-rights tokens only", method.as_str()),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The raw body, with a too-large body answered as a JSON 413.
@@ -81,9 +101,13 @@ pub(crate) async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError>
     Ok(())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct Page {
+    /// `next_cursor` from the previous page.
     pub(crate) cursor: Option<String>,
+    /// 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub(crate) limit: Option<usize>,
 }
 

@@ -15,6 +15,10 @@ use crate::error::ApiError;
 use crate::routes::common::{page_limit, Body};
 use crate::{validate, AppState};
 
+#[utoipa::path(get, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
+    params(("id" = String, Path, description = "The dead letter's execution id")),
+    responses((status = 200, description = "The dead letter", body = crate::routes::docs::DeadLetterResponse),
+        (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -27,19 +31,28 @@ pub(crate) async fn get_dead_letter(
     Ok(Json(json!({"data": record})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct DeadLetterQuery {
     cursor: Option<String>,
+    /// 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<usize>,
     tool_name: Option<String>,
+    #[param(value_type = Option<crate::routes::docs::DeadLetterReasonDoc>)]
     reason: Option<DeadLetterReason>,
+    /// RFC 3339.
     since: Option<String>,
+    /// RFC 3339.
     until: Option<String>,
 }
 
 /// Newest first, filtered by tool, reason and time range; `next_cursor` continues the listing. One
 /// request looks at a bounded number of index entries: a page may come back short (even empty)
 /// with a `next_cursor` when few match, and only `next_cursor: null` means the end.
+#[utoipa::path(get, path = "/v1/dead-letters", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
+    params(DeadLetterQuery),
+    responses((status = 200, description = "Dead letters, newest first", body = crate::routes::docs::DeadLetterList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_dead_letters(
     State(state): State<AppState>,
     Query(q): Query<DeadLetterQuery>,
@@ -120,6 +133,11 @@ fn busy(id: &str) -> ApiError {
     )
 }
 
+#[utoipa::path(post, path = "/v1/dead-letters/{id}/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+    params(("id" = String, Path, description = "The dead letter's execution id")),
+    responses((status = 202, description = "Back on the work queue", body = crate::routes::docs::AcceptedResponse),
+        (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody),
+        (status = 409, description = "Poison (`not_replayable`) or busy (`dead_letter_busy`)", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -140,6 +158,11 @@ pub(crate) async fn retry_dead_letter(
     }
 }
 
+#[utoipa::path(delete, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+    params(("id" = String, Path, description = "The dead letter's execution id")),
+    responses((status = 204, description = "Deleted"),
+        (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody),
+        (status = 409, description = "Another request is acting on it (`dead_letter_busy`)", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -188,6 +211,9 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 }
 
 /// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
+#[utoipa::path(post, path = "/v1/dead-letters/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+    request_body(content = Option<crate::routes::docs::BulkRequestDoc>, description = "Which dead letters (an empty body: all)"),
+    responses((status = 200, description = "What was retried", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letters(
     State(state): State<AppState>,
     Body(body): Body,
@@ -197,6 +223,9 @@ pub(crate) async fn retry_dead_letters(
     Ok(Json(json!({"data": report})))
 }
 
+#[utoipa::path(post, path = "/v1/dead-letters/purge", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+    request_body(content = Option<crate::routes::docs::BulkRequestDoc>, description = "Which dead letters (an empty body: all)"),
+    responses((status = 200, description = "What was deleted", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn purge_dead_letters(
     State(state): State<AppState>,
     Body(body): Body,

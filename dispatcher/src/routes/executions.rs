@@ -26,6 +26,10 @@ fn execution_json(v: &ExecutionView) -> Value {
     })
 }
 
+#[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions", security(("bearer" = ["executions:read"])),
+    params(("id" = String, Path, description = "The execution id a 202 returned")),
+    responses((status = 200, description = "The execution", body = crate::routes::docs::ExecutionResponse),
+        (status = 404, description = "No such execution", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_execution(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -14,6 +14,11 @@ use crate::{validate, AppState};
 
 /// `GET /v1/sessions/{id}/stream`: the session's events as SSE in the seed's wire format, from
 /// `Last-Event-ID` (within the retained window) or from now.
+#[utoipa::path(get, path = "/v1/sessions/{id}/stream", tag = "sessions", security(("bearer" = ["sessions:read"])),
+    params(("id" = String, Path, description = "The session id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream sent)")),
+    responses((status = 200, description = "The session's events as server-sent events", content_type = "text/event-stream", body = String),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn stream_session(
     State(state): State<AppState>,
     Path(session_id): Path<String>,

@@ -25,6 +25,13 @@ struct ToolCallInput {
     assistant_id: Option<String>,
 }
 
+#[utoipa::path(post, path = "/v1/tool-calls", tag = "tool-calls", security(("bearer" = ["calls:write"])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution")),
+    request_body = crate::routes::docs::ToolCallRequest,
+    responses((status = 202, description = "Accepted: the broker confirmed the job", body = crate::routes::docs::AcceptedResponse,
+            headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
+        (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_tool_call(
     State(state): State<AppState>,
     axum::Extension(caller): axum::Extension<Caller>,

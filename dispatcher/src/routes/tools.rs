@@ -181,6 +181,11 @@ async fn tool_input(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Resul
 }
 
 /// `POST /v1/tools`: the seed's registration; 201, or 409 if the name is taken.
+#[utoipa::path(post, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:write"])),
+    request_body(content = crate::routes::docs::ToolInputDoc, description = "The tool (name, callback_url and callback_secret required)"),
+    responses((status = 201, description = "Registered", body = crate::routes::docs::ToolResponse),
+        (status = 409, description = "A tool of that name exists (`tool_exists`) or kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn post_tool(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -199,6 +204,14 @@ pub(crate) async fn post_tool(
 }
 
 /// `PUT /v1/tools/{tool}`: by name, creates (201) or updates (200); by id, updates only (404 if none).
+#[utoipa::path(put, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
+    params(("tool" = String, Path, description = "The tool's name (creates or updates) or id (updates only)")),
+    request_body(content = crate::routes::docs::ToolInputDoc, description = "Fields to set (callback_url and callback_secret required to create)"),
+    responses((status = 200, description = "Updated", body = crate::routes::docs::ToolResponse),
+        (status = 201, description = "Created", body = crate::routes::docs::ToolResponse),
+        (status = 404, description = "No tool with that id", body = crate::routes::docs::ErrorBody),
+        (status = 409, description = "The tool kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn put_tool(
     State(state): State<AppState>,
     Path(tool): Path<String>,
@@ -228,12 +241,18 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
     Ok(state.store.get_tool(&tool.name).await?.unwrap_or(version.tool))
 }
 
+#[utoipa::path(get, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:read"])),
+    params(("tool" = String, Path, description = "The tool's name or id")),
+    responses((status = 200, description = "The tool", body = crate::routes::docs::ToolResponse),
+        (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
     Ok(Json(json!({"data": tool_json(&with_id(&state, version).await?)})))
 }
 
+#[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
+    responses((status = 200, description = "Registered tools by name", body = crate::routes::docs::ToolList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
     Query(page): Query<Page>,
@@ -248,6 +267,10 @@ pub(crate) async fn list_tools(
     Ok(Json(json!({"data": data, "next_cursor": next})))
 }
 
+#[utoipa::path(delete, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
+    params(("tool" = String, Path, description = "The tool's name or id")),
+    responses((status = 204, description = "Deleted"),
+        (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_tool(
     State(state): State<AppState>,
     Path(tool): Path<String>,

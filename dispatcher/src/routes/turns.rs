@@ -20,6 +20,13 @@ use crate::{validate, AppState};
 /// Records the turn, puts it in its session's line (arrival order is run order), and publishes its
 /// first step with a publisher confirm before answering 202; `Idempotency-Key` is honoured as on
 /// `POST /v1/tool-calls` (the same `submit`).
+#[utoipa::path(post, path = "/v1/turns", tag = "turns", security(("bearer" = ["turns:write"])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; as on POST /v1/tool-calls")),
+    request_body = crate::routes::docs::TurnRequest,
+    responses((status = 202, description = "Accepted: the broker confirmed the turn's first step", body = crate::routes::docs::AcceptedResponse,
+            headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
+        (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_turn(
     State(state): State<AppState>,
     axum::Extension(caller): axum::Extension<Caller>,

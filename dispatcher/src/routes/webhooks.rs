@@ -33,6 +33,11 @@ fn webhook_json(h: &StoredWebhook) -> Value {
     })
 }
 
+#[utoipa::path(put, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),
+    params(("id" = String, Path, description = "1-64 letters, digits, `_` or `-`")),
+    request_body = crate::routes::docs::WebhookInputDoc,
+    responses((status = 200, description = "Updated", body = crate::routes::docs::WebhookResponse),
+        (status = 201, description = "Created", body = crate::routes::docs::WebhookResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn put_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -96,6 +101,10 @@ pub(crate) async fn put_webhook(
     Ok((status, Json(json!({"data": webhook_json(&hook)}))).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read"])),
+    params(("id" = String, Path, description = "The webhook id")),
+    responses((status = 200, description = "The webhook", body = crate::routes::docs::WebhookResponse),
+        (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -104,6 +113,8 @@ pub(crate) async fn get_webhook(
     Ok(Json(json!({"data": webhook_json(&hook)})))
 }
 
+#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = ["webhooks:read"])), params(crate::routes::common::Page),
+    responses((status = 200, description = "Webhooks by id", body = crate::routes::docs::WebhookList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_webhooks(
     State(state): State<AppState>,
     Query(page): Query<Page>,
@@ -115,6 +126,10 @@ pub(crate) async fn list_webhooks(
     Ok(Json(json!({"data": data, "next_cursor": next})))
 }
 
+#[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),
+    params(("id" = String, Path, description = "The webhook id")),
+    responses((status = 204, description = "Deleted"),
+        (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
