@@ -53,6 +53,21 @@ fn check_scope(grant: Grant, method: &Method, route: &str) -> Result<(), ApiErro
     }
 }
 
+/// A query string, with one that does not parse answered in the API's JSON error shape (axum's own
+/// rejection is plain text).
+pub(crate) struct ApiQuery<T>(pub(crate) T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(ApiError::invalid(format!("query string: {}", rejection.body_text()))),
+        }
+    }
+}
+
 /// The raw body, with a too-large body answered as a JSON 413.
 pub(crate) struct Body(pub(crate) Bytes);
 

@@ -1,6 +1,6 @@
 //! Dead letters: listing and reading them, and retrying or deleting one or many.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +12,7 @@ use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, ListCursor}
 use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, Body};
+use crate::routes::common::{page_limit, ApiQuery, Body};
 use crate::{validate, AppState};
 
 #[utoipa::path(get, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
@@ -55,7 +55,7 @@ pub(crate) struct DeadLetterQuery {
     responses((status = 200, description = "Dead letters, newest first", body = crate::routes::docs::DeadLetterList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_dead_letters(
     State(state): State<AppState>,
-    Query(q): Query<DeadLetterQuery>,
+    ApiQuery(q): ApiQuery<DeadLetterQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = page_limit(q.limit)?;
     let filter = DeadLetterFilter {

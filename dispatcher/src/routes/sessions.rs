@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use fleet_protocol::history::{page, HistoryEntry, PageRequest};
 
 use crate::error::ApiError;
+use crate::routes::common::ApiQuery;
 use crate::{validate, AppState};
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
@@ -23,7 +24,7 @@ use crate::{validate, AppState};
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
     Path(session_id): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
     let req = PageRequest::parse(

@@ -2,7 +2,7 @@
 //! `PUT /v1/tools/{name}` (create or update), with `/v1/tools/{tool}` taking the id the registry
 //! hands out as well as the name.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +16,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, refuse_private_resolution, require_json, Body, Page};
+use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
 use crate::validate;
 use crate::AppState;
 
@@ -255,7 +255,7 @@ pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<Str
     responses((status = 200, description = "Registered tools by name", body = crate::routes::docs::ToolList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
-    Query(page): Query<Page>,
+    ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = page_limit(page.limit)?;
     let versions = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;

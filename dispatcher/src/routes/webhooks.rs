@@ -1,6 +1,6 @@
 //! The webhook registry: `GET /v1/webhooks`, `PUT|GET|DELETE /v1/webhooks/{id}`.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +12,7 @@ use fleet_platform::store::StoredWebhook;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, refuse_private_resolution, require_json, Body, Page};
+use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
 use crate::{validate, AppState};
 
 #[derive(Deserialize)]
@@ -117,7 +117,7 @@ pub(crate) async fn get_webhook(
     responses((status = 200, description = "Webhooks by id", body = crate::routes::docs::WebhookList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_webhooks(
     State(state): State<AppState>,
-    Query(page): Query<Page>,
+    ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = page_limit(page.limit)?;
     let hooks = state.store.list_webhooks(page.cursor.as_deref(), limit + 1).await?;
