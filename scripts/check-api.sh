@@ -2,7 +2,11 @@
 # The API contract check (`make check-api`): a real dispatcher (the shared RabbitMQ and Redis, a
 # fresh topology and key prefix, a throw-away tool registered) is fuzzed by schemathesis with the
 # document it serves at /v1/openapi.json: every documented operation, valid and invalid inputs,
-# every check (no 5xx, every status and body as documented, invalid input refused, ...).
+# every check (no 5xx, every status and body as documented, invalid input refused, ...) but
+# positive_data_acceptance: a schema-valid body may still be refused 422 for what a schema cannot
+# say (the tool must be registered, a body's name must be the path's, a URL must parse and point
+# where callbacks may go). The session stream is left out: its body never ends (its 403 and
+# shape are tested in tests/api_surface.rs).
 # Installs schemathesis into a venv under ~/.cache when missing. Cleans up what it created.
 # FLEET_API_CHECK_EXAMPLES sets the cases per operation and phase (default 25: under ~2 minutes).
 set -euo pipefail
@@ -66,6 +70,7 @@ curl -fsS -X PUT "$api/v1/tools/contract_tool" -H "Authorization: Bearer $token"
 status=0
 "$venv/bin/schemathesis" run "$api/v1/openapi.json" \
   --checks all \
+  --exclude-checks positive_data_acceptance \
   --max-examples "${FLEET_API_CHECK_EXAMPLES:-25}" \
   --seed "${FLEET_API_CHECK_SEED:-20261203}" \
   --header "Authorization: Bearer $token" \

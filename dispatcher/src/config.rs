@@ -34,7 +34,7 @@ pub struct DispatcherConfig {
 impl DispatcherConfig {
     pub fn load(src: &Source) -> Result<Self, ConfigError> {
         let tokens =
-            api_tokens(&src.required("FLEET_API_TOKENS")?).map_err(|why| ConfigError::new("FLEET_API_TOKENS", why))?;
+            api_tokens(src.required("FLEET_API_TOKENS")?).map_err(|why| ConfigError::new("FLEET_API_TOKENS", why))?;
         Ok(DispatcherConfig {
             common: CommonConfig::load(src)?,
             http_addr: socket_addr(src, "FLEET_HTTP_ADDR", "127.0.0.1:8080")?,

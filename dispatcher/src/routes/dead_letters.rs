@@ -204,6 +204,10 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
         until: f.until,
     };
     filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
+    // The document says int64: a larger limit is refused rather than read as "no limit".
+    if req.limit.is_some_and(|n| n > i64::MAX as u64) {
+        return Err(ApiError::invalid("limit must be at most 9223372036854775807"));
+    }
     if req.rate_per_second.is_some_and(|r| !(r > 0.0 && r <= 10_000.0)) {
         return Err(ApiError::invalid("rate_per_second must be between 0 and 10000"));
     }
@@ -212,7 +216,7 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 
 /// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
 #[utoipa::path(post, path = "/v1/dead-letters/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
-    request_body(content = Option<crate::routes::docs::BulkRequestDoc>, description = "Which dead letters (an empty body: all)"),
+    request_body(content = crate::routes::docs::BulkRequestDoc, description = "Which dead letters (an empty body: all)"),
     responses((status = 200, description = "What was retried", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letters(
     State(state): State<AppState>,
@@ -224,7 +228,7 @@ pub(crate) async fn retry_dead_letters(
 }
 
 #[utoipa::path(post, path = "/v1/dead-letters/purge", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
-    request_body(content = Option<crate::routes::docs::BulkRequestDoc>, description = "Which dead letters (an empty body: all)"),
+    request_body(content = crate::routes::docs::BulkRequestDoc, description = "Which dead letters (an empty body: all)"),
     responses((status = 200, description = "What was deleted", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn purge_dead_letters(
     State(state): State<AppState>,

@@ -57,6 +57,14 @@ fn documented_public() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut api = documented().into_openapi();
     api.merge(documented_public().into_openapi());
+    // utoipa makes a body optional only by making it nullable; these take no body (match all)
+    // but refuse `null`.
+    for path in ["/v1/dead-letters/retry", "/v1/dead-letters/purge"] {
+        let body = api.paths.paths.get_mut(path).and_then(|item| item.post.as_mut()?.request_body.as_mut());
+        if let Some(body) = body {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
+    }
     api
 }
 
