@@ -1,14 +1,14 @@
 # The two commands: `make demo` (a local fleet with a demo turn of the callback pipeline) and
 # `make test` (the whole suite). `make bench` measures the fleet against the raw broker.
 SHELL := /bin/bash
-.PHONY: demo test test-rust check-monitoring check-chart bench soak lint
+.PHONY: demo test test-rust check-monitoring check-chart check-api bench soak lint
 
 demo:
 	scripts/ensure-services.sh
 	cargo build --workspace --bins
 	scripts/demo.sh
 
-test: check-monitoring check-chart test-rust
+test: check-monitoring check-chart test-rust check-api
 
 # broker_restart stops the shared RabbitMQ and broker_blocked blocks it with a memory alarm, so
 # each runs alone after everything else.
@@ -30,6 +30,12 @@ soak:
 	scripts/ensure-services.sh
 	cargo build --workspace --all-targets
 	FLEET_SOAK_JOBS=10000 cargo nextest run -p fleet-tests --test chaos --no-capture
+
+# The API contract: schemathesis against a real dispatcher with docs/openapi.json (see README).
+check-api:
+	scripts/ensure-services.sh
+	cargo build --workspace --bins
+	scripts/check-api.sh
 
 check-monitoring:
 	bash deploy/prometheus/check.sh

@@ -7,12 +7,22 @@ use sha2::{Digest, Sha256};
 use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
 use fleet_protocol::secrets::SecretsKey;
 
+use crate::scopes::{parse_token_entry, Grant};
+
+/// One accepted bearer token: its digest and its scopes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    pub digest: [u8; 32],
+    pub grant: Grant,
+}
+
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     pub common: CommonConfig,
     pub http_addr: SocketAddr,
-    /// SHA-256 digests of the accepted bearer tokens (the tokens themselves are not kept).
-    pub token_digests: Vec<[u8; 32]>,
+    /// The accepted bearer tokens, as SHA-256 digests (the tokens themselves are not kept), each
+    /// with what it may do.
+    pub tokens: Vec<ApiToken>,
     pub secrets_key: SecretsKey,
     pub allow_private_callbacks: bool,
     /// Largest request body accepted (413 above it).
@@ -23,24 +33,35 @@ pub struct DispatcherConfig {
 
 impl DispatcherConfig {
     pub fn load(src: &Source) -> Result<Self, ConfigError> {
-        let tokens: Vec<&str> =
-            src.required("FLEET_API_TOKENS")?.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
-        if tokens.is_empty() {
-            return Err(ConfigError::new("FLEET_API_TOKENS", "must list at least one token"));
-        }
-        if tokens.iter().any(|t| t.len() < 16) {
-            return Err(ConfigError::new("FLEET_API_TOKENS", "every token must be at least 16 characters"));
-        }
+        let tokens =
+            api_tokens(src.required("FLEET_API_TOKENS")?).map_err(|why| ConfigError::new("FLEET_API_TOKENS", why))?;
         Ok(DispatcherConfig {
             common: CommonConfig::load(src)?,
             http_addr: socket_addr(src, "FLEET_HTTP_ADDR", "127.0.0.1:8080")?,
-            token_digests: tokens.iter().map(|t| Sha256::digest(t.as_bytes()).into()).collect(),
+            tokens,
             secrets_key: fleet_platform::config::secrets_key(src)?,
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
             max_body_bytes: src.parse("FLEET_MAX_BODY_BYTES", 1024 * 1024)?,
             stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
         })
     }
+}
+
+/// `FLEET_API_TOKENS`: comma-separated entries, each `TOKEN` (full rights) or
+/// `TOKEN:SCOPE+SCOPE...` (only those scopes).
+fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
+    let mut tokens = Vec::new();
+    for entry in raw.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let (token, grant) = parse_token_entry(entry)?;
+        if token.len() < 16 {
+            return Err("every token must be at least 16 characters".into());
+        }
+        tokens.push(ApiToken { digest: Sha256::digest(token.as_bytes()).into(), grant });
+    }
+    if tokens.is_empty() {
+        return Err("must list at least one token".into());
+    }
+    Ok(tokens)
 }
 
 #[cfg(test)]
@@ -62,7 +83,8 @@ mod tests {
             ("FLEET_API_TOKENS", "token-one-0123456789, token-two-0123456789"),
         ]))
         .unwrap();
-        assert_eq!(c.token_digests.len(), 2);
+        assert_eq!(c.tokens.len(), 2);
+        assert!(c.tokens.iter().all(|t| t.grant == Grant::Full), "plain tokens keep full rights");
         assert!(!format!("{c:?}").contains("token-one"));
         assert!(!c.allow_private_callbacks);
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:8080");
@@ -77,5 +99,21 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(e.setting, "FLEET_HTTP_ADDR");
+    }
+
+    #[test]
+    fn a_token_may_carry_scopes_and_a_bad_one_names_the_setting() {
+        let tokens = api_tokens("full-token-0123456789, ci-token-0123456789:tools:read+executions:read").unwrap();
+        assert_eq!(tokens[0].grant, Grant::Full);
+        assert!(tokens[1].grant.allows(crate::scopes::Scope::ExecutionsRead));
+        assert!(!tokens[1].grant.allows(crate::scopes::Scope::ToolsWrite));
+        assert_eq!(tokens[1].digest, <[u8; 32]>::from(Sha256::digest(b"ci-token-0123456789")));
+        let e = DispatcherConfig::load(&Source::from_pairs([
+            ("FLEET_SECRETS_KEY", KEY),
+            ("FLEET_API_TOKENS", "ci-token-0123456789:tools:typo"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.setting, "FLEET_API_TOKENS");
+        assert!(api_tokens("short:tools:read").is_err());
     }
 }

@@ -15,11 +15,13 @@ pub struct ApiError {
     pub message: String,
     /// The execution the error is about, when the client needs it to follow up.
     pub execution_id: Option<String>,
+    /// The scope the token lacks (403 `insufficient_scope`).
+    pub required_scope: Option<&'static str>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), execution_id: None }
+        ApiError { status, code, message: message.into(), execution_id: None, required_scope: None }
     }
     /// A publish whose confirm never came: the job may run, and a retry with the same
     /// `Idempotency-Key` returns this execution rather than making another.
@@ -44,6 +46,16 @@ impl ApiError {
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
+    /// A valid token without the scope the route requires.
+    pub fn insufficient_scope(scope: &'static str, method: &str, route: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            format!("this token lacks the scope {scope:?}, which {method} {route} requires"),
+        );
+        e.required_scope = Some(scope);
+        e
+    }
     pub fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -59,7 +71,18 @@ impl IntoResponse for ApiError {
         if let Some(id) = self.execution_id {
             error["execution_id"] = id.into();
         }
-        (self.status, Json(json!({"error": error}))).into_response()
+        if let Some(scope) = self.required_scope {
+            error["required_scope"] = scope.into();
+        }
+        let mut response = (self.status, Json(json!({"error": error}))).into_response();
+        if let Some(scope) = self.required_scope {
+            // RFC 6750's challenge, for clients that read the header rather than the body.
+            let challenge = format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\"");
+            if let Ok(value) = axum::http::HeaderValue::from_str(&challenge) {
+                response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, value);
+            }
+        }
+        response
     }
 }
 

@@ -1,13 +1,12 @@
 //! The dispatcher: the fleet's HTTP API. It turns tool calls into durable AMQP jobs (202 only after
 //! the broker's publisher confirm), keeps the tool registry, and serves executions and dead letters.
 
-pub mod api;
 pub mod config;
 pub mod error;
-pub mod sessions;
+mod routes;
+pub mod scopes;
 pub mod stats;
-pub mod tools;
-pub mod turns;
+pub mod tool_schemas;
 pub mod validate;
 
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 
 pub use config::DispatcherConfig;
+pub use routes::{openapi, openapi_text};
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -28,7 +28,7 @@ pub struct AppState {
     pub store: Store,
     pub metrics: Metrics,
     /// Registered tools' compiled schemas (2 s), so enqueueing does not read Redis every time.
-    pub tool_schemas: Arc<tools::SchemaCache>,
+    pub tool_schemas: Arc<tool_schemas::SchemaCache>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +83,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
     ));
     let state = AppState { config: Arc::new(config), broker: link, store, metrics, tool_schemas: Default::default() };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
-    let served = fleet_platform::ops::serve(listener, api::router(state), cancel).await;
+    let served = fleet_platform::ops::serve(listener, routes::router(state), cancel).await;
     broker_cancel.cancel();
     let _ = stats.await;
     let _ = drain.await;

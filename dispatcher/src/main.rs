@@ -1,4 +1,5 @@
-//! `dispatcher`: loads configuration, then serves the fleet's HTTP API until SIGTERM.
+//! `dispatcher`: loads configuration, then serves the fleet's HTTP API until SIGTERM;
+//! `dispatcher --print-openapi` prints the API's OpenAPI document instead.
 
 use fleet_dispatcher::DispatcherConfig;
 use fleet_platform::config::Source;
@@ -6,6 +7,11 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // The API's contract, as `docs/openapi.json` holds it (no configuration needed).
+    if std::env::args().nth(1).as_deref() == Some("--print-openapi") {
+        print!("{}", fleet_dispatcher::openapi_text());
+        return Ok(());
+    }
     let config = match Source::from_env().and_then(|src| DispatcherConfig::load(&src)) {
         Ok(c) => c,
         Err(e) => {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
@@ -11,13 +11,20 @@ use serde_json::{json, Value};
 use fleet_protocol::history::{page, HistoryEntry, PageRequest};
 
 use crate::error::ApiError;
+use crate::routes::common::ApiQuery;
 use crate::{validate, AppState};
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
+#[utoipa::path(get, path = "/v1/sessions/{id}/messages", tag = "sessions", security(("bearer" = ["sessions:read"])),
+    params(("id" = String, Path, description = "The session id"),
+        ("limit" = Option<u32>, Query, description = "1-100 (default 50)"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page"),
+        ("order" = Option<String>, Query, description = "`desc` (newest first, default) or `asc`")),
+    responses((status = 200, description = "The remembered conversation", body = crate::routes::docs::MessagesResponse), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
     Path(session_id): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
+    ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
     let req = PageRequest::parse(
@@ -33,6 +40,9 @@ pub(crate) async fn list_messages(
 }
 
 /// Forgets the session's conversation (204 whether or not it had one); the next turn starts afresh.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = ["sessions:write"])),
+    params(("id" = String, Path, description = "The session id")),
+    responses((status = 204, description = "Forgotten (whether or not it had a conversation)"), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_session(
     State(state): State<AppState>,
     Path(session_id): Path<String>,

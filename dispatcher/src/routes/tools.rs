@@ -1,12 +1,8 @@
 //! The tool registry's routes: the seed's `POST /v1/tools` (create only) and the SPEC's
 //! `PUT /v1/tools/{name}` (create or update), with `/v1/tools/{tool}` taking the id the registry
-//! hands out as well as the name; and the check of a tool call's parameters against its schema.
+//! hands out as well as the name.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -19,8 +15,8 @@ use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
 
-use crate::api::{page_limit, refuse_private_resolution, require_json, Body, Page};
 use crate::error::ApiError;
+use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
 use crate::validate;
 use crate::AppState;
 
@@ -185,6 +181,11 @@ async fn tool_input(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Resul
 }
 
 /// `POST /v1/tools`: the seed's registration; 201, or 409 if the name is taken.
+#[utoipa::path(post, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:write"])),
+    request_body(content = crate::routes::docs::ToolInputDoc, description = "The tool (name, callback_url and callback_secret required)"),
+    responses((status = 201, description = "Registered", body = crate::routes::docs::ToolResponse),
+        (status = 409, description = "A tool of that name exists (`tool_exists`) or kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn post_tool(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -203,6 +204,14 @@ pub(crate) async fn post_tool(
 }
 
 /// `PUT /v1/tools/{tool}`: by name, creates (201) or updates (200); by id, updates only (404 if none).
+#[utoipa::path(put, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
+    params(("tool" = String, Path, description = "The tool's name (creates or updates) or id (updates only)")),
+    request_body(content = crate::routes::docs::ToolInputDoc, description = "Fields to set (callback_url and callback_secret required to create)"),
+    responses((status = 200, description = "Updated", body = crate::routes::docs::ToolResponse),
+        (status = 201, description = "Created", body = crate::routes::docs::ToolResponse),
+        (status = 404, description = "No tool with that id", body = crate::routes::docs::ErrorBody),
+        (status = 409, description = "The tool kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn put_tool(
     State(state): State<AppState>,
     Path(tool): Path<String>,
@@ -232,15 +241,21 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
     Ok(state.store.get_tool(&tool.name).await?.unwrap_or(version.tool))
 }
 
+#[utoipa::path(get, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:read"])),
+    params(("tool" = String, Path, description = "The tool's name or id")),
+    responses((status = 200, description = "The tool", body = crate::routes::docs::ToolResponse),
+        (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
     Ok(Json(json!({"data": tool_json(&with_id(&state, version).await?)})))
 }
 
+#[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
+    responses((status = 200, description = "Registered tools by name", body = crate::routes::docs::ToolList), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
-    Query(page): Query<Page>,
+    ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = page_limit(page.limit)?;
     let versions = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
@@ -252,6 +267,10 @@ pub(crate) async fn list_tools(
     Ok(Json(json!({"data": data, "next_cursor": next})))
 }
 
+#[utoipa::path(delete, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
+    params(("tool" = String, Path, description = "The tool's name or id")),
+    responses((status = 204, description = "Deleted"),
+        (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_tool(
     State(state): State<AppState>,
     Path(tool): Path<String>,
@@ -267,92 +286,6 @@ pub(crate) async fn delete_tool(
     let name = deleted.ok_or_else(|| no_tool(target))?;
     state.tool_schemas.forget(&name);
     Ok(StatusCode::NO_CONTENT)
-}
-
-// ---- tool calls against the schema ----
-
-/// A registered tool's compiled schema (`None`: its stored schema does not compile, which only a
-/// tool registered before schemas were checked can have; its calls are not checked).
-type Compiled = Arc<Option<ToolSchema>>;
-
-/// Registered tools' compiled schemas for 2 s, so an enqueue neither reads Redis nor compiles a
-/// schema every time; after that the tool is read again, and compiled again only if it changed.
-#[derive(Default)]
-pub struct SchemaCache {
-    entries: Mutex<HashMap<String, Cached>>,
-}
-
-struct Cached {
-    at: Instant,
-    /// The tool's id and update time: what the schema was compiled from.
-    version: (String, i64),
-    schema: Compiled,
-}
-
-impl SchemaCache {
-    const TTL: Duration = Duration::from_secs(2);
-
-    fn fresh(&self, name: &str) -> Option<Compiled> {
-        let entries = self.entries.lock().unwrap();
-        entries.get(name).filter(|c| c.at.elapsed() < Self::TTL).map(|c| c.schema.clone())
-    }
-
-    fn compiled_from(&self, name: &str, version: &(String, i64)) -> Option<Compiled> {
-        let entries = self.entries.lock().unwrap();
-        entries.get(name).filter(|c| &c.version == version).map(|c| c.schema.clone())
-    }
-
-    fn put(&self, name: &str, version: (String, i64), schema: Compiled) {
-        let mut entries = self.entries.lock().unwrap();
-        if entries.len() > 10_000 {
-            entries.clear();
-        }
-        entries.insert(name.to_string(), Cached { at: Instant::now(), version, schema });
-    }
-
-    fn forget(&self, name: &str) {
-        self.entries.lock().unwrap().remove(name);
-    }
-}
-
-/// The schema of the tool named `name`, `None` if there is no such tool.
-async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, ApiError> {
-    if let Some(schema) = state.tool_schemas.fresh(name) {
-        return Ok(Some(schema));
-    }
-    let Some(tool) = state.store.get_tool(name).await? else {
-        state.tool_schemas.forget(name);
-        return Ok(None);
-    };
-    let version = (tool.id.clone(), tool.updated_at_ms);
-    let schema = match state.tool_schemas.compiled_from(name, &version) {
-        Some(schema) => schema,
-        None => Arc::new(ToolSchema::compile(&tool.parameters).map_err(|e| tracing::warn!(tool = name, error = %e, "stored schema does not compile; calls are not checked")).ok()),
-    };
-    state.tool_schemas.put(name, version, schema.clone());
-    Ok(Some(schema))
-}
-
-/// Refuses a call of an unregistered tool, or one whose parameters fail the tool's schema (422
-/// naming each failing path).
-pub(crate) async fn check_call(state: &AppState, name: &str, parameters: &Map<String, Value>) -> Result<(), ApiError> {
-    let Some(schema) = schema_of(state, name).await? else {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_tool",
-            format!("tool_name {name:?} is not a registered tool"),
-        ));
-    };
-    match schema.as_ref() {
-        Some(schema) => schema.check(&Value::Object(parameters.clone())).map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_parameters",
-                format!("parameters do not match the schema of tool {name:?}: {e}"),
-            )
-        }),
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,134 @@
+//! Request helpers every route shares: bearer-token auth and scopes, the raw body with a JSON 413, the
+//! Content-Type check, paging, and the callback host's DNS check.
+
+use axum::extract::{FromRequest, MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+use crate::scopes::{required_scope, Grant};
+use crate::AppState;
+
+/// Which client a request came from: a digest of its token, to namespace its `Idempotency-Key`s.
+#[derive(Clone)]
+pub(crate) struct Caller(pub(crate) String);
+
+pub(crate) async fn require_token(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else { return ApiError::unauthorized().into_response() };
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    // Digests are compared, so timing reveals nothing about the tokens themselves.
+    let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {
+        return ApiError::unauthorized().into_response();
+    };
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("");
+    if let Err(refused) = check_scope(known.grant, request.method(), route) {
+        return refused.into_response();
+    }
+    request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
+    next.run(request).await
+}
+
+/// Whether `grant` allows the route; a route without a scope is open to full-rights tokens only.
+fn check_scope(grant: Grant, method: &Method, route: &str) -> Result<(), ApiError> {
+    match required_scope(method, route) {
+        Some(scope) if !grant.allows(scope) => {
+            Err(ApiError::insufficient_scope(scope.as_str(), method.as_str(), route))
+        }
+        None if grant != Grant::Full => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            format!("{} {route} is open to full-rights tokens only", method.as_str()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A query string, with one that does not parse answered in the API's JSON error shape (axum's own
+/// rejection is plain text).
+pub(crate) struct ApiQuery<T>(pub(crate) T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(ApiError::invalid(format!("query string: {}", rejection.body_text()))),
+        }
+    }
+}
+
+/// The raw body, with a too-large body answered as a JSON 413.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "request body exceeds the size limit",
+            )),
+            Err(rejection) => Err(ApiError::malformed(format!("cannot read request body: {rejection}"))),
+        }
+    }
+}
+
+pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        None => Ok(()),
+        Some(ct) if ct.split(';').next().map(str::trim).is_some_and(|m| m.eq_ignore_ascii_case("application/json")) => {
+            Ok(())
+        }
+        Some(other) => Err(ApiError::malformed(format!("Content-Type must be application/json, got {other:?}"))),
+    }
+}
+
+/// Refuses a callback host whose DNS answer includes a private address (the worker checks again
+/// at connect time, so a later rebinding fails there).
+pub(crate) async fn refuse_private_resolution(raw: &str) -> Result<(), ApiError> {
+    let Ok(url) = url::Url::parse(raw) else { return Ok(()) };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { return Ok(()) };
+    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') {
+        return Ok(());
+    }
+    let lookup = tokio::time::timeout(std::time::Duration::from_secs(2), tokio::net::lookup_host((host, port))).await;
+    if let Ok(Ok(addrs)) = lookup {
+        if addrs.into_iter().any(|a| fleet_protocol::ssrf::is_forbidden(a.ip())) {
+            return Err(ApiError::invalid(
+                "callback_url resolves to a loopback, private, link-local or metadata address, which is not allowed",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct Page {
+    /// `next_cursor` from the previous page.
+    pub(crate) cursor: Option<String>,
+    /// 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub(crate) limit: Option<usize>,
+}
+
+pub(crate) fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit.unwrap_or(50) {
+        n @ 1..=200 => Ok(n),
+        _ => Err(ApiError::invalid("limit must be between 1 and 200")),
+    }
+}

@@ -1,0 +1,394 @@
+//! The OpenAPI document's shared parts: the schemas of request and response bodies, the error
+//! responses every route can give, and the bearer scheme with its scopes. The paths come from
+//! each handler's `#[utoipa::path]`, joined with the router itself (`routes::documented`), so no
+//! route can be served without being documented.
+
+// The body types below exist for their schemas only: handlers build the same shapes, and
+// `make check-api` (schemathesis) holds every response to them.
+#![allow(dead_code)]
+
+use serde_json::{Map, Value};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+
+/// The document's fixed parts; `routes::openapi` adds the paths.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fleet dispatcher",
+        description = "The fleet's HTTP API: tool registry, tool calls and agent turns as durable jobs, \
+                       sessions, executions, dead letters, webhooks. Every route but this document needs \
+                       `Authorization: Bearer <token>`; a token may be limited to scopes (see each \
+                       operation's security requirement).",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "tools", description = "The tool registry"),
+        (name = "tool-calls", description = "Tool calls as durable jobs"),
+        (name = "turns", description = "Agent turns"),
+        (name = "sessions", description = "A session's conversation and event stream"),
+        (name = "executions", description = "What became of a job"),
+        (name = "dead-letters", description = "Jobs that failed for good"),
+        (name = "webhooks", description = "Event subscriptions"),
+        (name = "meta", description = "This document"),
+    )
+)]
+pub(crate) struct ApiDoc;
+
+/// The name of the bearer scheme the operations' security requirements refer to.
+pub(crate) const BEARER: &str = "bearer";
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "A token from FLEET_API_TOKENS. A plain token has every scope; `TOKEN:SCOPE+SCOPE` has only \
+                 those. The scope an operation needs is listed in its security requirement; a token \
+                 without it gets 403 `insufficient_scope`.",
+            ))
+            .build();
+        components.add_security_scheme(BEARER, SecurityScheme::Http(scheme));
+    }
+}
+
+// ---- errors ----
+
+/// Every error: `{"error": {"code", "message"}}`.
+#[derive(ToSchema)]
+pub(crate) struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// A stable machine-readable code, e.g. `invalid_request`, `insufficient_scope`.
+    pub code: String,
+    /// What is wrong, naming the field or setting.
+    pub message: String,
+    /// The execution the error is about (`outcome_unknown`).
+    pub execution_id: Option<String>,
+    /// The scope the token lacks (`insufficient_scope`).
+    pub required_scope: Option<String>,
+}
+
+/// The errors every authenticated route can answer with.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub(crate) enum CommonErrors {
+    /// The request is not well-formed (bad JSON, wrong Content-Type, bad header).
+    #[response(status = 400)]
+    Malformed(ErrorBody),
+    /// No valid bearer token.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// The token lacks the operation's scope (`insufficient_scope`, naming it).
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// The body exceeds the size limit.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// A field is invalid (the message names it).
+    #[response(status = 422)]
+    Invalid(ErrorBody),
+    /// Redis or the broker is unavailable; nothing was accepted (or, for `outcome_unknown`, the
+    /// job may run: retry with the same `Idempotency-Key`).
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+    /// A stored record could not be read.
+    #[response(status = 500)]
+    Internal(ErrorBody),
+}
+
+// ---- shared ----
+
+/// A job accepted (202): the broker confirmed it.
+#[derive(ToSchema)]
+pub(crate) struct AcceptedResponse {
+    pub data: AcceptedJob,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct AcceptedJob {
+    pub execution_id: String,
+    /// `queued` for a fresh job; a replayed `Idempotency-Key` reports the execution's current status.
+    pub status: ExecutionStatusName,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = ExecutionStatus)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ExecutionStatusName {
+    Queued,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    DeadLettered,
+}
+
+// ---- tools ----
+
+/// A tool registration or update. On create, `callback_url` and `callback_secret` are required
+/// (and `name` for `POST /v1/tools`); on update, fields left out keep their value.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolInputDoc {
+    /// 1-64 letters, digits, `_` or `-`; must equal the path's name on `PUT`.
+    pub name: Option<String>,
+    /// At most 4096 characters.
+    pub description: Option<String>,
+    /// A JSON Schema (an object) the calls' parameters must satisfy.
+    pub parameters: Option<Map<String, Value>>,
+    /// An http(s) URL the worker POSTs signed calls to.
+    pub callback_url: Option<String>,
+    /// 16-1024 bytes; stored encrypted, never returned.
+    pub callback_secret: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct Tool {
+    /// `tool_` and 32 hex digits.
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub parameters: Map<String, Value>,
+    pub callback_url: String,
+    /// RFC 3339.
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct ToolResponse {
+    pub data: Tool,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct ToolList {
+    pub data: Vec<Tool>,
+    /// Pass as `cursor` for the next page; null at the end.
+    pub next_cursor: Option<String>,
+}
+
+// ---- tool calls ----
+
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCallRequest {
+    /// A registered tool's name.
+    pub tool_name: String,
+    /// Checked against the tool's `parameters` schema.
+    pub parameters: Map<String, Value>,
+    pub room_id: Option<String>,
+    pub assistant_id: Option<String>,
+}
+
+// ---- turns ----
+
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TurnRequest {
+    /// 1-256 characters without control characters.
+    pub session_id: String,
+    pub assistant: AssistantDoc,
+    /// At least one message.
+    pub messages: Vec<InputMessageDoc>,
+    /// `follow_up` (default): queue after the running turn; `steer`: join it.
+    pub behavior: Option<BehaviorDoc>,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = Assistant)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AssistantDoc {
+    pub id: String,
+    pub instructions: Option<String>,
+    pub model_config: ModelConfigDoc,
+    /// Names of the tools the model may call.
+    pub enabled_tools: Option<Vec<String>>,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = ModelConfig)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelConfigDoc {
+    pub provider: Option<String>,
+    pub model: String,
+    /// 0-2.
+    pub temperature: Option<f64>,
+    /// 1-1000000.
+    pub max_tokens: Option<u32>,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = InputMessage)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InputMessageDoc {
+    /// `user`, `system` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = Behavior)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BehaviorDoc {
+    FollowUp,
+    Steer,
+}
+
+// ---- sessions ----
+
+#[derive(ToSchema)]
+pub(crate) struct MessagesResponse {
+    pub data: MessagePage,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct MessagePage {
+    /// The remembered messages: id, role, content, created_at, execution_id, and tool_calls
+    /// (assistant) or tool_call_id (tool).
+    pub messages: Vec<Map<String, Value>>,
+    pub has_more: bool,
+    pub next_cursor: Option<String>,
+}
+
+// ---- executions ----
+
+#[derive(ToSchema)]
+pub(crate) struct ExecutionResponse {
+    pub data: Execution,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct Execution {
+    pub execution_id: String,
+    /// `tool_call`, `turn` or `webhook`.
+    pub kind: String,
+    pub status: ExecutionStatusName,
+    pub tool_name: Option<String>,
+    pub room_id: Option<String>,
+    pub assistant_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    /// Each attempt: attempt, started_at, duration_ms, outcome, and http_status or error.
+    pub attempts: Vec<Map<String, Value>>,
+    /// The tool's answer once succeeded.
+    pub result: Option<Value>,
+    pub last_error: Option<String>,
+    /// A turn's rounds, tool calls, final message and usage (turns only).
+    pub turn: Option<Map<String, Value>>,
+}
+
+// ---- dead letters ----
+
+#[derive(ToSchema)]
+pub(crate) struct DeadLetterResponse {
+    pub data: DeadLetter,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct DeadLetterList {
+    pub data: Vec<DeadLetter>,
+    /// Null only at the end (a page may be short, even empty, with a cursor).
+    pub next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct DeadLetter {
+    pub execution_id: Option<String>,
+    pub kind: Option<String>,
+    pub tool_name: Option<String>,
+    pub assistant_id: Option<String>,
+    pub room_id: Option<String>,
+    pub attempts: u32,
+    pub last_error: String,
+    pub first_attempt_at: Option<String>,
+    pub last_attempt_at: Option<String>,
+    pub reason: DeadLetterReasonDoc,
+    pub dead_lettered_at: String,
+    pub history: Vec<Map<String, Value>>,
+    /// The job as published, for replay.
+    pub job: Option<Map<String, Value>>,
+    /// Poison only: what arrived (lossy UTF-8, truncated).
+    pub raw_body: Option<String>,
+}
+
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = DeadLetterReason)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DeadLetterReasonDoc {
+    Exhausted,
+    Permanent,
+    Poison,
+    DeliveryLimit,
+}
+
+/// Which dead letters a bulk operation acts on (all filters optional; an empty body matches all).
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BulkRequestDoc {
+    pub execution_ids: Option<Vec<String>>,
+    pub tool_name: Option<String>,
+    pub reason: Option<DeadLetterReasonDoc>,
+    /// RFC 3339.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    /// At most this many.
+    pub limit: Option<u64>,
+    /// Retries per second (0 < r <= 10000; default 50).
+    pub rate_per_second: Option<f64>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct SweepResponse {
+    pub data: SweepReportDoc,
+}
+
+#[derive(ToSchema)]
+#[schema(as = SweepReport)]
+pub(crate) struct SweepReportDoc {
+    pub scanned: u64,
+    pub matched: u64,
+    pub done: u64,
+    pub not_replayable: u64,
+}
+
+// ---- webhooks ----
+
+/// On create, all of `url`, `secret` and `events` are required; on update, fields left out keep
+/// their value.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WebhookInputDoc {
+    pub url: Option<String>,
+    /// 16-1024 bytes; stored encrypted, never returned.
+    pub secret: Option<String>,
+    /// At least one known event.
+    pub events: Option<Vec<String>>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct Webhook {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct WebhookResponse {
+    pub data: Webhook,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct WebhookList {
+    pub data: Vec<Webhook>,
+    pub next_cursor: Option<String>,
+}

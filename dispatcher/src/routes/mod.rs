@@ -1,0 +1,167 @@
+//! The HTTP API's routes, one module per resource, and the router that joins them (with the
+//! bearer-token check and request metrics around every route).
+
+pub(crate) mod common;
+pub(crate) mod dead_letters;
+pub(crate) mod docs;
+pub(crate) mod executions;
+pub(crate) mod sessions;
+pub(crate) mod stream;
+pub(crate) mod submit;
+pub(crate) mod tool_calls;
+pub(crate) mod tools;
+pub(crate) mod turns;
+pub(crate) mod webhooks;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Every authenticated route with its OpenAPI operation: a route is served only as documented.
+fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
+        .routes(routes!(tools::list_tools, tools::post_tool))
+        .routes(routes!(tools::put_tool, tools::get_tool, tools::delete_tool))
+        .routes(routes!(tool_calls::create_tool_call))
+        .routes(routes!(turns::create_turn))
+        .routes(routes!(stream::stream_session))
+        .routes(routes!(sessions::list_messages))
+        .routes(routes!(sessions::delete_session))
+        .routes(routes!(webhooks::list_webhooks))
+        .routes(routes!(webhooks::put_webhook, webhooks::get_webhook, webhooks::delete_webhook))
+        .routes(routes!(executions::get_execution))
+        .routes(routes!(dead_letters::list_dead_letters))
+        .routes(routes!(dead_letters::retry_dead_letters))
+        .routes(routes!(dead_letters::purge_dead_letters))
+        .routes(routes!(dead_letters::get_dead_letter, dead_letters::delete_dead_letter))
+        .routes(routes!(dead_letters::retry_dead_letter))
+}
+
+/// The routes that need no token, documented the same way.
+fn documented_public() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(openapi_json))
+}
+
+/// The API's OpenAPI 3.1 document, as served at `GET /v1/openapi.json` and checked in as
+/// `docs/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut api = documented().into_openapi();
+    api.merge(documented_public().into_openapi());
+    // utoipa makes a body optional only by making it nullable; these take no body (match all)
+    // but refuse `null`.
+    for path in ["/v1/dead-letters/retry", "/v1/dead-letters/purge"] {
+        let body = api.paths.paths.get_mut(path).and_then(|item| item.post.as_mut()?.request_body.as_mut());
+        if let Some(body) = body {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
+    }
+    api
+}
+
+/// The document as served and checked in: pretty JSON with a final newline.
+pub fn openapi_text() -> String {
+    let mut text = openapi().to_pretty_json().expect("the OpenAPI document serialises");
+    text.push('\n');
+    text
+}
+
+/// The API's contract (no token needed).
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta", security(()),
+    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)))]
+async fn openapi_json() -> Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = DOC.get_or_init(openapi_text).clone();
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+pub fn router(state: AppState) -> Router {
+    let (authenticated, _) = documented().split_for_parts();
+    let (public, _) = documented_public().split_for_parts();
+    let v1 = authenticated
+        .route_layer(middleware::from_fn_with_state(state.clone(), common::require_token))
+        // Merged after the token check, so they need none.
+        .merge(public)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state.clone());
+    let ready_state = state.clone();
+    let readiness: fleet_platform::ops::ReadinessCheck = Arc::new(move || {
+        let s = ready_state.clone();
+        Box::pin(async move {
+            if s.broker.current().is_none() {
+                return Err("broker not connected".to_string());
+            }
+            s.store.ping().await.map_err(|e| e.to_string())
+        })
+    });
+    v1.merge(fleet_platform::ops::router(state.metrics.clone(), readiness, None))
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state, record_metrics))
+}
+
+async fn record_metrics(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route =
+        request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let method = request.method().as_str().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let class = fleet_protocol::classify::status_class(response.status().as_u16());
+    state.metrics.http_requests.with_label_values(&[&route, &method, class]).inc();
+    state.metrics.http_request_duration.with_label_values(&[&route]).observe(started.elapsed().as_secs_f64());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scopes::required_scope;
+    use axum::http::Method;
+
+    #[test]
+    fn the_checked_in_openapi_document_is_the_generated_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == openapi_text(),
+            "docs/openapi.json is not the document the code generates; regenerate it with\n  \
+             cargo run -q -p fleet-dispatcher --bin dispatcher -- --print-openapi > docs/openapi.json"
+        );
+    }
+
+    /// Every documented operation names, as its security requirement, the scope the token check
+    /// enforces for it (and the document itself needs none).
+    #[test]
+    fn every_operation_documents_the_scope_it_requires() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let mut operations = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+                let documented: Vec<&str> = op["security"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|req| req.get(docs::BEARER))
+                    .flat_map(|scopes| scopes.as_array().unwrap().iter().map(|s| s.as_str().unwrap()))
+                    .collect();
+                let enforced = required_scope(&method, path).map(|s| s.as_str());
+                if path == "/v1/openapi.json" {
+                    assert_eq!((documented.len(), enforced), (0, None), "{method} {path}");
+                } else {
+                    assert_eq!(documented, enforced.into_iter().collect::<Vec<_>>(), "{method} {path}");
+                }
+                operations += 1;
+            }
+        }
+        assert_eq!(operations, 22, "operations documented");
+    }
+}

@@ -1,0 +1,156 @@
+//! Token scopes (least privilege): what each route requires, and how `FLEET_API_TOKENS` entries
+//! name the scopes a token carries. Pure: no I/O.
+
+use axum::http::Method;
+
+/// One right a token can carry. Scopes are independent: `tools:write` does not grant `tools:read`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    ToolsRead,
+    ToolsWrite,
+    CallsWrite,
+    TurnsWrite,
+    SessionsRead,
+    SessionsWrite,
+    ExecutionsRead,
+    DeadLettersRead,
+    DeadLettersAdmin,
+    WebhooksRead,
+    WebhooksWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 11] = [
+        Scope::ToolsRead,
+        Scope::ToolsWrite,
+        Scope::CallsWrite,
+        Scope::TurnsWrite,
+        Scope::SessionsRead,
+        Scope::SessionsWrite,
+        Scope::ExecutionsRead,
+        Scope::DeadLettersRead,
+        Scope::DeadLettersAdmin,
+        Scope::WebhooksRead,
+        Scope::WebhooksWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::ToolsRead => "tools:read",
+            Scope::ToolsWrite => "tools:write",
+            Scope::CallsWrite => "calls:write",
+            Scope::TurnsWrite => "turns:write",
+            Scope::SessionsRead => "sessions:read",
+            Scope::SessionsWrite => "sessions:write",
+            Scope::ExecutionsRead => "executions:read",
+            Scope::DeadLettersRead => "dead_letters:read",
+            Scope::DeadLettersAdmin => "dead_letters:admin",
+            Scope::WebhooksRead => "webhooks:read",
+            Scope::WebhooksWrite => "webhooks:write",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+}
+
+/// What a token may do: everything (a plain token, as before scopes existed) or the listed scopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    Full,
+    Scoped(u16),
+}
+
+impl Grant {
+    pub fn scoped(scopes: impl IntoIterator<Item = Scope>) -> Grant {
+        Grant::Scoped(scopes.into_iter().fold(0, |bits, s| bits | s.bit()))
+    }
+
+    pub fn allows(self, scope: Scope) -> bool {
+        match self {
+            Grant::Full => true,
+            Grant::Scoped(bits) => bits & scope.bit() != 0,
+        }
+    }
+}
+
+/// One `FLEET_API_TOKENS` entry: `TOKEN` (full rights) or `TOKEN:SCOPE+SCOPE...`. A bearer token
+/// has no `:` (RFC 6750's token68), so the first `:` starts the scopes.
+pub fn parse_token_entry(entry: &str) -> Result<(&str, Grant), String> {
+    let Some((token, list)) = entry.split_once(':') else { return Ok((entry, Grant::Full)) };
+    let mut scopes = Vec::new();
+    for name in list.split('+').map(str::trim) {
+        let scope = Scope::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = Scope::ALL.iter().map(|s| s.as_str()).collect();
+            format!("{name:?} is not a scope; scopes are {}", known.join(", "))
+        })?;
+        scopes.push(scope);
+    }
+    Ok((token, Grant::scoped(scopes)))
+}
+
+/// The scope a route requires, by method and route template (`None`: the route is not scoped,
+/// e.g. an unknown one, answered 404 anyway).
+pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
+    let read = method == Method::GET || method == Method::HEAD;
+    let scope = match route {
+        "/v1/tools" | "/v1/tools/{tool}" if read => Scope::ToolsRead,
+        "/v1/tools" | "/v1/tools/{tool}" => Scope::ToolsWrite,
+        "/v1/tool-calls" => Scope::CallsWrite,
+        "/v1/turns" => Scope::TurnsWrite,
+        "/v1/sessions/{id}/stream" | "/v1/sessions/{id}/messages" => Scope::SessionsRead,
+        "/v1/sessions/{id}" => Scope::SessionsWrite,
+        "/v1/executions/{id}" => Scope::ExecutionsRead,
+        "/v1/dead-letters" | "/v1/dead-letters/{id}" if read => Scope::DeadLettersRead,
+        "/v1/dead-letters"
+        | "/v1/dead-letters/{id}"
+        | "/v1/dead-letters/retry"
+        | "/v1/dead-letters/purge"
+        | "/v1/dead-letters/{id}/retry" => Scope::DeadLettersAdmin,
+        "/v1/webhooks" | "/v1/webhooks/{id}" if read => Scope::WebhooksRead,
+        "/v1/webhooks" | "/v1/webhooks/{id}" => Scope::WebhooksWrite,
+        _ => return None,
+    };
+    Some(scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_token_has_full_rights_and_a_scoped_one_only_its_scopes() {
+        assert_eq!(parse_token_entry("plain-token-0123456789").unwrap(), ("plain-token-0123456789", Grant::Full));
+        let (token, grant) = parse_token_entry("ci-token-0123456789:tools:read+calls:write").unwrap();
+        assert_eq!(token, "ci-token-0123456789");
+        assert!(grant.allows(Scope::ToolsRead) && grant.allows(Scope::CallsWrite));
+        assert!(!grant.allows(Scope::ToolsWrite) && !grant.allows(Scope::DeadLettersAdmin));
+        assert!(Scope::ALL.iter().all(|s| Grant::Full.allows(*s)));
+    }
+
+    #[test]
+    fn an_unknown_or_empty_scope_is_refused_naming_it() {
+        let e = parse_token_entry("tok-0123456789abcdef:tools:wirte").unwrap_err();
+        assert!(e.contains("\"tools:wirte\"") && e.contains("tools:write"), "{e}");
+        assert!(parse_token_entry("tok-0123456789abcdef:").is_err());
+        assert!(parse_token_entry("tok-0123456789abcdef:tools:read+").is_err());
+    }
+
+    #[test]
+    fn every_scope_name_round_trips_and_writes_differ_from_reads() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(required_scope(&Method::GET, "/v1/tools/{tool}"), Some(Scope::ToolsRead));
+        assert_eq!(required_scope(&Method::DELETE, "/v1/tools/{tool}"), Some(Scope::ToolsWrite));
+        assert_eq!(required_scope(&Method::DELETE, "/v1/dead-letters/{id}"), Some(Scope::DeadLettersAdmin));
+        assert_eq!(required_scope(&Method::GET, "/v1/sessions/{id}/stream"), Some(Scope::SessionsRead));
+        assert_eq!(required_scope(&Method::DELETE, "/v1/sessions/{id}"), Some(Scope::SessionsWrite));
+        assert_eq!(required_scope(&Method::GET, "/v1/nope"), None);
+    }
+}

@@ -1,0 +1,98 @@
+//! The check of a tool call's parameters against its tool's schema, with the compiled schemas
+//! cached briefly.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{Map, Value};
+
+use fleet_protocol::schema::ToolSchema;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A registered tool's compiled schema (`None`: its stored schema does not compile, which only a
+/// tool registered before schemas were checked can have; its calls are not checked).
+type Compiled = Arc<Option<ToolSchema>>;
+
+/// Registered tools' compiled schemas for 2 s, so an enqueue neither reads Redis nor compiles a
+/// schema every time; after that the tool is read again, and compiled again only if it changed.
+#[derive(Default)]
+pub struct SchemaCache {
+    entries: Mutex<HashMap<String, Cached>>,
+}
+
+struct Cached {
+    at: Instant,
+    /// The tool's id and update time: what the schema was compiled from.
+    version: (String, i64),
+    schema: Compiled,
+}
+
+impl SchemaCache {
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn fresh(&self, name: &str) -> Option<Compiled> {
+        let entries = self.entries.lock().unwrap();
+        entries.get(name).filter(|c| c.at.elapsed() < Self::TTL).map(|c| c.schema.clone())
+    }
+
+    fn compiled_from(&self, name: &str, version: &(String, i64)) -> Option<Compiled> {
+        let entries = self.entries.lock().unwrap();
+        entries.get(name).filter(|c| &c.version == version).map(|c| c.schema.clone())
+    }
+
+    fn put(&self, name: &str, version: (String, i64), schema: Compiled) {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.len() > 10_000 {
+            entries.clear();
+        }
+        entries.insert(name.to_string(), Cached { at: Instant::now(), version, schema });
+    }
+
+    pub(crate) fn forget(&self, name: &str) {
+        self.entries.lock().unwrap().remove(name);
+    }
+}
+
+/// The schema of the tool named `name`, `None` if there is no such tool.
+async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, ApiError> {
+    if let Some(schema) = state.tool_schemas.fresh(name) {
+        return Ok(Some(schema));
+    }
+    let Some(tool) = state.store.get_tool(name).await? else {
+        state.tool_schemas.forget(name);
+        return Ok(None);
+    };
+    let version = (tool.id.clone(), tool.updated_at_ms);
+    let schema = match state.tool_schemas.compiled_from(name, &version) {
+        Some(schema) => schema,
+        None => Arc::new(ToolSchema::compile(&tool.parameters).map_err(|e| tracing::warn!(tool = name, error = %e, "stored schema does not compile; calls are not checked")).ok()),
+    };
+    state.tool_schemas.put(name, version, schema.clone());
+    Ok(Some(schema))
+}
+
+/// Refuses a call of an unregistered tool, or one whose parameters fail the tool's schema (422
+/// naming each failing path).
+pub(crate) async fn check_call(state: &AppState, name: &str, parameters: &Map<String, Value>) -> Result<(), ApiError> {
+    let Some(schema) = schema_of(state, name).await? else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_tool",
+            format!("tool_name {name:?} is not a registered tool"),
+        ));
+    };
+    match schema.as_ref() {
+        Some(schema) => schema.check(&Value::Object(parameters.clone())).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_parameters",
+                format!("parameters do not match the schema of tool {name:?}: {e}"),
+            )
+        }),
+        None => Ok(()),
+    }
+}
