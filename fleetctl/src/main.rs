@@ -133,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Topology { action: TopologyAction::Declare } => {
             let (conn, _) =
-                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+                fleet_platform::broker::connect(&config.amqp_urls, &config.tls).await.context("connecting to RabbitMQ")?;
             let channel = conn.create_channel().await?;
             fleet_platform::broker::declare_topology(&channel, &config.topology).await?;
             println!(
@@ -146,7 +146,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Queues => {
             let (conn, _) =
-                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+                fleet_platform::broker::connect(&config.amqp_urls, &config.tls).await.context("connecting to RabbitMQ")?;
             println!("{:<48} {:>10} {:>10}", "queue", "messages", "consumers");
             for q in config.topology.queues() {
                 let channel = conn.create_channel().await?;
@@ -160,7 +160,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::DeadLetters { action } => {
             let store =
-                Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"))?
+                Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"), &config.tls)?
                     .with_dead_letter_retention(config.dead_letter_retention);
             match action {
                 DeadLetterAction::List { limit, filter } => {
@@ -215,7 +215,7 @@ async fn redrive(
     limit: Option<u64>,
     per_second: f64,
 ) -> anyhow::Result<SweepReport> {
-    let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+    let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls, &config.tls).await.context("connecting to RabbitMQ")?;
     let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
     let redrive = dead_letters::Redrive { publisher: &publisher, topology: &config.topology };
     let report = dead_letters::apply(store, Some(&redrive), filter, Action::Retry, limit, Some(per_second)).await;
