@@ -375,7 +375,8 @@ pub fn supervise(
                 Err(e) => {
                     metrics.amqp_errors.inc();
                     let wait = delays.next().unwrap_or(Duration::from_secs(5));
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker connect failed");
+                    let hint = crate::tls::untrusted_hint(&crate::tls::error_chain(&e));
+                    tracing::warn!(error = %e, hint, retry_in_ms = wait.as_millis() as u64, "broker connect failed");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = cancel.cancelled() => {}

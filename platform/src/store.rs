@@ -369,7 +369,13 @@ impl Store {
     /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
     /// Several comma-separated URLs name the seed nodes of a Redis Cluster.
     /// `rediss://` URLs connect over TLS with `tls`'s roots and client certificate.
-    pub fn open(url: &str, keys: Keys, timeout: Duration, metrics: Metrics, tls: &ClientTls) -> Result<Self, StoreError> {
+    pub fn open(
+        url: &str,
+        keys: Keys,
+        timeout: Duration,
+        metrics: Metrics,
+        tls: &ClientTls,
+    ) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
         let secure = nodes.iter().any(|n| n.starts_with("rediss://"));
         let backend = if nodes.len() > 1 {

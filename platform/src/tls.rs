@@ -71,9 +71,15 @@ impl ClientTls {
         let native = if src.flag(NATIVE_ROOTS, false)? { native_roots()? } else { Vec::new() };
         let identity = match (src.get(CLIENT_CERT_FILE), src.get(CLIENT_KEY_FILE)) {
             (None, None) => None,
-            (Some(_), None) => return Err(ConfigError::new(CLIENT_KEY_FILE, "is required with FLEET_TLS_CLIENT_CERT_FILE")),
-            (None, Some(_)) => return Err(ConfigError::new(CLIENT_CERT_FILE, "is required with FLEET_TLS_CLIENT_KEY_FILE")),
-            (Some(cert), Some(key)) => Some(parse_identity(read(CLIENT_CERT_FILE, cert)?, read(CLIENT_KEY_FILE, key)?)?),
+            (Some(_), None) => {
+                return Err(ConfigError::new(CLIENT_KEY_FILE, "is required with FLEET_TLS_CLIENT_CERT_FILE"))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(CLIENT_CERT_FILE, "is required with FLEET_TLS_CLIENT_KEY_FILE"))
+            }
+            (Some(cert), Some(key)) => {
+                Some(parse_identity(read(CLIENT_CERT_FILE, cert)?, read(CLIENT_KEY_FILE, key)?)?)
+            }
         };
         Ok(ClientTls::build(private, native, identity))
     }
@@ -127,13 +133,157 @@ impl ClientTls {
     pub fn redis_certificates(&self) -> redis::TlsCertificates {
         let root_pem: String = self.material.roots.iter().map(|der| to_pem(der)).collect();
         redis::TlsCertificates {
-            client_tls: self.material.identity.as_ref().map(|id| redis::ClientTlsConfig {
-                client_cert: id.cert_pem.clone(),
-                client_key: id.key_pem.clone(),
-            }),
+            client_tls: self
+                .material
+                .identity
+                .as_ref()
+                .map(|id| redis::ClientTlsConfig { client_cert: id.cert_pem.clone(), client_key: id.key_pem.clone() }),
             root_cert: Some(root_pem.into_bytes()),
         }
     }
+}
+
+/// Which side refused a TLS handshake over a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// This process did not accept the server's certificate (unknown CA, wrong name, expired).
+    ServerUntrusted,
+    /// The server refused this process's client certificate, or wanted one.
+    ClientRefused,
+}
+
+impl Rejection {
+    /// The setting that decides it.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Rejection::ServerUntrusted => CA_FILE,
+            Rejection::ClientRefused => CLIENT_CERT_FILE,
+        }
+    }
+
+    fn advice(self) -> &'static str {
+        match self {
+            Rejection::ServerUntrusted => {
+                "the server's certificate is not trusted: set FLEET_TLS_CA_FILE to its CA bundle, or FLEET_TLS_NATIVE_ROOTS=true"
+            }
+            Rejection::ClientRefused => {
+                "the server refused the client certificate: set FLEET_TLS_CLIENT_CERT_FILE and FLEET_TLS_CLIENT_KEY_FILE to one it accepts"
+            }
+        }
+    }
+}
+
+/// rustls's own words for a certificate either side refused (its `Display`), and whose it was.
+const REJECTION_SIGNS: [(&str, Rejection); 6] = [
+    ("invalid peer certificate", Rejection::ServerUntrusted),
+    ("received fatal alert: CertificateRequired", Rejection::ClientRefused),
+    ("received fatal alert: BadCertificate", Rejection::ClientRefused),
+    ("received fatal alert: UnknownCA", Rejection::ClientRefused),
+    ("received fatal alert: CertificateUnknown", Rejection::ClientRefused),
+    ("received fatal alert: UnsupportedCertificate", Rejection::ClientRefused),
+];
+
+/// Whether an error's text (its whole chain) says a certificate was refused, and the phrase that
+/// says so. Text, not types: the redis and lapin crates wrap rustls's error in ways that hide it
+/// from downcasting, but every layer keeps its message.
+pub fn rejection_in(text: &str) -> Option<(Rejection, String)> {
+    REJECTION_SIGNS.iter().find_map(|(sign, rejection)| {
+        let at = text.find(sign)?;
+        let phrase: String =
+            text[at..].chars().take_while(|c| !matches!(c, '\n' | ')' | ';' | '|')).take(120).collect();
+        Some((*rejection, phrase.trim_end_matches([',', ' ']).to_string()))
+    })
+}
+
+/// The text of an error and every source below it.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(" | ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// What to check when a connection failed with `error` (text): set when a certificate was refused,
+/// so the log line names the settings that decide it.
+pub fn untrusted_hint(error: &str) -> Option<&'static str> {
+    rejection_in(error).map(|(rejection, _)| rejection.advice())
+}
+
+/// At start, one TLS handshake with every TLS endpoint (each `amqps://` broker, each `rediss://`
+/// node): a certificate either side refuses stops the process with one line naming the setting,
+/// instead of a process that stays unready retrying a handshake that cannot succeed. An endpoint
+/// that is only unreachable or slow is no error: the process starts and keeps trying, as without TLS.
+pub async fn startup_check(common: &crate::config::CommonConfig) -> Result<(), ConfigError> {
+    let amqp = common.amqp_urls.iter().filter(|u| u.starts_with("amqps://")).map(|u| ("RabbitMQ", u.as_str(), 5671));
+    let redis = common.redis_url.split(',').map(str::trim).filter(|u| u.starts_with("rediss://"));
+    let endpoints: Vec<_> = amqp.chain(redis.map(|u| ("Redis", u, 6379))).collect();
+    let probes = endpoints.iter().map(|(service, url, default_port)| async move {
+        let Some((host, port)) = host_and_port(url, *default_port) else { return Ok(()) };
+        match tokio::time::timeout(STARTUP_PROBE, handshake(&host, port, &common.tls)).await {
+            Ok(Some((rejection, detail))) => Err(ConfigError::new(
+                rejection.setting(),
+                format!("{service} at {host}:{port}: {detail}; {}", rejection.advice()),
+            )),
+            Ok(None) | Err(_) => Ok(()),
+        }
+    });
+    futures::future::join_all(probes).await.into_iter().collect()
+}
+
+/// How long the start-up check gives one endpoint.
+const STARTUP_PROBE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a completed handshake waits for the server's verdict on the client certificate: in
+/// TLS 1.3 the server checks it after the client has finished, and answers a refusal with an alert.
+const CLIENT_VERDICT_WAIT: std::time::Duration = std::time::Duration::from_millis(750);
+
+/// A handshake with the service configuration, sending nothing after it (so a refusal's alert is
+/// read, not lost to a reset). `Some` when a certificate was refused; `None` otherwise, also when
+/// the endpoint cannot be reached, which is no configuration error.
+async fn handshake(host: &str, port: u16, tls: &ClientTls) -> Option<(Rejection, String)> {
+    use tokio::io::AsyncReadExt;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls.service_config()));
+    let mut stream = match connector.connect(name, tcp).await {
+        Ok(stream) => stream,
+        Err(e) => return rejection_of(&e),
+    };
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(CLIENT_VERDICT_WAIT, stream.read(&mut byte)).await {
+        Ok(Err(e)) => rejection_of(&e),
+        _ => None,
+    }
+}
+
+/// A rustls error inside an I/O error, read as a certificate refusal.
+fn rejection_of(e: &std::io::Error) -> Option<(Rejection, String)> {
+    use rustls::AlertDescription as Alert;
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let rejection = match tls {
+        rustls::Error::InvalidCertificate(_) => Rejection::ServerUntrusted,
+        rustls::Error::AlertReceived(
+            Alert::CertificateRequired
+            | Alert::BadCertificate
+            | Alert::UnknownCA
+            | Alert::CertificateUnknown
+            | Alert::UnsupportedCertificate
+            | Alert::CertificateExpired
+            | Alert::CertificateRevoked,
+        ) => Rejection::ClientRefused,
+        _ => return None,
+    };
+    Some((rejection, tls.to_string()))
+}
+
+/// Host and port of a URL (never its credentials).
+fn host_and_port(url: &str, default_port: u16) -> Option<(String, u16)> {
+    let parsed = url::Url::parse(url).ok()?;
+    let host = parsed.host_str()?.trim_start_matches('[').trim_end_matches(']').to_string();
+    Some((host, parsed.port().unwrap_or(default_port)))
 }
 
 /// rustls needs one process-wide provider when more than one is compiled in (the redis crate
@@ -249,6 +399,34 @@ mod tests {
         let pem = to_pem(&der);
         let back: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<_, _>>().unwrap();
         assert_eq!(back, vec![der]);
+    }
+
+    #[test]
+    fn refused_certificates_are_told_apart_and_named() {
+        let (who, phrase) = rejection_in("broker error: io error: invalid peer certificate: UnknownIssuer").unwrap();
+        assert_eq!((who, phrase.as_str()), (Rejection::ServerUntrusted, "invalid peer certificate: UnknownIssuer"));
+        let (who, _) = rejection_in("redis unavailable: received fatal alert: CertificateRequired | x").unwrap();
+        assert_eq!(who.setting(), CLIENT_CERT_FILE);
+        assert_eq!(rejection_in("Connection refused (os error 111)"), None);
+        assert!(untrusted_hint("invalid peer certificate: NotValidForName").unwrap().contains(CA_FILE));
+        assert_eq!(untrusted_hint("connection refused"), None);
+    }
+
+    #[test]
+    fn refusals_are_read_from_the_rustls_error() {
+        let io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let untrusted = io(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer));
+        assert_eq!(rejection_of(&untrusted).unwrap().0.setting(), CA_FILE);
+        let refused = io(rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired));
+        assert_eq!(rejection_of(&refused).unwrap().0.setting(), CLIENT_CERT_FILE);
+        assert_eq!(rejection_of(&io(rustls::Error::AlertReceived(rustls::AlertDescription::ProtocolVersion))), None);
+        assert_eq!(rejection_of(&std::io::Error::from(std::io::ErrorKind::ConnectionReset)), None);
+    }
+
+    #[test]
+    fn endpoints_are_host_and_port_only() {
+        assert_eq!(host_and_port("amqps://u:hunter2@mq.example/%2f", 5671), Some(("mq.example".into(), 5671)));
+        assert_eq!(host_and_port("rediss://:pw@[::1]:6380/0", 6379), Some(("::1".into(), 6380)));
     }
 
     #[test]

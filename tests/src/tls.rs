@@ -329,14 +329,15 @@ impl TlsRabbit {
 
 impl Drop for TlsRabbit {
     fn drop(&mut self) {
-        let stopped = self.command("rabbitmqctl").args(["-n", &self.node, "stop"]).status();
-        if !stopped.is_ok_and(|s| s.success()) {
-            // Never left running: kill it by the pid it wrote.
-            if let Ok(pid) = std::fs::read_to_string(self.dir.0.join("rabbit.pid")) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on the node this test started.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
+        // With the pid file, `stop` returns only once the node's process has exited, so its
+        // directory is not removed under a node still shutting down.
+        let pid_file = self.dir.0.join("rabbit.pid");
+        let pid = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok());
+        let _ = self.command("rabbitmqctl").args(["-n", &self.node, "stop"]).arg(&pid_file).status();
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) on the node this test started (signal 0 only checks it exists).
+            if unsafe { libc::kill(pid, 0) } == 0 {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
     }

@@ -13,7 +13,7 @@ use fleet_tests::fleet::binary;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::tls::{path, TestCa, TlsFront, TlsRabbit, TlsRedis};
 use fleet_tests::turn::{post_turn, turn_body};
-use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+use fleet_tests::{spawn_fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_tls_test_secret";
 
@@ -80,22 +80,73 @@ async fn tool_calls_and_turns_run_over_tls_with_a_private_ca_and_client_certific
     .map(|keys: Vec<String>| keys.join(","));
     assert!(record.is_some_and(|k| !k.is_empty()), "the execution's keys are in the TLS Redis");
 
-    // A process that trusts another CA reaches neither service: it never becomes ready and says why.
+    // A process that trusts another CA, or presents a certificate the servers refuse, stops at
+    // start with one line naming the setting.
     let stranger = TestCa::new("stranger");
-    let stranger_env = stranger.fleet_env(&stranger.client("stranger-client"));
-    let mut options = fleet_options(&stranger_env, &rabbit.url(), &redis.url()).workers(0);
-    options.dispatcher = false;
-    options.capture_logs = true;
-    let mut lost = spawn_fleet(options).await;
-    let index = lost.spawn_worker_alive().await;
-    wait_for("the wrong CA's handshake failure in the worker's log", Duration::from_secs(30), || {
-        let logs = lost.logs();
-        async move { (logs.contains("UnknownIssuer") || logs.contains("unknown issuer")).then_some(()) }
-    })
-    .await;
-    let (status, _) = lost.worker_get(index, "/readyz").await;
-    assert_eq!(status, 503, "a worker that cannot verify the broker is not ready");
-    assert!(lost.worker_alive(index));
+    let stranger_client = stranger.client("stranger-client");
+    let (amqp, redis_url) = (rabbit.url(), redis.url());
+    let cases = [
+        (
+            "only RabbitMQ",
+            stranger.fleet_env(&client),
+            amqp.clone(),
+            "redis://127.0.0.1:1/0".to_string(),
+            "FLEET_TLS_CA_FILE",
+        ),
+        (
+            "only Redis",
+            stranger.fleet_env(&client),
+            "amqp://guest:guest@127.0.0.1:1/%2f".into(),
+            redis_url.clone(),
+            "FLEET_TLS_CA_FILE",
+        ),
+        (
+            "only RabbitMQ",
+            ca.fleet_env(&stranger_client),
+            amqp.clone(),
+            "redis://127.0.0.1:1/0".into(),
+            "FLEET_TLS_CLIENT_CERT_FILE",
+        ),
+        (
+            "only Redis",
+            ca.fleet_env(&stranger_client),
+            "amqp://guest:guest@127.0.0.1:1/%2f".into(),
+            redis_url.clone(),
+            "FLEET_TLS_CLIENT_CERT_FILE",
+        ),
+    ];
+    let ca_only = vec![("FLEET_TLS_CA_FILE".to_string(), path(&ca.ca_file))];
+    let no_client_certificate = [
+        (
+            "RabbitMQ, no client certificate",
+            ca_only.clone(),
+            amqp.clone(),
+            "redis://127.0.0.1:1/0".to_string(),
+            "FLEET_TLS_CLIENT_CERT_FILE",
+        ),
+        (
+            "Redis, no client certificate",
+            ca_only,
+            "amqp://guest:guest@127.0.0.1:1/%2f".into(),
+            redis_url.clone(),
+            "FLEET_TLS_CLIENT_CERT_FILE",
+        ),
+    ];
+    for (what, env, amqp, redis_url, setting) in cases.into_iter().chain(no_client_certificate) {
+        let (code, stderr) = tokio::task::spawn_blocking(move || {
+            let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            env.extend([("FLEET_AMQP_URL", amqp.as_str()), ("FLEET_REDIS_URL", redis_url.as_str())]);
+            start_with("worker", &env)
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, Some(2), "{what}, {setting}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{what}: one line: {stderr}");
+        assert!(lines[0].contains(&format!("configuration error: {setting}:")), "{what}: names {setting}: {stderr}");
+        assert!(!lines[0].contains("guest:guest"), "no credentials: {stderr}");
+        println!("{what}: {}", lines[0]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,11 +182,13 @@ async fn a_tool_call_runs_on_a_tls_redis_cluster() {
     assert!(holding >= 2, "keys on {holding} master(s)");
 }
 
-/// Runs `bin` with `env` over a harmless base and returns (exit code, stderr).
+/// Runs `bin` with `env` over a harmless base and returns (exit code, stderr); a process still
+/// running after 20 s is killed and reported as `None`.
 fn start_with(bin: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let stderr_path = std::env::temp_dir().join(format!("fleet-tls-start-{}.log", uuid::Uuid::new_v4().simple()));
     let mut cmd = std::process::Command::new(binary(bin));
     cmd.env("FLEET_SECRETS_KEY", fleet_tests::fleet::TEST_SECRETS_KEY)
-        .env("FLEET_API_TOKENS", "t")
+        .env("FLEET_API_TOKENS", "a-long-enough-test-token")
         .env("FLEET_HTTP_ADDR", "127.0.0.1:0")
         .env("FLEET_WORKER_HTTP_ADDR", "127.0.0.1:0")
         .env("FLEET_REDIS_URL", "rediss://localhost:1/0")
@@ -143,8 +196,27 @@ fn start_with(bin: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&stderr_path);
+    (code, stderr)
 }
 
 #[test]
