@@ -9,6 +9,8 @@ use serde_json::json;
 
 use fleet_platform::config::Source;
 use fleet_platform::tls::ClientTls;
+use fleet_protocol::keys::Keys;
+use fleet_protocol::secrets::SecretsKey;
 use fleet_tests::fleet::binary;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::tls::{path, TestCa, TlsFront, TlsRabbit, TlsRedis};
@@ -254,4 +256,32 @@ fn unusable_tls_files_stop_the_processes_at_start_naming_the_setting() {
     // The same settings with good files load.
     let good = client_tls(&ca.fleet_env(&client));
     assert!(format!("{good:?}").contains("client_certificate: true"), "{good:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_ca_does_not_open_the_ssrf_guard() {
+    let ca = TestCa::new("ssrf");
+    let receiver = Receiver::echo(SECRET).await;
+    let front = TlsFront::start(receiver.addr, &ca.server("inside")).await;
+    let options = FleetOptions::default()
+        .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "false")
+        .env("FLEET_TLS_CA_FILE", &path(&ca.ca_file));
+    let fleet = spawn_fleet(options).await;
+    // The registry refuses this URL, so plant the tool as if its DNS had changed after registration.
+    let name = "inside_https";
+    let key = SecretsKey::parse(fleet_tests::fleet::TEST_SECRETS_KEY).unwrap();
+    let tool = json!({"name": name, "description": "", "parameters": {}, "callback_url": front.url("/x"),
+        "secret_ciphertext": key.encrypt(&format!("tool:{name}"), SECRET), "created_at_ms": 0, "updated_at_ms": 0});
+    let mut con =
+        redis::Client::open(fleet_tests::redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(Keys::new(&fleet.key_prefix).tool(name))
+        .arg(tool.to_string())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let id = fleet.call_tool(name, json!({"query": "x"})).await;
+    let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(20)).await;
+    assert!(done["last_error"].as_str().unwrap().contains("refused"), "{done}");
+    assert!(receiver.received().is_empty(), "nothing reached the private HTTPS target");
 }
