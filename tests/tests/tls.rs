@@ -152,10 +152,15 @@ async fn tool_calls_and_turns_run_over_tls_with_a_private_ca_and_client_certific
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tool_call_runs_on_a_tls_redis_cluster() {
+async fn a_tool_call_runs_on_a_tls_redis_cluster_trusting_the_system_roots() {
     let ca = TestCa::new("cluster");
     let client = ca.client("fleet-client");
-    let env = ca.fleet_env(&client);
+    // The CA reaches the fleet as the "system" store (SSL_CERT_FILE, which the native-roots
+    // loader honours), not as FLEET_TLS_CA_FILE: FLEET_TLS_NATIVE_ROOTS=true is what trusts it.
+    let mut env = ca.fleet_env(&client);
+    env.retain(|(k, _)| k != "FLEET_TLS_CA_FILE");
+    env.push(("SSL_CERT_FILE".into(), path(&ca.ca_file)));
+    env.push(("FLEET_TLS_NATIVE_ROOTS".into(), "true".into()));
     let cluster = TlsRedis::start_cluster(&ca, &client).await;
     let receiver = Receiver::start(SECRET, |r, _| Reply::result(json!({"ok": r.json["parameters"]["query"]}))).await;
     // The broker is the shared one (plain AMQP): this test is about Redis Cluster over TLS.
