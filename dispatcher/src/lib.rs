@@ -50,6 +50,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         config.common.keys.clone(),
         config.common.redis_timeout,
         metrics.clone(),
+        &config.common.tls,
     )?
     .with_dead_letter_retention(config.common.dead_letter_retention);
     let listener = fleet_platform::ops::bind(config.http_addr)
@@ -60,6 +61,7 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
     let broker_cancel = CancellationToken::new();
     let (link, supervisor) = broker::supervise(
         config.common.amqp_urls.clone(),
+        config.common.tls.clone(),
         config.common.topology.clone(),
         config.common.publish_timeout,
         metrics.clone(),

@@ -132,8 +132,9 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Topology { action: TopologyAction::Declare } => {
-            let (conn, _) =
-                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+            let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls, &config.tls)
+                .await
+                .context("connecting to RabbitMQ")?;
             let channel = conn.create_channel().await?;
             fleet_platform::broker::declare_topology(&channel, &config.topology).await?;
             println!(
@@ -145,8 +146,9 @@ async fn main() -> anyhow::Result<()> {
             let _ = conn.close(200, "done".into()).await;
         }
         Command::Queues => {
-            let (conn, _) =
-                fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+            let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls, &config.tls)
+                .await
+                .context("connecting to RabbitMQ")?;
             println!("{:<48} {:>10} {:>10}", "queue", "messages", "consumers");
             for q in config.topology.queues() {
                 let channel = conn.create_channel().await?;
@@ -159,9 +161,14 @@ async fn main() -> anyhow::Result<()> {
             let _ = conn.close(200, "done".into()).await;
         }
         Command::DeadLetters { action } => {
-            let store =
-                Store::open(&config.redis_url, config.keys.clone(), config.redis_timeout, Metrics::new("fleetctl"))?
-                    .with_dead_letter_retention(config.dead_letter_retention);
+            let store = Store::open(
+                &config.redis_url,
+                config.keys.clone(),
+                config.redis_timeout,
+                Metrics::new("fleetctl"),
+                &config.tls,
+            )?
+            .with_dead_letter_retention(config.dead_letter_retention);
             match action {
                 DeadLetterAction::List { limit, filter } => {
                     let filter = filter.into_filter(vec![], true)?;
@@ -215,7 +222,8 @@ async fn redrive(
     limit: Option<u64>,
     per_second: f64,
 ) -> anyhow::Result<SweepReport> {
-    let (conn, _) = fleet_platform::broker::connect(&config.amqp_urls).await.context("connecting to RabbitMQ")?;
+    let (conn, _) =
+        fleet_platform::broker::connect(&config.amqp_urls, &config.tls).await.context("connecting to RabbitMQ")?;
     let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
     let redrive = dead_letters::Redrive { publisher: &publisher, topology: &config.topology };
     let report = dead_letters::apply(store, Some(&redrive), filter, Action::Retry, limit, Some(per_second)).await;

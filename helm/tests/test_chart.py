@@ -438,6 +438,36 @@ def test_environment_and_config(docs, full_values):
     assert worker_spec["terminationGracePeriodSeconds"] == grace + 5
 
 
+def test_tls_files_are_mounted_and_named(chart, default_docs, full_docs):
+    # Default: system roots off, nothing mounted.
+    for component in ("dispatcher", "worker"):
+        deploy = one(default_docs, "Deployment", component)
+        env = env_map(container(deploy))
+        assert env["FLEET_TLS_NATIVE_ROOTS"]["value"] == "false"
+        assert not {"FLEET_TLS_CA_FILE", "FLEET_TLS_CLIENT_CERT_FILE", "FLEET_TLS_CLIENT_KEY_FILE"} & set(env)
+        assert [v["name"] for v in deploy["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+    # values-full: a CA bundle from a ConfigMap and a kubernetes.io/tls client certificate.
+    for component in ("dispatcher", "worker"):
+        deploy = one(full_docs, "Deployment", component)
+        c = container(deploy)
+        env = env_map(c)
+        assert env["FLEET_TLS_NATIVE_ROOTS"]["value"] == "true"
+        assert env["FLEET_TLS_CA_FILE"]["value"] == "/etc/fleet/tls/ca/ca.pem"
+        assert env["FLEET_TLS_CLIENT_CERT_FILE"]["value"] == "/etc/fleet/tls/client/tls.crt"
+        assert env["FLEET_TLS_CLIENT_KEY_FILE"]["value"] == "/etc/fleet/tls/client/tls.key"
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["tls-ca"]["mountPath"] == "/etc/fleet/tls/ca" and mounts["tls-ca"]["readOnly"]
+        assert mounts["tls-client"]["mountPath"] == "/etc/fleet/tls/client"
+        volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["tls-ca"]["configMap"] == {"name": "fleet-ca-bundle", "items": [{"key": "ca.pem", "path": "ca.pem"}]}
+        assert volumes["tls-client"]["secret"]["secretName"] == "fleet-client-tls"
+    # A Secret wins over a ConfigMap for the CA bundle.
+    docs = render(chart, {"tls": {"ca": {"secretName": "ca-secret", "configMapName": "ignored"}}})
+    volumes = {v["name"]: v for v in one(docs, "Deployment", "worker")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls-ca"] == {"name": "tls-ca", "secret": {"secretName": "ca-secret", "items": [{"key": "ca.crt", "path": "ca.pem"}]}}
+    assert "tls-client" not in volumes
+
+
 def test_generated_secret(default_docs):
     secret = one(default_docs, "Secret", "config")
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}

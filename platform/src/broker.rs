@@ -9,7 +9,9 @@ use futures::StreamExt;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
+use lapin::tcp::{AMQPUriTcpExt, RustlsConnector};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event, ExchangeKind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -18,11 +20,14 @@ use fleet_protocol::envelope::{Envelope, CONTENT_TYPE, ENVELOPE_VERSION, VERSION
 use fleet_protocol::topology::{ArgValue, ExchangeType, Topology};
 
 use crate::metrics::Metrics;
+use crate::tls::ClientTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     #[error("broker unavailable")]
     Unavailable,
+    #[error("invalid broker URL: {0}")]
+    InvalidUrl(String),
     #[error("broker error: {0}")]
     Amqp(#[from] lapin::Error),
     #[error("broker did not accept a connection within {0:?}")]
@@ -56,6 +61,7 @@ impl BrokerError {
     pub fn publish_failure(&self) -> PublishFailure {
         match self {
             BrokerError::Unavailable
+            | BrokerError::InvalidUrl(_)
             | BrokerError::ConnectTimeout(_)
             | BrokerError::Topology { .. }
             | BrokerError::NotSent(_)
@@ -83,21 +89,49 @@ fn send_error(e: lapin::Error) -> BrokerError {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a connection (heartbeat from the URL, default 10 s) with lapin's own recovery off: the
-/// supervisor below owns reconnection, so there is exactly one recovery mechanism.
-pub async fn connect_one(url: &str) -> Result<Connection, BrokerError> {
-    let url = with_default_heartbeat(url);
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&url, ConnectionProperties::default())).await {
-        Ok(conn) => Ok(conn?),
+/// supervisor below owns reconnection, so there is exactly one recovery mechanism. `amqps://`
+/// endpoints are reached over TLS with `tls`'s roots and client certificate.
+pub async fn connect_one(url: &str, tls: &ClientTls) -> Result<Connection, BrokerError> {
+    let uri: AMQPUri = with_default_heartbeat(url).parse().map_err(BrokerError::InvalidUrl)?;
+    let connecting = async {
+        match uri.scheme {
+            AMQPScheme::AMQP => Ok(Connection::connect_uri(uri, ConnectionProperties::default()).await?),
+            AMQPScheme::AMQPS => connect_tls(uri, tls).await,
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+        Ok(conn) => conn,
         Err(_) => Err(BrokerError::ConnectTimeout(CONNECT_TIMEOUT)),
     }
 }
 
+/// lapin's own TLS path trusts the platform's store plus extra roots and cannot be told otherwise;
+/// this one dials plain TCP through lapin and does the handshake with the fleet's configuration,
+/// so AMQP trusts exactly what Redis and HTTPS trust.
+async fn connect_tls(uri: AMQPUri, tls: &ClientTls) -> Result<Connection, BrokerError> {
+    let connector = RustlsConnector::from(tls.service_config());
+    let runtime = lapin::runtime::default_runtime()?;
+    let connection = Connection::connector(
+        uri,
+        runtime,
+        async move |uri: AMQPUri, runtime| {
+            let host = uri.authority.host.clone();
+            let plain = AMQPUri { scheme: AMQPScheme::AMQP, ..uri };
+            let stream = plain.connect_async(&runtime).await?;
+            Ok(stream.into_rustls(&connector, &host).await?)
+        },
+        ConnectionProperties::default(),
+    )
+    .await?;
+    Ok(connection)
+}
+
 /// Connects to the first reachable endpoint, in order; returns it with its index. Always starting
 /// from the first means a process fails over to a later node and back once the first returns.
-pub async fn connect(urls: &[String]) -> Result<(Connection, usize), BrokerError> {
+pub async fn connect(urls: &[String], tls: &ClientTls) -> Result<(Connection, usize), BrokerError> {
     let mut last = BrokerError::Unavailable;
     for (i, url) in urls.iter().enumerate() {
-        match connect_one(url).await {
+        match connect_one(url, tls).await {
             Ok(conn) => return Ok((conn, i)),
             Err(e) => {
                 tracing::debug!(endpoint = i, error = %e, "broker endpoint unreachable");
@@ -299,6 +333,7 @@ impl BrokerLink {
 /// awaited by its owner (it closes the connection on shutdown).
 pub fn supervise(
     urls: Vec<String>,
+    tls: ClientTls,
     topology: Topology,
     publish_timeout: Duration,
     metrics: Metrics,
@@ -316,7 +351,7 @@ pub fn supervise(
         };
         let mut delays = backoff();
         while !cancel.is_cancelled() {
-            match open_live(&urls, &topology, publish_timeout).await {
+            match open_live(&urls, &tls, &topology, publish_timeout).await {
                 Ok((live, endpoint)) => {
                     delays = backoff();
                     metrics.amqp_reconnects.inc();
@@ -340,7 +375,8 @@ pub fn supervise(
                 Err(e) => {
                     metrics.amqp_errors.inc();
                     let wait = delays.next().unwrap_or(Duration::from_secs(5));
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker connect failed");
+                    let hint = crate::tls::untrusted_hint(&crate::tls::error_chain(&e));
+                    tracing::warn!(error = %e, hint, retry_in_ms = wait.as_millis() as u64, "broker connect failed");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = cancel.cancelled() => {}
@@ -354,10 +390,11 @@ pub fn supervise(
 
 async fn open_live(
     urls: &[String],
+    tls: &ClientTls,
     topology: &Topology,
     publish_timeout: Duration,
 ) -> Result<(Live, usize), BrokerError> {
-    let (connection, endpoint) = connect(urls).await?;
+    let (connection, endpoint) = connect(urls, tls).await?;
     let channel = connection.create_channel().await?;
     declare_topology(&channel, topology).await?;
     let _ = channel.close(200, "declared".into()).await;

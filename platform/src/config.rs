@@ -131,6 +131,8 @@ pub struct CommonConfig {
     pub publish_timeout: Duration,
     /// How long and how many dead letters Redis keeps.
     pub dead_letter_retention: Retention,
+    /// Trusted roots and client certificate for `rediss://`, `amqps://` and HTTPS.
+    pub tls: crate::tls::ClientTls,
 }
 
 impl CommonConfig {
@@ -146,11 +148,15 @@ impl CommonConfig {
         }
         let redis_url = src.string("FLEET_REDIS_URL", "redis://127.0.0.1:6379/0");
         // Several comma-separated nodes name a Redis Cluster.
-        if redis_url.split(',').map(str::trim).any(|node| redis::Client::open(node).is_err()) {
+        let nodes: Vec<&str> = redis_url.split(',').map(str::trim).collect();
+        if nodes.iter().any(|node| redis::Client::open(*node).is_err()) {
             return Err(ConfigError::new(
                 "FLEET_REDIS_URL",
-                "is not a valid redis:// URL (or comma-separated cluster nodes)",
+                "is not a valid redis:// or rediss:// URL (or comma-separated cluster nodes)",
             ));
+        }
+        if nodes.iter().any(|n| n.starts_with("rediss://")) && !nodes.iter().all(|n| n.starts_with("rediss://")) {
+            return Err(ConfigError::new("FLEET_REDIS_URL", "cluster nodes must all be rediss:// or all redis://"));
         }
         let prefix = src.string("FLEET_TOPOLOGY_PREFIX", "fleet");
         if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
@@ -182,6 +188,7 @@ impl CommonConfig {
             redis_timeout: src.seconds("FLEET_REDIS_TIMEOUT", Duration::from_secs(2))?,
             publish_timeout: src.seconds("FLEET_PUBLISH_TIMEOUT", Duration::from_secs(5))?,
             dead_letter_retention: dead_letter_retention(src)?,
+            tls: crate::tls::ClientTls::load(src)?,
         })
     }
 }
@@ -223,6 +230,8 @@ mod tests {
             .unwrap();
         assert_eq!(two.amqp_urls, ["amqp://a:5672/%2f", "amqp://b:5672/%2f"]);
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379/0");
+        let tls = CommonConfig::load(&Source::from_pairs([("FLEET_REDIS_URL", "rediss://r.example:6380/0")])).unwrap();
+        assert_eq!(tls.redis_url, "rediss://r.example:6380/0");
         assert_eq!(c.retry.max_attempts(), 6);
         assert_eq!(c.topology.jobs_exchange(), "fleet.jobs");
         assert_eq!(c.dead_letter_retention, Retention { max_age_ms: 30 * 86_400_000, max_count: 100_000 });
@@ -234,6 +243,8 @@ mod tests {
         assert_eq!(bad("FLEET_AMQP_URL", "http://x"), "FLEET_AMQP_URL");
         assert_eq!(bad("FLEET_REDIS_URL", "nope"), "FLEET_REDIS_URL");
         assert_eq!(bad("FLEET_REDIS_URL", "redis://a:7000,nope"), "FLEET_REDIS_URL");
+        assert_eq!(bad("FLEET_REDIS_URL", "rediss://a:7000,redis://b:7001"), "FLEET_REDIS_URL");
+        assert_eq!(bad("FLEET_TLS_CA_FILE", "/nonexistent/ca.pem"), "FLEET_TLS_CA_FILE");
         assert_eq!(bad("FLEET_RETRY_DELAYS", "1,x"), "FLEET_RETRY_DELAYS");
         assert_eq!(bad("FLEET_RETRY_DELAYS", "2,1"), "FLEET_RETRY_DELAYS");
         assert_eq!(bad("FLEET_LOG_FORMAT", "xml"), "FLEET_LOG_FORMAT");

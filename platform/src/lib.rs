@@ -11,6 +11,7 @@ pub mod session_history;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 /// Milliseconds since the Unix epoch, from the system clock.
 pub fn now_ms() -> i64 {

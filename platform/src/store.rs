@@ -18,6 +18,7 @@ use fleet_protocol::keys::Keys;
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use crate::metrics::Metrics;
+use crate::tls::ClientTls;
 
 mod turns;
 pub use turns::{SessionFinish, SessionSlot};
@@ -318,16 +319,29 @@ pub struct Store {
 impl Store {
     /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
     /// Several comma-separated URLs name the seed nodes of a Redis Cluster.
-    pub fn open(url: &str, keys: Keys, timeout: Duration, metrics: Metrics) -> Result<Self, StoreError> {
+    /// `rediss://` URLs connect over TLS with `tls`'s roots and client certificate.
+    pub fn open(
+        url: &str,
+        keys: Keys,
+        timeout: Duration,
+        metrics: Metrics,
+        tls: &ClientTls,
+    ) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+        let secure = nodes.iter().any(|n| n.starts_with("rediss://"));
         let backend = if nodes.len() > 1 {
-            let client = redis::cluster::ClusterClient::builder(nodes)
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .build()?;
-            Backend::Cluster { client, conn: tokio::sync::OnceCell::new() }
+            let mut builder =
+                redis::cluster::ClusterClient::builder(nodes).connection_timeout(timeout).response_timeout(timeout);
+            if secure {
+                builder = builder.certs(tls.redis_certificates());
+            }
+            Backend::Cluster { client: builder.build()?, conn: tokio::sync::OnceCell::new() }
         } else {
-            let client = redis::Client::open(url)?;
+            let client = if secure {
+                redis::Client::build_with_tls(url, tls.redis_certificates())?
+            } else {
+                redis::Client::open(url)?
+            };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))

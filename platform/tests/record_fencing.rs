@@ -25,7 +25,14 @@ fn attempt(n: u32, outcome: AttemptOutcome) -> AttemptRecord {
 async fn an_older_token_cannot_write_after_a_newer_one() {
     let url = std::env::var("FLEET_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
     let prefix = format!("fence{}:", std::process::id());
-    let store = Store::open(&url, Keys::new(prefix.clone()), Duration::from_secs(2), Metrics::new("worker")).unwrap();
+    let store = Store::open(
+        &url,
+        Keys::new(prefix.clone()),
+        Duration::from_secs(2),
+        Metrics::new("worker"),
+        &Default::default(),
+    )
+    .unwrap();
     let id = "exec_fence_test";
     let (stale, newer) = (1, 2);
 

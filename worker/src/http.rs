@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
+use fleet_platform::tls::ClientTls;
 use fleet_protocol::classify::TransportFailure;
 use fleet_protocol::ssrf::is_forbidden;
 
@@ -51,7 +52,9 @@ pub struct ReadResponse {
 }
 
 impl CallbackClient {
-    pub fn new(timeout: Duration, allow_private: bool, max_body: usize) -> Self {
+    /// HTTPS trusts `tls`'s roots (bundled, `FLEET_TLS_CA_FILE`, and the system's if asked); no
+    /// client certificate is ever sent to a tool owner.
+    pub fn new(timeout: Duration, allow_private: bool, max_body: usize, tls: &ClientTls) -> Self {
         // `no_proxy`: HTTP(S)_PROXY / ALL_PROXY would otherwise send callbacks to a proxy that
         // connects wherever it likes, around the resolver's SSRF guard.
         let mut builder = reqwest::Client::builder()
@@ -61,7 +64,8 @@ impl CallbackClient {
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
-            .user_agent(concat!("agent-fleet-worker/", env!("CARGO_PKG_VERSION")));
+            .user_agent(concat!("agent-fleet-worker/", env!("CARGO_PKG_VERSION")))
+            .use_preconfigured_tls(tls.http_config());
         if !allow_private {
             builder = builder.dns_resolver(Arc::new(GuardedResolver));
         }

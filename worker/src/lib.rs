@@ -51,6 +51,7 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
         config.common.keys.clone(),
         config.common.redis_timeout,
         metrics.clone(),
+        &config.common.tls,
     )?
     .with_dead_letter_retention(config.common.dead_letter_retention);
     let listener = fleet_platform::ops::bind(config.http_addr)
@@ -61,6 +62,7 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
     let broker_cancel = CancellationToken::new();
     let (link, supervisor) = broker::supervise(
         config.common.amqp_urls.clone(),
+        config.common.tls.clone(),
         config.common.topology.clone(),
         config.common.publish_timeout,
         metrics.clone(),
@@ -92,6 +94,7 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
             config.llm_api_key.clone(),
             config.llm_timeout,
             config.llm_max_response_bytes,
+            &config.common.tls,
         ),
         targets: registry::TargetCache::new(config.registry_cache_ttl),
         config: config.clone(),
@@ -109,7 +112,12 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
 }
 
 fn fleet_platform_client(config: &WorkerConfig) -> http::CallbackClient {
-    http::CallbackClient::new(config.callback_timeout, config.allow_private_callbacks, MAX_RESPONSE_BYTES)
+    http::CallbackClient::new(
+        config.callback_timeout,
+        config.allow_private_callbacks,
+        MAX_RESPONSE_BYTES,
+        &config.common.tls,
+    )
 }
 
 /// Consumes from every work queue across broker reconnections until `cancel`, then drains.

@@ -65,10 +65,13 @@ impl LlmClient {
         api_key: Option<String>,
         timeout: Duration,
         max_response_bytes: usize,
+        tls: &fleet_platform::tls::ClientTls,
     ) -> Self {
-        // Proxy variables are ignored, as for callbacks: the model is reached directly.
+        // Proxy variables are ignored, as for callbacks: the model is reached directly, trusting
+        // the same roots as every other connection (a private CA for a self-hosted model).
         let http = reqwest::Client::builder()
             .no_proxy()
+            .use_preconfigured_tls(tls.http_config())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .build()

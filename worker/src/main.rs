@@ -13,6 +13,11 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    // A certificate a TLS service refuses (or that is refused) is a configuration error too.
+    if let Err(e) = fleet_platform::tls::startup_check(&config.common).await {
+        eprintln!("worker: {e}");
+        std::process::exit(2);
+    }
     let telemetry = fleet_platform::telemetry::init(config.common.log_format, "worker");
     let cancel = CancellationToken::new();
     let signals = tokio::spawn(fleet_platform::shutdown::cancel_on_signal(cancel.clone()));

@@ -333,6 +333,69 @@ Usage: include "agent-fleet.workQueue" (dict "ctx" $ "kind" "tool_calls")
 {{- end }}
 
 {{/*
+TLS settings (both containers): environment, volume mounts and volumes for the private CA bundle
+and the client certificate named in .Values.tls. Each renders nothing when TLS values are unset.
+*/}}
+{{- define "agent-fleet.tlsEnv" -}}
+{{- $t := .Values.tls }}
+- name: FLEET_TLS_NATIVE_ROOTS
+  value: {{ $t.nativeRoots | toString | quote }}
+{{- if or $t.ca.secretName $t.ca.configMapName }}
+- name: FLEET_TLS_CA_FILE
+  value: /etc/fleet/tls/ca/ca.pem
+{{- end }}
+{{- if $t.clientCertSecret }}
+- name: FLEET_TLS_CLIENT_CERT_FILE
+  value: /etc/fleet/tls/client/tls.crt
+- name: FLEET_TLS_CLIENT_KEY_FILE
+  value: /etc/fleet/tls/client/tls.key
+{{- end }}
+{{- end }}
+
+{{- define "agent-fleet.tlsVolumeMounts" -}}
+{{- $t := .Values.tls }}
+{{- if or $t.ca.secretName $t.ca.configMapName }}
+- name: tls-ca
+  mountPath: /etc/fleet/tls/ca
+  readOnly: true
+{{- end }}
+{{- if $t.clientCertSecret }}
+- name: tls-client
+  mountPath: /etc/fleet/tls/client
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "agent-fleet.tlsVolumes" -}}
+{{- $t := .Values.tls }}
+{{- if $t.ca.secretName }}
+- name: tls-ca
+  secret:
+    secretName: {{ $t.ca.secretName }}
+    items:
+      - key: {{ $t.ca.key }}
+        path: ca.pem
+{{- else if $t.ca.configMapName }}
+- name: tls-ca
+  configMap:
+    name: {{ $t.ca.configMapName }}
+    items:
+      - key: {{ $t.ca.key }}
+        path: ca.pem
+{{- end }}
+{{- if $t.clientCertSecret }}
+- name: tls-client
+  secret:
+    secretName: {{ $t.clientCertSecret }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- end }}
+
+{{/*
 The topology prefix as a regex (its dots matched literally).
 */}}
 {{- define "agent-fleet.queuePrefixRegex" -}}
