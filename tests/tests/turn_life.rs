@@ -266,3 +266,34 @@ async fn a_steer_survives_the_failure_of_the_turn_it_joined() {
     let after = post_turn(&fleet, &turn_body("s_steer_fail", "after", &[])).await;
     expect_status(&fleet, &after, "succeeded", Duration::from_secs(30)).await;
 }
+
+/// Every way a turn's tool call ends reaches its turn, the delivery limit too: a worker dies during
+/// the callback and the job's next delivery is past `FLEET_MAX_DELIVERIES` (1 here). The call is
+/// dead-lettered without running again, and the model gets the error as the call's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_past_its_delivery_limit_is_answered_to_its_turn() {
+    let llm = MockLlm::start(search_then_answer()).await;
+    let search = Receiver::start(SECRET, |_, _| Reply::result(json!("late")).after(Duration::from_secs(60))).await;
+    let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_MAX_DELIVERIES", "1")).await;
+    fleet.register_tool("search", &search.url("/search"), SECRET).await;
+
+    let id = post_turn(&fleet, &turn_body("s_limit_call", "find it", &["search"])).await;
+    wait_for("the tool's callback", Duration::from_secs(20), || async {
+        (!search.received().is_empty()).then_some(())
+    })
+    .await;
+    fleet.kill_worker(0);
+    fleet.spawn_worker().await;
+
+    let view = expect_status(&fleet, &id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(view["result"]["message"]["content"], "answered");
+    let call = search.received()[0].execution_id().to_string();
+    let (_, record) = fleet.get(&format!("/v1/dead-letters/{call}")).await;
+    assert_eq!(record["data"]["reason"], "delivery_limit", "{record}");
+    let (_, execution) = fleet.get(&format!("/v1/executions/{call}")).await;
+    assert_eq!(execution["data"]["status"], "dead_lettered");
+    let requests = llm.requests();
+    let tool_message = requests[1].messages().into_iter().find(|m| m["role"] == "tool").expect("the call's result");
+    assert!(tool_message["content"].as_str().unwrap().contains("delivered"), "{tool_message}");
+    assert_eq!(search.received().len(), 1, "the call did not run again");
+}
