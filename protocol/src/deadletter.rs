@@ -298,7 +298,7 @@ impl std::fmt::Display for ListCursor {
 /// as poison with its raw body, so every message can be listed and purged. Every record has an id:
 /// a raw body's derives from its bytes, so the same message read twice is one dead letter.
 pub fn record_from_message(body: &[u8], content_type: Option<&str>, now_ms: i64) -> DeadLetterRecord {
-    use crate::envelope::{Envelope, Job};
+    use crate::envelope::Envelope;
     if let Ok(record) = serde_json::from_slice::<DeadLetterRecord>(body) {
         if record.execution_id.is_some() {
             return record;
@@ -324,29 +324,11 @@ pub fn record_from_message(body: &[u8], content_type: Option<&str>, now_ms: i64)
             raw_body: Some(excerpt_raw_body(body)),
         };
     };
-    let job = serde_json::to_value(&envelope).ok();
-    let kind = Some(envelope.kind().as_str().to_string());
-    let (tool_name, assistant_id, room_id) = match envelope.job {
-        Job::ToolCall(call) => (Some(call.tool_name), call.assistant_id, call.room_id),
-        Job::Webhook(_) => (None, None, None),
-        Job::Turn(t) => (None, None, Some(t.session_id)),
-    };
-    DeadLetterRecord {
-        execution_id: Some(envelope.execution_id.clone()),
-        kind,
-        tool_name,
-        assistant_id,
-        room_id,
-        attempts: envelope.attempt,
-        last_error: "redelivered too often (the broker's delivery limit)".into(),
-        first_attempt_at: None,
-        last_attempt_at: None,
-        reason: DeadLetterReason::DeliveryLimit,
-        dead_lettered_at,
-        history: vec![],
-        job,
-        raw_body: None,
-    }
+    let error = envelope.settle.as_ref().map_or_else(
+        || "redelivered too often (the broker's delivery limit)".to_string(),
+        |verdict| verdict.error.clone(),
+    );
+    DeadLetterRecord::for_job(&envelope, DeadLetterReason::DeliveryLimit, &error, vec![], now_ms)
 }
 
 #[cfg(test)]
