@@ -282,6 +282,13 @@ async fn a_tool_call_past_its_delivery_limit_is_answered_to_its_turn() {
         (!search.received().is_empty()).then_some(())
     })
     .await;
+    // The turn's step settles (and is acked) right after it published the call: only the tool
+    // call may be in flight when the worker dies, or the step too would be past its limit.
+    let settled = "fleet_jobs_finished_total{kind=\"turn\",outcome=\"success\"} 1";
+    wait_for("the turn's step settled", Duration::from_secs(20), || async {
+        fleet.worker_metrics(0).await.contains(settled).then_some(())
+    })
+    .await;
     fleet.kill_worker(0);
     fleet.spawn_worker().await;
 
