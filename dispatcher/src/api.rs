@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tool-calls", post(create_tool_call))
         .route("/v1/turns", post(crate::turns::create_turn))
         .route("/v1/sessions/{id}/stream", get(crate::turns::stream_session))
+        .route("/v1/sessions/{id}/stream-token", post(crate::stream::create_stream_token))
         .route("/v1/sessions/{id}/messages", get(crate::sessions::list_messages))
         .route("/v1/sessions/{id}", axum::routing::delete(crate::sessions::delete_session))
         .route("/v1/webhooks", get(list_webhooks))
@@ -91,7 +92,13 @@ async fn require_token(State(state): State<AppState>, mut request: Request, next
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let Some(token) = token else { return ApiError::unauthorized().into_response() };
+    let Some(token) = token else {
+        // Only a session stream accepts a (stream) token in its query string instead.
+        return match crate::stream::admit_by_stream_token(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(refused) => refused.into_response(),
+        };
+    };
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     // Digests are compared, so timing reveals nothing about the tokens themselves.
     if !state.config.token_digests.contains(&digest) {

@@ -17,6 +17,7 @@ pub mod sanitize;
 pub mod schema;
 pub mod secrets;
 pub mod signing;
+pub mod stream_token;
 pub mod ssrf;
 pub mod timefmt;
 pub mod tools;

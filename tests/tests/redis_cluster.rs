@@ -114,3 +114,35 @@ async fn a_session_id_with_braces_runs_on_redis_cluster() {
     }
     assert_eq!(llm.requests().len(), ids.len(), "one model call per turn");
 }
+
+/// Session streams on the cluster: events appended on whichever master holds each session's slot
+/// are announced to the dispatcher's one subscription, and each stream gets its own session's
+/// turn, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_streams_deliver_turns_on_redis_cluster() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::sse::{open_stream, SseReader};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+
+    let llm = MockLlm::start(|_, _| LlmReply::text("clustered stream reply")).await;
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", CLUSTER)).await;
+    let http = reqwest::Client::new();
+    let sessions = ["s_cl_a", "s_cl_b", "s_cl_c", "s_cl_d", "s_cl_e", "s_cl_f"];
+    let mut readers = Vec::new();
+    for session in sessions {
+        let mut reader = SseReader::new(open_stream(&http, &fleet, session, "", &[]).await);
+        reader.opened(Duration::from_secs(10)).await;
+        readers.push(reader);
+    }
+    let mut ids = Vec::new();
+    for session in sessions {
+        ids.push(post_turn(&fleet, &turn_body(session, "hi", &[])).await);
+    }
+    for ((reader, id), session) in readers.iter_mut().zip(&ids).zip(sessions) {
+        let frames = reader.until_done(Duration::from_secs(30)).await;
+        let tokens: String =
+            frames.iter().filter(|f| f.event == "token").map(|f| f.data["token"].as_str().unwrap()).collect();
+        assert_eq!(tokens, "clustered stream reply", "{session}: {frames:?}");
+        fleet.wait_status(id, "succeeded", Duration::from_secs(20)).await;
+    }
+}
