@@ -111,8 +111,8 @@ fn count(reports: &[Value], kind: &str, event: Option<&str>) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_event_source_streams_a_turn_and_resumes_after_a_dropped_connection() {
     let tokens: Vec<String> = (0..16).map(|n| format!("w{n} ")).collect();
-    let llm = MockLlm::start(move |_, _| LlmReply::Text { tokens: tokens.clone(), delay: Duration::from_millis(250) })
-        .await;
+    let llm =
+        MockLlm::start(move |_, _| LlmReply::Text { tokens: tokens.clone(), delay: Duration::from_millis(250) }).await;
     let fleet = spawn_fleet(llm_fleet(&llm)).await;
     let proxy = Proxy::start(fleet.api.trim_start_matches("http://").parse().unwrap()).await;
     let session = "s_browser";

@@ -136,7 +136,8 @@ async fn since_start_last_event_id_and_until_done_choose_what_is_sent() {
     assert_eq!(second_turn.len(), first_turn.len(), "the same shape of turn: {:?}", ids(&second_turn));
 
     // Bad values are refused by name.
-    for (query, name) in [("?since=yesterday", "since"), ("?last_event_id=abc", "last_event_id"), ("?until=end", "until")]
+    for (query, name) in
+        [("?since=yesterday", "since"), ("?last_event_id=abc", "last_event_id"), ("?until=end", "until")]
     {
         let resp = open_stream(&http, &fleet, "s_query", query, &[]).await;
         assert_eq!(resp.status(), 400, "{query}");

@@ -67,8 +67,7 @@ impl StreamHub {
     /// Starts the announcement subscriber; everything stops when `cancel` fires (open streams
     /// end, so a graceful shutdown is not held up by them).
     pub fn start(store: Store, cancel: CancellationToken) -> Arc<StreamHub> {
-        let hub =
-            Arc::new(StreamHub { store, feeds: Mutex::default(), cancel, tasks: TaskTracker::new() });
+        let hub = Arc::new(StreamHub { store, feeds: Mutex::default(), cancel, tasks: TaskTracker::new() });
         hub.tasks.spawn(listen_for_announcements(hub.clone()));
         hub
     }

@@ -21,24 +21,21 @@ pub(crate) struct Listener {
     hub: Arc<StreamHub>,
     session_id: String,
     subscription: Subscription,
+    position: Position,
+}
+
+/// How far a stream has got (pure): what it sent last and whether it is finished.
+#[derive(Debug, Clone, PartialEq)]
+struct Position {
     /// The id of the last event sent (or the point the stream started after).
     last: StreamId,
     until_done: bool,
     finished: bool,
 }
 
-impl Listener {
-    pub(crate) fn new(
-        hub: Arc<StreamHub>,
-        session_id: String,
-        subscription: Subscription,
-        after: StreamId,
-        until_done: bool,
-    ) -> Self {
-        Listener { hub, session_id, subscription, last: after, until_done, finished: false }
-    }
-
-    /// The frames of `events` not sent yet, in order; with `until_done`, none after `done`.
+impl Position {
+    /// Appends the frames of `events` not sent yet, in order; with `until_done`, none after `done`.
+    /// An event at or before `last` (a backlog read overlapping the feed) is skipped.
     fn render(&mut self, events: &[Event], out: &mut Vec<u8>) {
         for event in events {
             if self.finished {
@@ -52,11 +49,23 @@ impl Listener {
             self.finished = self.until_done && event.is_done;
         }
     }
+}
+
+impl Listener {
+    pub(crate) fn new(
+        hub: Arc<StreamHub>,
+        session_id: String,
+        subscription: Subscription,
+        after: StreamId,
+        until_done: bool,
+    ) -> Self {
+        Listener { hub, session_id, subscription, position: Position { last: after, until_done, finished: false } }
+    }
 
     /// The response body: the opening comment and `backlog`, then live events.
     pub(crate) fn into_body(mut self, backlog: Vec<Event>) -> axum::body::Body {
         let mut first = OPENED.to_vec();
-        self.render(&backlog, &mut first);
+        self.position.render(&backlog, &mut first);
         let opening = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(first))]);
         let live = futures::stream::unfold(self, |mut listener| async move {
             let chunk = listener.next_chunk().await?;
@@ -69,7 +78,7 @@ impl Listener {
     async fn next_chunk(&mut self) -> Option<Bytes> {
         let stopping = self.hub.stopping().clone();
         loop {
-            if self.finished {
+            if self.position.finished {
                 return None;
             }
             let received = tokio::select! {
@@ -80,10 +89,10 @@ impl Listener {
             };
             let mut out = Vec::new();
             match received {
-                Ok(batch) => self.render(&batch, &mut out),
+                Ok(batch) => self.position.render(&batch, &mut out),
                 // Fell behind the feed: what was dropped is still in Redis.
-                Err(RecvError::Lagged(_)) => match self.hub.read_after(&self.session_id, self.last).await {
-                    Ok(events) => self.render(&events, &mut out),
+                Err(RecvError::Lagged(_)) => match self.hub.read_after(&self.session_id, self.position.last).await {
+                    Ok(events) => self.position.render(&events, &mut out),
                     // The client reconnects with `Last-Event-ID` and misses nothing.
                     Err(_) => return None,
                 },
@@ -93,5 +102,40 @@ impl Listener {
                 return Some(Bytes::from(out));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str, is_done: bool) -> Event {
+        Event { id: StreamId::parse(id).unwrap(), frame: Bytes::from(format!("[{id}]")), is_done }
+    }
+
+    fn sent(position: &mut Position, events: &[Event]) -> String {
+        let mut out = Vec::new();
+        position.render(events, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn each_event_is_sent_once_in_order_whatever_overlaps() {
+        let mut p = Position { last: StreamId::parse("1-0").unwrap(), until_done: false, finished: false };
+        let backlog = [event("1-0", false), event("2-0", false), event("2-1", false)];
+        assert_eq!(sent(&mut p, &backlog), "[2-0][2-1]", "the start point itself is not sent again");
+        // The feed's batch overlaps what the backlog read already sent.
+        let live = [event("2-0", false), event("2-1", false), event("3-0", true), event("4-0", false)];
+        assert_eq!(sent(&mut p, &live), "[3-0][4-0]");
+        assert!(!p.finished, "done does not end a stream without until=done");
+    }
+
+    #[test]
+    fn until_done_stops_right_after_the_next_done() {
+        let mut p = Position { last: StreamId::ZERO, until_done: true, finished: false };
+        let events = [event("1-0", false), event("2-0", true), event("3-0", false), event("4-0", true)];
+        assert_eq!(sent(&mut p, &events), "[1-0][2-0]");
+        assert!(p.finished);
+        assert_eq!(sent(&mut p, &[event("5-0", false)]), "", "nothing after the end");
     }
 }

@@ -98,8 +98,7 @@ pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) ->
     });
     let (Some(token), true) = (token, on_stream_route) else { return Err(ApiError::unauthorized()) };
     let (mut parts, body) = request.into_parts();
-    let Path(session_id) =
-        parts.extract::<Path<String>>().await.map_err(|e| ApiError::malformed(e.body_text()))?;
+    let Path(session_id) = parts.extract::<Path<String>>().await.map_err(|e| ApiError::malformed(e.body_text()))?;
     let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
     stream_token::verify(&key, &token, &session_id, now_ms())
         .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()))?;

@@ -47,7 +47,10 @@ pub(crate) struct StreamRequest {
 /// Reads the request. The header wins over `last_event_id`, which wins over `since`: a browser's
 /// `EventSource` reconnects to the same URL and sends the id of the last event it saw as the
 /// header, so a reconnection resumes where it broke off whatever the URL says.
-pub(crate) fn parse(last_event_id_header: Option<&str>, query: &HashMap<String, String>) -> Result<StreamRequest, String> {
+pub(crate) fn parse(
+    last_event_id_header: Option<&str>,
+    query: &HashMap<String, String>,
+) -> Result<StreamRequest, String> {
     let event_id = |id: &str, source: &str| {
         StreamId::parse(id).ok_or_else(|| format!("{source} {id:?} is not an event id this stream sent"))
     };
