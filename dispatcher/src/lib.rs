@@ -6,6 +6,7 @@ pub mod error;
 mod routes;
 pub mod scopes;
 pub mod stats;
+pub mod stream;
 pub mod tool_schemas;
 pub mod validate;
 
@@ -29,6 +30,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Registered tools' compiled schemas (2 s), so enqueueing does not read Redis every time.
     pub tool_schemas: Arc<tool_schemas::SchemaCache>,
+    /// Session streams: one reader per session, shared by its listeners.
+    pub streams: Arc<stream::StreamHub>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,9 +86,19 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         metrics.clone(),
         broker_cancel.clone(),
     ));
-    let state = AppState { config: Arc::new(config), broker: link, store, metrics, tool_schemas: Default::default() };
+    // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
+    let streams = stream::StreamHub::start(store.clone(), cancel.child_token());
+    let state = AppState {
+        config: Arc::new(config),
+        broker: link,
+        store,
+        metrics,
+        tool_schemas: Default::default(),
+        streams: streams.clone(),
+    };
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
     let served = fleet_platform::ops::serve(listener, routes::router(state), cancel).await;
+    streams.stopped().await;
     broker_cancel.cancel();
     let _ = stats.await;
     let _ = drain.await;

@@ -103,7 +103,9 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         "/v1/tools" | "/v1/tools/{tool}" => Scope::ToolsWrite,
         "/v1/tool-calls" => Scope::CallsWrite,
         "/v1/turns" => Scope::TurnsWrite,
-        "/v1/sessions/{id}/stream" | "/v1/sessions/{id}/messages" => Scope::SessionsRead,
+        "/v1/sessions/{id}/stream" | "/v1/sessions/{id}/stream-token" | "/v1/sessions/{id}/messages" => {
+            Scope::SessionsRead
+        }
         "/v1/sessions/{id}" => Scope::SessionsWrite,
         "/v1/executions/{id}" => Scope::ExecutionsRead,
         "/v1/dead-letters" | "/v1/dead-letters/{id}" if read => Scope::DeadLettersRead,

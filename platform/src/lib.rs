@@ -7,6 +7,7 @@ pub mod dead_letter_store;
 pub mod dead_letters;
 pub mod metrics;
 pub mod ops;
+pub mod session_events;
 pub mod session_history;
 pub mod shutdown;
 pub mod store;

@@ -305,6 +305,9 @@ impl Registry {
 #[derive(Clone)]
 pub struct Store {
     backend: std::sync::Arc<Backend>,
+    /// The URL(s) it was opened with: a Pub/Sub subscriber connects to one of them.
+    pub(crate) nodes: std::sync::Arc<Vec<String>>,
+    pub(crate) timeout: Duration,
     keys: Keys,
     metrics: Metrics,
     claim: Script,
@@ -329,6 +332,7 @@ impl Store {
     ) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
         let secure = nodes.iter().any(|n| n.starts_with("rediss://"));
+        let node_urls: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
         let backend = if nodes.len() > 1 {
             let mut builder =
                 redis::cluster::ClusterClient::builder(nodes).connection_timeout(timeout).response_timeout(timeout);
@@ -351,6 +355,8 @@ impl Store {
         };
         Ok(Store {
             backend: std::sync::Arc::new(backend),
+            nodes: std::sync::Arc::new(node_urls),
+            timeout,
             keys,
             metrics,
             claim: Script::new(CLAIM_LUA),
@@ -598,27 +604,8 @@ impl Store {
         Ok(reply.ids.first().map(|e| e.id.clone()).unwrap_or_else(|| "0-0".into()))
     }
 
-    /// Appends a streaming event to the session's bounded event stream; returns its id.
-    pub async fn publish_event(&self, session_id: &str, event: &Value) -> Result<String, StoreError> {
-        let key = self.keys.session(session_id, "events");
-        let r: Result<(String,), _> = redis::pipe()
-            .cmd("XADD")
-            .arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(1000)
-            .arg("*")
-            .arg("data")
-            .arg(event.to_string())
-            .expire(&key, 24 * 3600)
-            .ignore()
-            .query_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)?.0)
-    }
-
-    /// Events after `after` (a stream id). Never blocks: the connection is shared, so a reader
-    /// polls instead of holding it with `XREAD BLOCK`.
+    /// Up to 100 events after `after` (a stream id). Never blocks: the connection is shared; a
+    /// reader waits for the session's notification (`crate::session_events`) instead.
     pub async fn read_events(&self, session_id: &str, after: &str) -> Result<Vec<(String, String)>, StoreError> {
         let key = self.keys.session(session_id, "events");
         let r: Result<redis::Value, _> = redis::cmd("XREAD")

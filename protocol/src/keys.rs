@@ -62,6 +62,12 @@ impl Keys {
         format!("{}session:{{{}}}:{part}", self.prefix, hash_tag_safe(session_id))
     }
 
+    /// The Pub/Sub channel on which every appended session event is announced (the message is the
+    /// session id), so a dispatcher reads a session's stream only when it has something new.
+    pub fn session_events_channel(&self) -> String {
+        format!("{}session-events", self.prefix)
+    }
+
     /// A registered tool (a hash; the secret field is encrypted).
     pub fn tool(&self, name: &str) -> String {
         format!("{}{{tools}}:tool:{name}", self.prefix)

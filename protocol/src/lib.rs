@@ -18,6 +18,7 @@ pub mod schema;
 pub mod secrets;
 pub mod signing;
 pub mod ssrf;
+pub mod stream_token;
 pub mod timefmt;
 pub mod tools;
 pub mod topology;

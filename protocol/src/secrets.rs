@@ -7,7 +7,9 @@ use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use hmac::{Hmac, Mac};
 use rand::RngCore;
+use sha2::Sha256;
 
 const FORMAT_PREFIX: &str = "v1.";
 const NONCE_LEN: usize = 12;
@@ -24,6 +26,9 @@ pub enum SecretsError {
 #[derive(Clone)]
 pub struct SecretsKey {
     cipher: Aes256Gcm,
+    /// HMAC keyed with the secrets key, from which purpose-bound subkeys derive (the key itself is
+    /// not kept apart from the cipher).
+    derivation: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for SecretsKey {
@@ -44,7 +49,20 @@ impl SecretsKey {
         if bytes.len() != 32 {
             return Err(SecretsError::BadKey);
         }
-        Ok(SecretsKey { cipher: Aes256Gcm::new_from_slice(&bytes).map_err(|_| SecretsError::BadKey)? })
+        Ok(SecretsKey {
+            cipher: Aes256Gcm::new_from_slice(&bytes).map_err(|_| SecretsError::BadKey)?,
+            derivation: <Hmac<Sha256> as Mac>::new_from_slice(&bytes).map_err(|_| SecretsError::BadKey)?,
+        })
+    }
+
+    /// A 32-byte key for one `purpose` (HMAC-SHA256 of the purpose under the secrets key): every
+    /// process holding the same `FLEET_SECRETS_KEY` derives the same subkey, and a subkey reveals
+    /// neither the secrets key nor another purpose's subkey.
+    pub fn subkey(&self, purpose: &str) -> [u8; 32] {
+        let mut mac = self.derivation.clone();
+        mac.update(b"fleet subkey\n");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
     }
 
     pub fn encrypt(&self, owner: &str, plaintext: &str) -> String {
@@ -97,6 +115,15 @@ mod tests {
         let other = SecretsKey::parse(&STANDARD.encode([7u8; 32])).unwrap();
         assert_eq!(other.decrypt("tool:a", &stored), Err(SecretsError::Undecryptable));
         assert_eq!(key.decrypt("tool:a", "garbage"), Err(SecretsError::Undecryptable));
+    }
+
+    #[test]
+    fn subkeys_are_stable_per_purpose_and_key() {
+        let key = SecretsKey::parse(KEY_HEX).unwrap();
+        assert_eq!(key.subkey("stream-token"), SecretsKey::parse(KEY_HEX).unwrap().subkey("stream-token"));
+        assert_ne!(key.subkey("stream-token"), key.subkey("other"));
+        let other = SecretsKey::parse(&STANDARD.encode([7u8; 32])).unwrap();
+        assert_ne!(key.subkey("stream-token"), other.subkey("stream-token"));
     }
 
     #[test]

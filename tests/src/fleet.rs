@@ -218,6 +218,11 @@ impl Fleet {
         status.code()
     }
 
+    /// The running dispatcher's process id.
+    pub fn dispatcher_pid(&self) -> Option<u32> {
+        self.dispatcher.as_ref().map(Child::id)
+    }
+
     pub fn worker_pid(&self, index: usize) -> u32 {
         self.workers[index].as_ref().expect("worker running").child.id()
     }

@@ -9,6 +9,7 @@ pub mod proxy;
 pub mod receiver;
 pub mod redis_instance;
 pub mod schedule;
+pub mod sse;
 pub mod tls;
 pub mod turn;
 

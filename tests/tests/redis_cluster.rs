@@ -9,7 +9,11 @@ use serde_json::json;
 use fleet_tests::{spawn_fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_cluster_test_secret";
-const CLUSTER: &str = "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002";
+/// The cluster's seed nodes (`FLEET_TEST_REDIS_CLUSTER_URL` names another cluster).
+fn cluster() -> String {
+    std::env::var("FLEET_TEST_REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002".into())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callback_pipeline_runs_on_redis_cluster() {
@@ -24,7 +28,7 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
     })
     .await;
     let fleet = spawn_fleet(
-        FleetOptions::default().workers(2).env("FLEET_REDIS_URL", CLUSTER).env("FLEET_RETRY_DELAYS", "0.2,0.4"),
+        FleetOptions::default().workers(2).env("FLEET_REDIS_URL", &cluster()).env("FLEET_RETRY_DELAYS", "0.2,0.4"),
     )
     .await;
     fleet.register_tool("clustered", &receiver.url("/c"), SECRET).await;
@@ -57,8 +61,8 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
 
     // The idempotency keys really are spread over the cluster's masters.
     let mut holding = 0;
-    for port in [7000, 7001, 7002] {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    for node in cluster().split(',') {
+        let client = redis::Client::open(node).unwrap();
         let mut con = client.get_multiplexed_async_connection().await.unwrap();
         let keys: Vec<String> =
             redis::cmd("KEYS").arg(format!("{}idempotency:*", fleet.key_prefix)).query_async(&mut con).await.unwrap();
@@ -90,7 +94,7 @@ async fn a_session_id_with_braces_runs_on_redis_cluster() {
     use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
 
     let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
-    let mut options = llm_fleet(&llm).env("FLEET_REDIS_URL", CLUSTER);
+    let mut options = llm_fleet(&llm).env("FLEET_REDIS_URL", &cluster());
     options.capture_logs = true;
     let fleet = spawn_fleet(options).await;
     let mut ids = Vec::new();
@@ -113,4 +117,49 @@ async fn a_session_id_with_braces_runs_on_redis_cluster() {
         }
     }
     assert_eq!(llm.requests().len(), ids.len(), "one model call per turn");
+}
+
+/// Session streams on the cluster: events appended on whichever master holds each session's slot
+/// are announced to the dispatcher's one subscription, and each stream gets its own session's
+/// turn, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_streams_deliver_turns_on_redis_cluster() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::sse::{open_stream, SseReader};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+
+    let llm = MockLlm::start(|_, _| LlmReply::text("clustered stream reply")).await;
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &cluster())).await;
+    let http = reqwest::Client::new();
+    let sessions = ["s_cl_a", "s_cl_b", "s_cl_c", "s_cl_d", "s_cl_e", "s_cl_f"];
+    let mut readers = Vec::new();
+    for session in sessions {
+        let mut reader = SseReader::new(open_stream(&http, &fleet, session, "", &[]).await);
+        reader.opened(Duration::from_secs(10)).await;
+        readers.push(reader);
+    }
+    let mut ids = Vec::new();
+    for session in sessions {
+        ids.push(post_turn(&fleet, &turn_body(session, "hi", &[])).await);
+    }
+    for ((reader, id), session) in readers.iter_mut().zip(&ids).zip(sessions) {
+        let frames = reader.until_done(Duration::from_secs(30)).await;
+        let tokens: String =
+            frames.iter().filter(|f| f.event == "token").map(|f| f.data["token"].as_str().unwrap()).collect();
+        assert_eq!(tokens, "clustered stream reply", "{session}: {frames:?}");
+        fleet.wait_status(id, "succeeded", Duration::from_secs(20)).await;
+    }
+    // The sessions' event streams really are on several masters, not only the subscriber's.
+    let mut holding = 0;
+    for node in cluster().split(',') {
+        let client = redis::Client::open(node).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}session:*:events", fleet.key_prefix))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        holding += usize::from(!keys.is_empty());
+    }
+    assert!(holding >= 2, "event streams on {holding} master(s)");
 }

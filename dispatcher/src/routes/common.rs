@@ -24,7 +24,13 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let Some(token) = token else { return ApiError::unauthorized().into_response() };
+    let Some(token) = token else {
+        // Only a session stream accepts a (stream) token in its query string instead.
+        return match crate::stream::admit_by_stream_token(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(refused) => refused.into_response(),
+        };
+    };
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     // Digests are compared, so timing reveals nothing about the tokens themselves.
     let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {

@@ -35,6 +35,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(tool_calls::create_tool_call))
         .routes(routes!(turns::create_turn))
         .routes(routes!(stream::stream_session))
+        .routes(routes!(stream::create_stream_token))
         .routes(routes!(sessions::list_messages))
         .routes(routes!(sessions::delete_session))
         .routes(routes!(webhooks::list_webhooks))

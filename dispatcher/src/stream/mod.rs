@@ -1,0 +1,106 @@
+//! The session's SSE stream, `GET /v1/sessions/{id}/stream`, and the short-lived stream tokens
+//! (`POST /v1/sessions/{id}/stream-token`) that let a browser's `EventSource`, which cannot send an
+//! `Authorization` header, open it with `?token=`. No other route accepts a token in the query.
+//!
+//! Events come from one reader per session shared by all its listeners (`hub.rs`), woken by the
+//! announcement of each appended event: no stream polls Redis.
+
+mod hub;
+mod listener;
+mod request;
+
+use std::collections::HashMap;
+
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, RequestPartsExt};
+use serde_json::{json, Value};
+
+use fleet_platform::now_ms;
+use fleet_protocol::stream_token::{self, TOKEN_TTL_MS};
+use fleet_protocol::timefmt::rfc3339_from_millis;
+
+use crate::error::ApiError;
+use crate::{validate, AppState};
+
+pub use hub::StreamHub;
+use listener::Listener;
+use request::{Start, StreamId};
+
+/// The route a stream token opens, as the router names it.
+const STREAM_ROUTE: &str = "/v1/sessions/{id}/stream";
+/// What the stream-token key is derived for from `FLEET_SECRETS_KEY`.
+const TOKEN_KEY_PURPOSE: &str = "stream-token";
+
+/// `GET /v1/sessions/{id}/stream`: the session's events as SSE in the seed's wire format, from
+/// `Last-Event-ID` / `?last_event_id=` (within the retained window), from the window's start
+/// (`?since=start`) or from now; `?until=done` ends it after the next `done` event.
+pub(crate) async fn serve(
+    state: &AppState,
+    session_id: String,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    validate::identifier("session id", Some(&session_id))?;
+    let header = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| ApiError::malformed("Last-Event-ID is not text"))?),
+    };
+    let wanted = request::parse(header, query).map_err(ApiError::malformed)?;
+    let subscription = state.streams.join(&session_id).await?;
+    let after = match wanted.start {
+        Start::After(id) => id,
+        Start::Beginning => StreamId::ZERO,
+        Start::Now => StreamId::parse(&state.store.last_event_id(&session_id).await?).unwrap_or(StreamId::ZERO),
+    };
+    let backlog = state.streams.read_after(&session_id, after).await?;
+    let listener = Listener::new(state.streams.clone(), session_id, subscription, after, wanted.until_done);
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            // Proxies that buffer responses (nginx) would hold the events back.
+            (header::HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no")),
+            // A page on another origin reads the stream with a token: the token is the credential,
+            // no cookie is involved, so any origin may.
+            (header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*")),
+        ],
+        listener.into_body(backlog),
+    )
+        .into_response())
+}
+
+/// `POST /v1/sessions/{id}/stream-token`: a token that opens this session's stream (and nothing
+/// else) for 60 seconds; a stream opened with it stays open past that.
+pub(crate) async fn create_stream_token(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    validate::identifier("session id", Some(&session_id))?;
+    let expires_at_ms = now_ms() + TOKEN_TTL_MS;
+    let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
+    let token = stream_token::sign(&key, &session_id, expires_at_ms);
+    Ok(Json(json!({"data": {
+        "token": token,
+        "session_id": session_id,
+        "expires_at": rfc3339_from_millis(expires_at_ms),
+        "expires_in": TOKEN_TTL_MS / 1000,
+    }})))
+}
+
+/// Authenticates a request that has no `Authorization` header by its `?token=`: only a stream
+/// request, only with a valid, unexpired token for that request's session.
+pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) -> Result<Request, ApiError> {
+    let on_stream_route = request.extensions().get::<MatchedPath>().is_some_and(|p| p.as_str() == STREAM_ROUTE);
+    let token = request.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
+    });
+    let (Some(token), true) = (token, on_stream_route) else { return Err(ApiError::unauthorized()) };
+    let (mut parts, body) = request.into_parts();
+    let Path(session_id) = parts.extract::<Path<String>>().await.map_err(|e| ApiError::malformed(e.body_text()))?;
+    let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
+    stream_token::verify(&key, &token, &session_id, now_ms())
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()))?;
+    Ok(Request::from_parts(parts, body))
+}
