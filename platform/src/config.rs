@@ -232,7 +232,10 @@ impl LlmRouting {
         }
         let default_model = src.string("FLEET_LLM_DEFAULT_MODEL", "gpt-4o");
         if default_model.len() > 256 || default_model.chars().any(char::is_control) {
-            return Err(ConfigError::new("FLEET_LLM_DEFAULT_MODEL", "must be 1-256 characters without control characters"));
+            return Err(ConfigError::new(
+                "FLEET_LLM_DEFAULT_MODEL",
+                "must be 1-256 characters without control characters",
+            ));
         }
         let providers = match src.get("FLEET_LLM_PROVIDERS") {
             None => Default::default(),
@@ -380,11 +383,9 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(routing.setting, "FLEET_LLM_PROVIDERS", "b's fallback names no provider");
-        let routing = LlmRouting::load(&Source::from_pairs([
-            ("FLEET_LLM_PROVIDERS", raw),
-            ("FLEET_LLM_FALLBACK_PROVIDER", "b"),
-        ]))
-        .unwrap();
+        let routing =
+            LlmRouting::load(&Source::from_pairs([("FLEET_LLM_PROVIDERS", raw), ("FLEET_LLM_FALLBACK_PROVIDER", "b")]))
+                .unwrap();
         assert!(routing.knows("b") && routing.knows("openai") && !routing.knows("c"));
         assert_eq!((routing.fallback_of("openai"), routing.fallback_of("b")), (Some("b"), Some("openai")));
         assert_eq!(routing.providers["b"].api_key_env.as_deref(), Some("B_KEY"));

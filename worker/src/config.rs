@@ -170,7 +170,8 @@ mod tests {
 
     #[test]
     fn every_provider_gets_its_key_from_the_setting_it_names() {
-        let providers = r#"{"b": {"base_url": "http://127.0.0.1:2/v1", "api_key_env": "B_KEY"}, "c": {"base_url": "http://c/v1"}}"#;
+        let providers =
+            r#"{"b": {"base_url": "http://127.0.0.1:2/v1", "api_key_env": "B_KEY"}, "c": {"base_url": "http://c/v1"}}"#;
         let pairs = [
             ("FLEET_SECRETS_KEY", KEY),
             ("FLEET_LLM_BASE_URL", "http://127.0.0.1:1/v1"),

@@ -2,7 +2,7 @@
 //! tokens streamed to the session under this attempt's message id, the claim renewed throughout
 //! (a model may think longer than the lease), and the attempt recorded like a callback attempt.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -48,10 +48,9 @@ pub(super) async fn call(
     let traceparent = fleet_platform::telemetry::http_headers(&span);
     let started_ms = now_ms();
     let clock = Instant::now();
-    let index = Cell::new(0u64);
+    let index = AtomicU64::new(0);
     let on_token = |token: String| {
-        let event = turn::token_event(&token, index.get(), &message_id);
-        index.set(index.get() + 1);
+        let event = turn::token_event(&token, index.fetch_add(1, Ordering::Relaxed), &message_id);
         emit(p, &session, event)
     };
     let streamed = complete_with_fallback(p, provider.as_deref(), request, traceparent, &index, &on_token);
@@ -102,7 +101,7 @@ async fn complete_with_fallback<F, Fut>(
     provider: Option<&str>,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
-    streamed: &Cell<u64>,
+    streamed: &AtomicU64,
     on_token: F,
 ) -> Result<Completion, LlmError>
 where
@@ -114,7 +113,7 @@ where
     let first = client.complete(request, traceparent, &on_token).await;
     let Some((fallback, request, traceparent)) = fallback else { return first };
     match first {
-        Err(LlmError::Retryable { message, .. }) if streamed.get() == 0 => {
+        Err(LlmError::Retryable { message, .. }) if streamed.load(Ordering::Relaxed) == 0 => {
             tracing::warn!(provider = name, fallback, error = %message, "model provider failed; trying its fallback");
             let (_, client) = p.llm.get(Some(fallback))?;
             client.complete(request, traceparent, &on_token).await
