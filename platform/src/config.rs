@@ -133,6 +133,9 @@ pub struct CommonConfig {
     pub dead_letter_retention: Retention,
     /// Trusted roots and client certificate for `rediss://`, `amqps://` and HTTPS.
     pub tls: crate::tls::ClientTls,
+    /// The model providers a turn may name, and the defaults of a turn's `model_config`: the
+    /// dispatcher refuses an unknown provider, the worker calls the named one.
+    pub llm: LlmRouting,
 }
 
 impl CommonConfig {
@@ -189,8 +192,119 @@ impl CommonConfig {
             publish_timeout: src.seconds("FLEET_PUBLISH_TIMEOUT", Duration::from_secs(5))?,
             dead_letter_retention: dead_letter_retention(src)?,
             tls: crate::tls::ClientTls::load(src)?,
+            llm: LlmRouting::load(src)?,
         })
     }
+}
+
+/// A provider of `FLEET_LLM_PROVIDERS`: where it is, which setting holds its key (the key itself
+/// is read by the worker only, and never travels in a turn's state or an AMQP message), and the
+/// provider tried next when it fails with a retryable error.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSpec {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub fallback: Option<String>,
+}
+
+/// Which providers and model a turn may use, and what it gets when its `model_config` is silent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmRouting {
+    /// The name of the provider at `FLEET_LLM_BASE_URL` (`FLEET_LLM_DEFAULT_PROVIDER`, default
+    /// `openai` as in the seed): used when a turn names none.
+    pub default_provider: String,
+    /// `FLEET_LLM_DEFAULT_MODEL` (default `gpt-4o`, the seed's).
+    pub default_model: String,
+    /// The further providers of `FLEET_LLM_PROVIDERS`, by name.
+    pub providers: std::collections::BTreeMap<String, ProviderSpec>,
+    /// The default provider's fallback (`FLEET_LLM_FALLBACK_PROVIDER`).
+    pub default_fallback: Option<String>,
+}
+
+impl LlmRouting {
+    pub fn load(src: &Source) -> Result<Self, ConfigError> {
+        let default_provider = src.string("FLEET_LLM_DEFAULT_PROVIDER", "openai");
+        if !is_provider_name(&default_provider) {
+            return Err(ConfigError::new("FLEET_LLM_DEFAULT_PROVIDER", PROVIDER_NAME_RULE));
+        }
+        let default_model = src.string("FLEET_LLM_DEFAULT_MODEL", "gpt-4o");
+        if default_model.len() > 256 || default_model.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "FLEET_LLM_DEFAULT_MODEL",
+                "must be 1-256 characters without control characters",
+            ));
+        }
+        let providers = match src.get("FLEET_LLM_PROVIDERS") {
+            None => Default::default(),
+            Some(raw) => parse_providers(raw, &default_provider)
+                .map_err(|problem| ConfigError::new("FLEET_LLM_PROVIDERS", problem))?,
+        };
+        let routing = LlmRouting {
+            default_provider,
+            default_model,
+            providers,
+            default_fallback: src.get("FLEET_LLM_FALLBACK_PROVIDER").map(str::to_string),
+        };
+        if let Some(name) = &routing.default_fallback {
+            if !routing.knows(name) || *name == routing.default_provider {
+                return Err(ConfigError::new("FLEET_LLM_FALLBACK_PROVIDER", "must name another configured provider"));
+            }
+        }
+        Ok(routing)
+    }
+
+    /// Whether a turn may name `provider`.
+    pub fn knows(&self, provider: &str) -> bool {
+        provider == self.default_provider || self.providers.contains_key(provider)
+    }
+
+    /// Every provider name, the default first.
+    pub fn names(&self) -> Vec<&str> {
+        std::iter::once(self.default_provider.as_str()).chain(self.providers.keys().map(String::as_str)).collect()
+    }
+
+    /// The provider tried after `provider` fails with a retryable error, if any.
+    pub fn fallback_of(&self, provider: &str) -> Option<&str> {
+        if provider == self.default_provider {
+            return self.default_fallback.as_deref();
+        }
+        self.providers.get(provider)?.fallback.as_deref()
+    }
+}
+
+const PROVIDER_NAME_RULE: &str = "a provider name is 1-64 letters, digits, '.', '_' or '-'";
+
+fn is_provider_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// `FLEET_LLM_PROVIDERS`: `{"name": {"base_url": "https://…/v1", "api_key_env": "SETTING", "fallback": "other"}}`.
+fn parse_providers(
+    raw: &str,
+    default_provider: &str,
+) -> Result<std::collections::BTreeMap<String, ProviderSpec>, String> {
+    let providers: std::collections::BTreeMap<String, ProviderSpec> =
+        serde_json::from_str(raw).map_err(|e| format!("must be a JSON object of providers: {e}"))?;
+    for (name, spec) in &providers {
+        if !is_provider_name(name) {
+            return Err(format!("{name:?}: {PROVIDER_NAME_RULE}"));
+        }
+        if name == default_provider {
+            return Err(format!("{name:?} is the default provider's name (FLEET_LLM_BASE_URL)"));
+        }
+        if !spec.base_url.starts_with("http://") && !spec.base_url.starts_with("https://") {
+            return Err(format!("{name}.base_url must be an http(s) URL"));
+        }
+        if let Some(fallback) = &spec.fallback {
+            if fallback == name || (fallback != default_provider && !providers.contains_key(fallback)) {
+                return Err(format!("{name}.fallback must name another configured provider"));
+            }
+        }
+    }
+    Ok(providers)
 }
 
 /// `FLEET_DEAD_LETTER_RETENTION` (seconds, default 30 days) and `FLEET_DEAD_LETTER_MAX` (default 100,000).
@@ -254,6 +368,35 @@ mod tests {
         assert_eq!(bad("FLEET_DEAD_LETTER_MAX", "many"), "FLEET_DEAD_LETTER_MAX");
         let e = secrets_key(&Source::default()).unwrap_err();
         assert_eq!(e.to_string(), "configuration error: FLEET_SECRETS_KEY: is required but not set");
+    }
+
+    #[test]
+    fn providers_are_named_and_checked() {
+        let routing = LlmRouting::load(&Source::default()).unwrap();
+        assert_eq!((routing.default_provider.as_str(), routing.default_model.as_str()), ("openai", "gpt-4o"));
+        assert_eq!(routing.names(), ["openai"]);
+        let raw = r#"{"b": {"base_url": "http://127.0.0.1:1/v1", "api_key_env": "B_KEY", "fallback": "openai"}}"#;
+        let routing = LlmRouting::load(&Source::from_pairs([
+            ("FLEET_LLM_PROVIDERS", raw),
+            ("FLEET_LLM_DEFAULT_PROVIDER", "a"),
+            ("FLEET_LLM_FALLBACK_PROVIDER", "b"),
+        ]))
+        .unwrap_err();
+        assert_eq!(routing.setting, "FLEET_LLM_PROVIDERS", "b's fallback names no provider");
+        let routing =
+            LlmRouting::load(&Source::from_pairs([("FLEET_LLM_PROVIDERS", raw), ("FLEET_LLM_FALLBACK_PROVIDER", "b")]))
+                .unwrap();
+        assert!(routing.knows("b") && routing.knows("openai") && !routing.knows("c"));
+        assert_eq!((routing.fallback_of("openai"), routing.fallback_of("b")), (Some("b"), Some("openai")));
+        assert_eq!(routing.providers["b"].api_key_env.as_deref(), Some("B_KEY"));
+        let bad = |raw| LlmRouting::load(&Source::from_pairs([("FLEET_LLM_PROVIDERS", raw)])).unwrap_err().setting;
+        assert_eq!(bad("[]"), "FLEET_LLM_PROVIDERS");
+        assert_eq!(bad(r#"{"openai": {"base_url": "http://x"}}"#), "FLEET_LLM_PROVIDERS");
+        assert_eq!(bad(r#"{"b": {"base_url": "ftp://x"}}"#), "FLEET_LLM_PROVIDERS");
+        assert_eq!(bad(r#"{"b c": {"base_url": "http://x"}}"#), "FLEET_LLM_PROVIDERS");
+        assert_eq!(bad(r#"{"b": {"base_url": "http://x", "api_key": "sk-inline"}}"#), "FLEET_LLM_PROVIDERS");
+        let fallback = LlmRouting::load(&Source::from_pairs([("FLEET_LLM_FALLBACK_PROVIDER", "nope")]));
+        assert_eq!(fallback.unwrap_err().setting, "FLEET_LLM_FALLBACK_PROVIDER");
     }
 
     #[test]

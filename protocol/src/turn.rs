@@ -18,12 +18,18 @@ pub enum Behavior {
     Steer,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The temperature a turn's model call uses when its `model_config` names none (the seed's).
+pub const DEFAULT_TEMPERATURE: f64 = 0.7;
+
+/// The seed's `model_config`: every field optional. The dispatcher fills `provider`, `model` and
+/// `temperature` from its settings before the turn is stored, so the turn's state says what ran.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     #[serde(default)]
     pub provider: Option<String>,
-    pub model: String,
+    #[serde(default)]
+    pub model: Option<String>,
     #[serde(default)]
     pub temperature: Option<f64>,
     /// The most tokens one model call may generate (else `FLEET_LLM_MAX_TOKENS`).
@@ -31,12 +37,26 @@ pub struct ModelConfig {
     pub max_tokens: Option<u32>,
 }
 
+/// The seed's assistant object. Its descriptive fields (`name`, `title`, `description`,
+/// `created_at`) are accepted and kept with the turn; a field the seed does not define is refused
+/// (a misspelt `instructions` or `enabled_tools` would otherwise change the turn silently).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Assistant {
+    /// The seed's `id` (`asst_…`); when absent, the seed's `name` stands for it.
+    #[serde(default)]
     pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
     #[serde(default)]
     pub instructions: String,
+    #[serde(default)]
     pub model_config: ModelConfig,
     #[serde(default)]
     pub enabled_tools: Vec<String>,
@@ -105,6 +125,30 @@ pub struct TurnInput {
 }
 
 impl TurnInput {
+    /// What a silent `model_config` and a missing `id` stand for: the id is the seed's `name`,
+    /// the provider and model are the fleet's defaults, the temperature is the seed's 0.7.
+    pub fn apply_defaults(&mut self, default_provider: &str, default_model: &str) {
+        let assistant = &mut self.assistant;
+        if assistant.id.is_empty() {
+            assistant.id = assistant.name.clone().unwrap_or_default();
+        }
+        let config = &mut assistant.model_config;
+        config.provider.get_or_insert_with(|| default_provider.to_string());
+        config.model.get_or_insert_with(|| default_model.to_string());
+        config.temperature.get_or_insert(DEFAULT_TEMPERATURE);
+    }
+
+    /// The provider must be one the fleet is configured with (`known`), never a silent fallback.
+    pub fn check_provider(&self, known: &[&str]) -> Result<(), String> {
+        match self.assistant.model_config.provider.as_deref() {
+            Some(p) if !known.contains(&p) => Err(format!(
+                "assistant.model_config.provider {p:?} is not a configured provider (configured: {})",
+                known.join(", ")
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Content checks beyond the shape; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         let ident = |field: &str, v: &str| {
@@ -115,8 +159,28 @@ impl TurnInput {
             }
         };
         ident("session_id", &self.session_id)?;
+        if self.assistant.id.is_empty() && self.assistant.name.is_none() {
+            return Err("assistant.id (or the seed's assistant.name) is required".into());
+        }
         ident("assistant.id", &self.assistant.id)?;
-        ident("assistant.model_config.model", &self.assistant.model_config.model)?;
+        for (field, value) in [("assistant.name", &self.assistant.name), ("assistant.title", &self.assistant.title)] {
+            if let Some(v) = value {
+                ident(field, v)?;
+            }
+        }
+        if self.assistant.description.as_ref().is_some_and(|d| d.len() > 4096) {
+            return Err("assistant.description is longer than 4 KiB".into());
+        }
+        if self.assistant.created_at.as_deref().is_some_and(|t| crate::timefmt::millis_from_rfc3339(t).is_none()) {
+            return Err("assistant.created_at must be an RFC 3339 time".into());
+        }
+        let config = &self.assistant.model_config;
+        if let Some(provider) = &config.provider {
+            ident("assistant.model_config.provider", provider)?;
+        }
+        if let Some(model) = &config.model {
+            ident("assistant.model_config.model", model)?;
+        }
         if let Some(t) = self.assistant.model_config.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err("assistant.model_config.temperature must be between 0 and 2".into());
@@ -281,12 +345,22 @@ impl TurnState {
 
 // ---- streaming events (the seed's Streaming Contract) ----
 
+/// Adds the base fields every event of a session carries (seed 001): the session and when the
+/// event was made (RFC 3339, UTC).
+pub fn with_base_fields(mut event: Value, session_id: &str, created_at_ms: i64) -> Value {
+    if let Some(fields) = event.as_object_mut() {
+        fields.insert("session_id".into(), json!(session_id));
+        fields.insert("created_at".into(), json!(crate::timefmt::rfc3339_from_millis(created_at_ms)));
+    }
+    event
+}
+
 pub fn token_event(token: &str, index: u64, message_id: &str) -> Value {
     json!({"type": "token", "token": token, "index": index, "message_id": message_id})
 }
 
 pub fn message_complete_event(message: &Value) -> Value {
-    json!({"type": "message_complete", "message": message})
+    json!({"type": "message_complete", "message": message, "message_id": message["id"]})
 }
 
 pub fn tool_call_event(call: &ToolCall, parameters: &Value, message_id: &str) -> Value {
@@ -707,6 +781,7 @@ mod tests {
         let state = TurnState::new(&input, "msg_1".into());
         assert_eq!(state.conversation[0].role, "system");
         assert!(state.enabled("search") && !state.enabled("other"));
+        assert_eq!(input.assistant.model_config.model.as_deref(), Some("m"));
         let mut bad = input.clone();
         bad.assistant.model_config.temperature = Some(3.0);
         assert!(bad.validate().unwrap_err().contains("temperature"));
@@ -716,6 +791,50 @@ mod tests {
         let mut bad = input;
         bad.messages[0].role = "robot".into();
         assert!(bad.validate().unwrap_err().contains("messages[0].role"));
+    }
+
+    #[test]
+    fn the_seeds_assistant_is_accepted_and_its_silences_get_defaults() {
+        let mut input: TurnInput = serde_json::from_value(json!({
+            "session_id": "s1",
+            "assistant": {"name": "support_assistant", "title": "Support Assistant", "description": "Helps users",
+                "created_at": "2026-01-20T12:00:00Z", "instructions": "be brief"},
+            "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .unwrap();
+        input.apply_defaults("openai", "gpt-4o");
+        assert_eq!(input.validate(), Ok(()));
+        assert_eq!(input.assistant.id, "support_assistant", "the seed's name stands for a missing id");
+        let config = &input.assistant.model_config;
+        assert_eq!(config.provider.as_deref(), Some("openai"));
+        assert_eq!(config.model.as_deref(), Some("gpt-4o"));
+        assert_eq!(config.temperature, Some(DEFAULT_TEMPERATURE));
+        assert_eq!(input.check_provider(&["openai"]), Ok(()));
+        let stored = serde_json::to_value(TurnState::new(&input, "m".into())).unwrap();
+        assert_eq!(stored["assistant"]["title"], "Support Assistant");
+
+        let mut named = input.clone();
+        named.assistant.model_config.provider = Some("other".into());
+        let e = named.check_provider(&["openai", "b"]).unwrap_err();
+        assert!(e.starts_with("assistant.model_config.provider"), "{e}");
+        let unknown = serde_json::from_value::<TurnInput>(
+            json!({"session_id": "s", "assistant": {"id": "a", "colour": "red"}, "messages": []}),
+        );
+        assert!(unknown.unwrap_err().to_string().contains("colour"), "a field the seed lacks is refused");
+        let mut anonymous = input;
+        anonymous.assistant.id.clear();
+        anonymous.assistant.name = None;
+        assert!(anonymous.validate().unwrap_err().contains("assistant.id"));
+    }
+
+    #[test]
+    fn events_carry_the_seeds_base_fields() {
+        let event = with_base_fields(token_event("Hi", 0, "msg_1"), "s1", 1_768_910_400_000);
+        assert_eq!(event["session_id"], "s1");
+        assert_eq!(event["created_at"], "2026-01-20T12:00:00.000Z");
+        assert_eq!((event["type"].as_str(), event["message_id"].as_str()), (Some("token"), Some("msg_1")));
+        let complete = message_complete_event(&json!({"id": "msg_1", "content": "Hi"}));
+        assert_eq!(complete["message_id"], "msg_1");
     }
 
     #[test]

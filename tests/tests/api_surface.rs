@@ -20,6 +20,7 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::POST, "/v1/tool-calls", "calls:write", Some(json!({"tool_name": "nope", "parameters": {}}))),
         (Method::POST, "/v1/turns", "turns:write", Some(json!({"session_id": "s"}))),
         (Method::GET, "/v1/sessions/s1/stream", "sessions:read", None),
+        (Method::POST, "/v1/sessions/s1/stream-token", "sessions:read", None),
         (Method::GET, "/v1/sessions/s1/messages", "sessions:read", None),
         (Method::DELETE, "/v1/sessions/s1", "sessions:write", None),
         (Method::GET, "/v1/executions/exec_1", "executions:read", None),

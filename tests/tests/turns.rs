@@ -316,10 +316,11 @@ async fn malformed_turns_get_a_4xx_naming_the_field() {
     b["messages"][0]["content"] = json!(42);
     let (s, r) = fleet.post("/v1/turns", &b).await;
     check(422, "messages[0].content", s, r);
+    // A missing model is the fleet's default (tests/tests/turn_inputs.rs); an empty one is refused.
     let mut b = ok;
-    b["assistant"]["model_config"].as_object_mut().unwrap().remove("model");
+    b["assistant"]["model_config"]["model"] = json!("");
     let (s, r) = fleet.post("/v1/turns", &b).await;
-    check(422, "model", s, r);
+    check(422, "assistant.model_config.model", s, r);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

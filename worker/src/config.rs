@@ -24,9 +24,10 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Liveness fails after this long without consumers while jobs wait.
     pub liveness_grace: Duration,
-    /// OpenAI-compatible endpoint for agent turns (`…/v1`), its key, and the per-call timeout.
-    pub llm_base_url: Option<String>,
-    pub llm_api_key: Option<String>,
+    /// Every OpenAI-compatible endpoint (`…/v1`) a turn may name, with its key: the default
+    /// (`FLEET_LLM_BASE_URL`, `FLEET_LLM_API_KEY`) first, then `FLEET_LLM_PROVIDERS`'. And the
+    /// per-call timeout.
+    pub llm_providers: Vec<ProviderEndpoint>,
     pub llm_timeout: Duration,
     /// `max_tokens` sent when the assistant's `model_config` names none.
     pub llm_max_tokens: u32,
@@ -48,6 +49,43 @@ pub struct WorkerConfig {
     pub registry_cache_ttl: Duration,
     /// Names this worker in claims and logs.
     pub worker_id: String,
+}
+
+/// Where a provider is and the key it is called with.
+#[derive(Clone, PartialEq)]
+pub struct ProviderEndpoint {
+    pub name: String,
+    /// None for the default provider without `FLEET_LLM_BASE_URL`: its calls fail for good.
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for ProviderEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is never printed.
+        f.debug_struct("ProviderEndpoint").field("name", &self.name).field("base_url", &self.base_url).finish()
+    }
+}
+
+/// The default provider and those of `FLEET_LLM_PROVIDERS`, each key read from the setting its
+/// `api_key_env` names (a named setting that is not set is an error naming it).
+fn provider_endpoints(
+    src: &Source,
+    common: &CommonConfig,
+    base_url: Option<String>,
+    api_key: Option<String>,
+) -> Result<Vec<ProviderEndpoint>, ConfigError> {
+    let mut endpoints = vec![ProviderEndpoint { name: common.llm.default_provider.clone(), base_url, api_key }];
+    for (name, spec) in &common.llm.providers {
+        let api_key = match &spec.api_key_env {
+            None => None,
+            Some(setting) => Some(src.get(setting).map(str::to_string).ok_or_else(|| {
+                ConfigError::new(setting, format!("is named by FLEET_LLM_PROVIDERS ({name}.api_key_env) but not set"))
+            })?),
+        };
+        endpoints.push(ProviderEndpoint { name: name.clone(), base_url: Some(spec.base_url.clone()), api_key });
+    }
+    Ok(endpoints)
 }
 
 impl WorkerConfig {
@@ -79,8 +117,16 @@ impl WorkerConfig {
             return Err(ConfigError::new("FLEET_SESSION_HISTORY_MAX_BYTES", "must be at least 1024"));
         }
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+        let common = CommonConfig::load(src)?;
+        let llm_base_url = match src.get("FLEET_LLM_BASE_URL") {
+            Some(u) if u.starts_with("http://") || u.starts_with("https://") => Some(u.to_string()),
+            Some(_) => return Err(ConfigError::new("FLEET_LLM_BASE_URL", "must be an http(s) URL")),
+            None => None,
+        };
+        let llm_api_key = src.get("FLEET_LLM_API_KEY").map(str::to_string);
         Ok(WorkerConfig {
-            common: CommonConfig::load(src)?,
+            llm_providers: provider_endpoints(src, &common, llm_base_url, llm_api_key)?,
+            common,
             http_addr: socket_addr(src, "FLEET_WORKER_HTTP_ADDR", "127.0.0.1:9090")?,
             concurrency,
             secrets_key: fleet_platform::config::secrets_key(src)?,
@@ -91,12 +137,6 @@ impl WorkerConfig {
             async_poll_limit: src.seconds("FLEET_ASYNC_POLL_LIMIT", Duration::from_secs(ASYNC_POLL_LIMIT_SECS))?,
             shutdown_grace: src.seconds("FLEET_SHUTDOWN_GRACE", Duration::from_secs(25))?,
             liveness_grace: src.seconds("FLEET_LIVENESS_GRACE", Duration::from_secs(60))?,
-            llm_base_url: match src.get("FLEET_LLM_BASE_URL") {
-                Some(u) if u.starts_with("http://") || u.starts_with("https://") => Some(u.to_string()),
-                Some(_) => return Err(ConfigError::new("FLEET_LLM_BASE_URL", "must be an http(s) URL")),
-                None => None,
-            },
-            llm_api_key: src.get("FLEET_LLM_API_KEY").map(str::to_string),
             llm_timeout: src.seconds("FLEET_LLM_TIMEOUT", Duration::from_secs(120))?,
             llm_max_tokens: src.parse("FLEET_LLM_MAX_TOKENS", 4096)?,
             llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
@@ -126,6 +166,24 @@ mod tests {
         assert!(!c.allow_private_callbacks);
         assert_eq!(c.tool_result_max_bytes, 65536);
         assert_eq!((c.history_max_messages, c.history_max_bytes), (100, 256 * 1024));
+    }
+
+    #[test]
+    fn every_provider_gets_its_key_from_the_setting_it_names() {
+        let providers =
+            r#"{"b": {"base_url": "http://127.0.0.1:2/v1", "api_key_env": "B_KEY"}, "c": {"base_url": "http://c/v1"}}"#;
+        let pairs = [
+            ("FLEET_SECRETS_KEY", KEY),
+            ("FLEET_LLM_BASE_URL", "http://127.0.0.1:1/v1"),
+            ("FLEET_LLM_API_KEY", "sk-a"),
+            ("FLEET_LLM_PROVIDERS", providers),
+        ];
+        let missing = WorkerConfig::load(&Source::from_pairs(pairs)).unwrap_err();
+        assert_eq!(missing.setting, "B_KEY");
+        let c = WorkerConfig::load(&Source::from_pairs(pairs.into_iter().chain([("B_KEY", "sk-b")]))).unwrap();
+        let seen: Vec<_> = c.llm_providers.iter().map(|p| (p.name.as_str(), p.api_key.as_deref())).collect();
+        assert_eq!(seen, [("openai", Some("sk-a")), ("b", Some("sk-b")), ("c", None)]);
+        assert!(!format!("{:?}", c.llm_providers).contains("sk-b"), "keys are not printed");
     }
 
     #[test]

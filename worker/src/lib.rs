@@ -89,13 +89,7 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
 
     let processor = Arc::new(Processor {
         client: fleet_platform_client(&config),
-        llm: llm::LlmClient::new(
-            config.llm_base_url.clone(),
-            config.llm_api_key.clone(),
-            config.llm_timeout,
-            config.llm_max_response_bytes,
-            &config.common.tls,
-        ),
+        llm: llm::LlmClients::new(&config),
         targets: registry::TargetCache::new(config.registry_cache_ttl),
         config: config.clone(),
         store,

@@ -34,6 +34,55 @@ impl LlmError {
     }
 }
 
+/// A client per configured provider, by name, and where each one falls back to.
+#[derive(Clone)]
+pub struct LlmClients {
+    clients: std::collections::HashMap<String, LlmClient>,
+    routing: fleet_platform::config::LlmRouting,
+}
+
+impl LlmClients {
+    pub fn new(config: &crate::config::WorkerConfig) -> Self {
+        let clients = config
+            .llm_providers
+            .iter()
+            .map(|p| {
+                let client = LlmClient::new(
+                    p.base_url.clone(),
+                    p.api_key.clone(),
+                    config.llm_timeout,
+                    config.llm_max_response_bytes,
+                    &config.common.tls,
+                );
+                (p.name.clone(), client)
+            })
+            .collect();
+        LlmClients { clients, routing: config.common.llm.clone() }
+    }
+
+    /// The named provider's client (a turn's state naming none means the default provider).
+    pub fn get(&self, provider: Option<&str>) -> Result<(&str, &LlmClient), LlmError> {
+        let name = provider.unwrap_or(&self.routing.default_provider);
+        match self.clients.get_key_value(name) {
+            Some((name, client)) => Ok((name.as_str(), client)),
+            None => Err(LlmError::Permanent {
+                status: None,
+                message: format!("the provider {name:?} is not configured on this worker (FLEET_LLM_PROVIDERS)"),
+            }),
+        }
+    }
+
+    /// The provider tried once more, within the same attempt, after `provider` failed retryably.
+    pub fn fallback_of(&self, provider: &str) -> Option<&str> {
+        self.routing.fallback_of(provider)
+    }
+
+    /// The model a turn's state naming none runs (states stored before the dispatcher filled it).
+    pub fn default_model(&self) -> &str {
+        &self.routing.default_model
+    }
+}
+
 #[derive(Clone)]
 pub struct LlmClient {
     http: reqwest::Client,
@@ -44,6 +93,7 @@ pub struct LlmClient {
 }
 
 /// One model call's request.
+#[derive(Clone)]
 pub struct ChatRequest<'a> {
     pub model: &'a str,
     pub temperature: Option<f64>,

@@ -29,7 +29,7 @@ pub struct Processor {
     pub store: Store,
     pub metrics: Metrics,
     pub client: crate::http::CallbackClient,
-    pub llm: crate::llm::LlmClient,
+    pub llm: crate::llm::LlmClients,
     pub targets: crate::registry::TargetCache,
 }
 

@@ -206,9 +206,19 @@ pub(crate) struct TurnRequest {
 #[schema(as = Assistant)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AssistantDoc {
-    pub id: String,
+    /// 1-256 characters; when absent, `name` stands for it (one of the two is required).
+    pub id: Option<String>,
+    /// The seed's assistant name (kept with the turn).
+    pub name: Option<String>,
+    /// The seed's display name (kept with the turn).
+    pub title: Option<String>,
+    /// The seed's description, at most 4 KiB (kept with the turn).
+    pub description: Option<String>,
+    /// The seed's creation time (RFC 3339), as an assistant object returned by the seed's API carries it.
+    pub created_at: Option<String>,
     pub instructions: Option<String>,
-    pub model_config: ModelConfigDoc,
+    /// Every field optional: the fleet's defaults apply.
+    pub model_config: Option<ModelConfigDoc>,
     /// Names of the tools the model may call.
     pub enabled_tools: Option<Vec<String>>,
 }
@@ -217,9 +227,12 @@ pub(crate) struct AssistantDoc {
 #[schema(as = ModelConfig)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ModelConfigDoc {
+    /// A configured provider (`FLEET_LLM_DEFAULT_PROVIDER`, default `openai`, or a name in
+    /// `FLEET_LLM_PROVIDERS`); an unknown one is a 422. Default: `FLEET_LLM_DEFAULT_PROVIDER`.
     pub provider: Option<String>,
-    pub model: String,
-    /// 0-2.
+    /// Default: `FLEET_LLM_DEFAULT_MODEL` (`gpt-4o`).
+    pub model: Option<String>,
+    /// 0-2; default 0.7.
     pub temperature: Option<f64>,
     /// 1-1000000.
     pub max_tokens: Option<u32>,
@@ -281,7 +294,7 @@ pub(crate) struct Execution {
     /// The tool's answer once succeeded.
     pub result: Option<Value>,
     pub last_error: Option<String>,
-    /// A turn's rounds, tool calls, final message and usage (turns only).
+    /// A turn's model config (defaults applied), rounds, tool calls, final message and usage (turns only).
     pub turn: Option<Map<String, Value>>,
 }
 

@@ -34,8 +34,13 @@ pub(crate) async fn create_turn(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
-    let input: TurnInput = validate::parse_body(&body)?;
+    let mut input: TurnInput = validate::parse_body(&body)?;
+    // The defaults are applied here, before the turn is stored: its state says which provider,
+    // model and temperature run it, whatever the worker's settings.
+    let routing = &state.config.common.llm;
+    input.apply_defaults(&routing.default_provider, &routing.default_model);
     input.validate().map_err(ApiError::invalid)?;
+    input.check_provider(&routing.names()).map_err(ApiError::invalid)?;
     let idempotency_key = request_key(&state, &caller, &headers)?;
     let canonical: Value = serde_json::from_slice(&body).map_err(|e| ApiError::malformed(e.to_string()))?;
     submit(&state, idempotency_key, &headers, NewTurn { input, canonical }).await
@@ -102,12 +107,14 @@ fn turn_digest(canonical: &Value) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The turn's part of `GET /v1/executions/{id}`: rounds, tool calls, final message.
+/// The turn's part of `GET /v1/executions/{id}`: model config, rounds, tool calls, final message.
 pub(crate) async fn turn_summary(state: &AppState, execution_id: &str) -> Result<Option<Value>, ApiError> {
     Ok(state.store.load_turn(execution_id).await?.map(|t| {
         json!({
             "session_id": t.session_id,
             "message_id": t.message_id,
+            // The provider, model and temperature the turn runs with, its defaults applied.
+            "model_config": t.assistant.model_config,
             "rounds": t.round,
             "tool_calls": t.tool_calls,
             "final_message": t.final_message,

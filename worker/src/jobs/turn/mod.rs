@@ -69,9 +69,10 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
     }
 }
 
-/// Appends an event to the session's stream (best effort: the stream is a view, the record is
-/// the truth).
+/// Appends an event to the session's stream, with the seed's base fields (`session_id`,
+/// `created_at`); best effort: the stream is a view, the record is the truth.
 pub(super) async fn emit(p: &Processor, session_id: &str, event: Value) {
+    let event = turn::with_base_fields(event, session_id, now_ms());
     if let Err(e) = p.store.publish_event(session_id, &event).await {
         tracing::warn!(error = %e, "cannot publish a stream event");
     }

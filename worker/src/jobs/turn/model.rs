@@ -2,6 +2,7 @@
 //! tokens streamed to the session under this attempt's message id, the claim renewed throughout
 //! (a model may think longer than the lease), and the attempt recorded like a callback attempt.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -28,11 +29,13 @@ pub(super) async fn call(
     held: &Held,
 ) -> Result<Completion, Outcome> {
     let turn_id = &envelope.execution_id;
-    let model = state.assistant.model_config.model.clone();
+    let config = &state.assistant.model_config;
+    let model = config.model.clone().unwrap_or_else(|| p.llm.default_model().to_string());
+    let provider = config.provider.clone();
     let request = ChatRequest {
         model: &model,
-        temperature: state.assistant.model_config.temperature,
-        max_tokens: state.assistant.model_config.max_tokens.unwrap_or(p.config.llm_max_tokens),
+        temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
+        max_tokens: config.max_tokens.unwrap_or(p.config.llm_max_tokens),
         messages: state.conversation.iter().map(Message::to_openai).collect(),
         tools: tool_specs(p, state).await,
     };
@@ -45,12 +48,12 @@ pub(super) async fn call(
     let traceparent = fleet_platform::telemetry::http_headers(&span);
     let started_ms = now_ms();
     let clock = Instant::now();
-    let mut index = 0u64;
-    let streamed = p.llm.complete(request, traceparent, |token| {
-        let event = turn::token_event(&token, index, &message_id);
-        index += 1;
+    let index = AtomicU64::new(0);
+    let on_token = |token: String| {
+        let event = turn::token_event(&token, index.fetch_add(1, Ordering::Relaxed), &message_id);
         emit(p, &session, event)
-    });
+    };
+    let streamed = complete_with_fallback(p, provider.as_deref(), request, traceparent, &index, &on_token);
     let Some(result) = renewing(p, held, true, streamed.instrument(span)).await else {
         return Err(Outcome::Fenced);
     };
@@ -89,6 +92,34 @@ pub(super) async fn call(
         return Err(Outcome::Fenced);
     }
     Ok(completion)
+}
+
+/// Calls the turn's provider; after a retryable failure before any token streamed (`streamed`
+/// still 0), its fallback provider once, within the same attempt and under the same message id.
+async fn complete_with_fallback<F, Fut>(
+    p: &Processor,
+    provider: Option<&str>,
+    request: ChatRequest<'_>,
+    traceparent: Vec<(String, String)>,
+    streamed: &AtomicU64,
+    on_token: F,
+) -> Result<Completion, LlmError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (name, client) = p.llm.get(provider)?;
+    let fallback = p.llm.fallback_of(name).map(|f| (f, request.clone(), traceparent.clone()));
+    let first = client.complete(request, traceparent, &on_token).await;
+    let Some((fallback, request, traceparent)) = fallback else { return first };
+    match first {
+        Err(LlmError::Retryable { message, .. }) if streamed.load(Ordering::Relaxed) == 0 => {
+            tracing::warn!(provider = name, fallback, error = %message, "model provider failed; trying its fallback");
+            let (_, client) = p.llm.get(Some(fallback))?;
+            client.complete(request, traceparent, &on_token).await
+        }
+        other => other,
+    }
 }
 
 fn attempt_record(
