@@ -13,6 +13,7 @@ pub enum Scope {
     SessionsRead,
     SessionsWrite,
     ExecutionsRead,
+    ExecutionsWrite,
     DeadLettersRead,
     DeadLettersAdmin,
     WebhooksRead,
@@ -20,7 +21,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub const ALL: [Scope; 11] = [
+    pub const ALL: [Scope; 12] = [
         Scope::ToolsRead,
         Scope::ToolsWrite,
         Scope::CallsWrite,
@@ -28,6 +29,7 @@ impl Scope {
         Scope::SessionsRead,
         Scope::SessionsWrite,
         Scope::ExecutionsRead,
+        Scope::ExecutionsWrite,
         Scope::DeadLettersRead,
         Scope::DeadLettersAdmin,
         Scope::WebhooksRead,
@@ -43,6 +45,7 @@ impl Scope {
             Scope::SessionsRead => "sessions:read",
             Scope::SessionsWrite => "sessions:write",
             Scope::ExecutionsRead => "executions:read",
+            Scope::ExecutionsWrite => "executions:write",
             Scope::DeadLettersRead => "dead_letters:read",
             Scope::DeadLettersAdmin => "dead_letters:admin",
             Scope::WebhooksRead => "webhooks:read",
@@ -108,6 +111,7 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         }
         "/v1/sessions/{id}" => Scope::SessionsWrite,
         "/v1/executions/{id}" => Scope::ExecutionsRead,
+        "/v1/executions/{id}/cancel" => Scope::ExecutionsWrite,
         "/v1/dead-letters" | "/v1/dead-letters/{id}" if read => Scope::DeadLettersRead,
         "/v1/dead-letters"
         | "/v1/dead-letters/{id}"
@@ -153,6 +157,7 @@ mod tests {
         assert_eq!(required_scope(&Method::DELETE, "/v1/dead-letters/{id}"), Some(Scope::DeadLettersAdmin));
         assert_eq!(required_scope(&Method::GET, "/v1/sessions/{id}/stream"), Some(Scope::SessionsRead));
         assert_eq!(required_scope(&Method::DELETE, "/v1/sessions/{id}"), Some(Scope::SessionsWrite));
+        assert_eq!(required_scope(&Method::POST, "/v1/executions/{id}/cancel"), Some(Scope::ExecutionsWrite));
         assert_eq!(required_scope(&Method::GET, "/v1/nope"), None);
     }
 }

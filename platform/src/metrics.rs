@@ -84,7 +84,7 @@ impl Metrics {
             jobs_started: counter("fleet_jobs_started_total", "Job attempts started by workers.", &["kind"]),
             jobs_finished: counter(
                 "fleet_jobs_finished_total",
-                "Job attempts finished, by outcome (success, retry, dead_letter, duplicate, permanent, deferred).",
+                "Job attempts finished, by outcome (success, retry, dead_letter, duplicate, permanent, deferred, cancelled, ...).",
                 &["kind", "outcome"],
             ),
             attempt_duration: histogram("fleet_attempt_duration_seconds", "Duration of one job attempt.", &["kind"]),

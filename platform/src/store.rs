@@ -20,7 +20,9 @@ use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
+mod cancel;
 mod turns;
+pub use cancel::{Begin, CancelRequest};
 pub use turns::{SessionFinish, SessionSlot};
 
 #[derive(Debug, thiserror::Error)]
@@ -192,9 +194,13 @@ return 1
 // One execution's record and its attempts list share a hash tag, so on Redis Cluster they live in
 // one slot and one script may touch both. The claim key does not share it (its name is the
 // spec's), so the record keeps its own fence: the newest claim token that wrote to it.
+// A cancelled record takes no more worker writes (2): a tool call's `running` write is what a
+// cancel races with, and this one script decides which came first.
 // ARGV: token, ttl, attempt JSON (or ''), then field, value pairs.
 const FENCED_RECORD_LUA: &str = r#"
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local current = redis.call('HMGET', KEYS[1], 'fence', 'status')
+if current[2] == 'cancelled' then return 2 end
+local fence = tonumber(current[1] or '0')
 if fence > tonumber(ARGV[1]) then return 0 end
 local fields = {'fence', ARGV[1]}
 for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end

@@ -17,6 +17,9 @@ pub mod field {
     pub const LAST_ERROR: &str = "last_error";
     /// The newest claim token that wrote to the record; a write carrying an older one is refused.
     pub const FENCE: &str = "fence";
+    /// When (ms) a client asked to cancel the execution (`POST /v1/executions/{id}/cancel`); a
+    /// worker reads it before a tool call's attempt and before a turn's model call.
+    pub const CANCEL_REQUESTED: &str = "cancel_requested";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +31,8 @@ pub enum ExecutionStatus {
     Succeeded,
     Failed,
     DeadLettered,
+    /// Cancelled by a client before it ran (a tool call) or before its next model call (a turn).
+    Cancelled,
 }
 
 impl ExecutionStatus {
@@ -39,6 +44,7 @@ impl ExecutionStatus {
             ExecutionStatus::Succeeded => "succeeded",
             ExecutionStatus::Failed => "failed",
             ExecutionStatus::DeadLettered => "dead_lettered",
+            ExecutionStatus::Cancelled => "cancelled",
         }
     }
 
@@ -47,7 +53,13 @@ impl ExecutionStatus {
     }
 
     pub fn is_final(self) -> bool {
-        matches!(self, ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::DeadLettered)
+        matches!(
+            self,
+            ExecutionStatus::Succeeded
+                | ExecutionStatus::Failed
+                | ExecutionStatus::DeadLettered
+                | ExecutionStatus::Cancelled
+        )
     }
 }
 
@@ -86,10 +98,11 @@ mod tests {
 
     #[test]
     fn statuses_use_the_spec_words() {
-        for s in ["queued", "running", "retrying", "succeeded", "failed", "dead_lettered"] {
+        for s in ["queued", "running", "retrying", "succeeded", "failed", "dead_lettered", "cancelled"] {
             assert_eq!(ExecutionStatus::parse(s).unwrap().as_str(), s);
         }
         assert_eq!(ExecutionStatus::parse("done"), None);
         assert!(ExecutionStatus::DeadLettered.is_final() && !ExecutionStatus::Retrying.is_final());
+        assert!(ExecutionStatus::Cancelled.is_final());
     }
 }

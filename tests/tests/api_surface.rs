@@ -24,6 +24,7 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::GET, "/v1/sessions/s1/messages", "sessions:read", None),
         (Method::DELETE, "/v1/sessions/s1", "sessions:write", None),
         (Method::GET, "/v1/executions/exec_1", "executions:read", None),
+        (Method::POST, "/v1/executions/exec_1/cancel", "executions:write", None),
         (Method::GET, "/v1/dead-letters", "dead_letters:read", None),
         (Method::GET, "/v1/dead-letters/exec_1", "dead_letters:read", None),
         (Method::DELETE, "/v1/dead-letters/exec_1", "dead_letters:admin", None),
@@ -37,7 +38,7 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
     ]
 }
 
-const SCOPES: [&str; 11] = [
+const SCOPES: [&str; 12] = [
     "tools:read",
     "tools:write",
     "calls:write",
@@ -45,6 +46,7 @@ const SCOPES: [&str; 11] = [
     "sessions:read",
     "sessions:write",
     "executions:read",
+    "executions:write",
     "dead_letters:read",
     "dead_letters:admin",
     "webhooks:read",
@@ -88,7 +90,7 @@ async fn every_route_refuses_a_token_lacking_its_scope_and_admits_one_holding_it
     }
     let fleet = spawn_fleet(FleetOptions::default().workers(0).env("FLEET_API_TOKENS", &tokens.join(","))).await;
     let routes = scoped_routes();
-    assert_eq!(routes.len(), 21, "every authenticated operation of docs/openapi.json");
+    assert_eq!(routes.len(), 23, "every authenticated operation of docs/openapi.json");
     for (method, path, scope, body) in &routes {
         let (status, error) = send(&fleet, &without(scope), method, path, body).await;
         assert_eq!(status, 403, "{method} {path} without {scope}: {error}");

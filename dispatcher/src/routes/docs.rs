@@ -129,6 +129,7 @@ pub(crate) enum ExecutionStatusName {
     Succeeded,
     Failed,
     DeadLettered,
+    Cancelled,
 }
 
 // ---- tools ----
@@ -272,6 +273,23 @@ pub(crate) struct MessagePage {
 }
 
 // ---- executions ----
+
+/// The answer to `POST /v1/executions/{id}/cancel`.
+#[derive(ToSchema)]
+pub(crate) struct CancelResponse {
+    pub data: CancelAnswer,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct CancelAnswer {
+    pub execution_id: String,
+    /// `cancelled` for a tool call or webhook delivery; a turn's current status (it becomes
+    /// `cancelled` when its next step sees the request).
+    pub status: ExecutionStatusName,
+    /// What the cancel could not undo: an earlier attempt already sent, or a turn's model call
+    /// under way.
+    pub note: Option<String>,
+}
 
 #[derive(ToSchema)]
 pub(crate) struct ExecutionResponse {

@@ -41,6 +41,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::list_webhooks))
         .routes(routes!(webhooks::put_webhook, webhooks::get_webhook, webhooks::delete_webhook))
         .routes(routes!(executions::get_execution))
+        .routes(routes!(executions::cancel_execution))
         .routes(routes!(dead_letters::list_dead_letters))
         .routes(routes!(dead_letters::retry_dead_letters))
         .routes(routes!(dead_letters::purge_dead_letters))
@@ -163,6 +164,6 @@ mod tests {
                 operations += 1;
             }
         }
-        assert_eq!(operations, 22, "operations documented");
+        assert_eq!(operations, 24, "operations documented");
     }
 }

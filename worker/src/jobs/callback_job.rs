@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
+use fleet_platform::store::Begin;
 use fleet_protocol::envelope::{Envelope, PollState, TurnParent};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -29,21 +30,12 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         Claimed::Done(result) => return already_done(p, publisher, envelope, parent, result).await,
         Claimed::Later(wait) => return Outcome::Parked(wait),
     };
-    p.metrics.jobs_started.with_label_values(&[kind]).inc();
     // A poll continues the attempt its POST started.
     let started_ms = envelope.poll.as_ref().map_or_else(now_ms, |poll| poll.started_at_ms);
-    // The first record write registers this claim's token before the attempt starts, so an older
-    // worker can no longer write over it. Independent writes go together.
-    let running =
-        p.store.set_status(id, ExecutionStatus::Running, Some(envelope.attempt), started_ms, Some(held.fence));
-    let started = async {
-        if envelope.attempt == 1 {
-            let _ = p.store.mark_started(id, kind).await;
-        }
-    };
-    if let (Ok(false), ()) = tokio::join!(running, started) {
-        return Outcome::Fenced;
+    if let Err(outcome) = begin(p, publisher, envelope, parent, &held, started_ms).await {
+        return outcome;
     }
+    p.metrics.jobs_started.with_label_values(&[kind]).inc();
     let clock = Instant::now();
     let ctx = CallbackContext {
         store: &p.store,
@@ -85,6 +77,58 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         AttemptVerdict::Retryable { retry_after } => failure(retry_after, false),
         AttemptVerdict::Permanent => failure(None, true),
         AttemptVerdict::Accepted(poll) => poll_later(p, publisher, envelope, &held, &poll).await,
+    }
+}
+
+/// The attempt's first record write, `running`: it registers this claim's token before anything
+/// is sent, so an older worker can no longer write over it, and it loses to a cancel that came
+/// first (also one of the parent turn's: its still-queued calls are cancelled with it). `Err` is
+/// how the job ends instead.
+async fn begin(
+    p: &Processor,
+    publisher: &Publisher,
+    envelope: &Envelope,
+    parent: Parent<'_>,
+    held: &Held,
+    started_ms: i64,
+) -> Result<(), Outcome> {
+    let id = &envelope.execution_id;
+    if let Some((turn, _)) = parent {
+        if let Ok(true) = p.store.cancel_requested(&turn.turn_execution_id).await {
+            let _ = p.store.request_cancel(id, now_ms()).await;
+        }
+    }
+    // Independent writes go together.
+    let running = p.store.begin_attempt(id, envelope.attempt, started_ms, held.fence);
+    let started = async {
+        if envelope.attempt == 1 {
+            let _ = p.store.mark_started(id, envelope.kind().as_str()).await;
+        }
+    };
+    match tokio::join!(running, started) {
+        (Ok(Begin::Started), ()) => Ok(()),
+        (Ok(Begin::Fenced), ()) => Err(Outcome::Fenced),
+        (Ok(Begin::Cancelled), ()) => Err(cancelled(p, publisher, parent, held).await),
+        (Err(e), ()) => {
+            tracing::warn!(error = %e, "cannot record the attempt's start; parked");
+            Err(super::release_and_park(p, held).await)
+        }
+    }
+}
+
+/// A cancelled job: nothing is sent. The claim is given back (not done: a copy finds the record
+/// cancelled too), and a turn's call tells its turn, which must not wait for it.
+async fn cancelled(p: &Processor, publisher: &Publisher, parent: Parent<'_>, held: &Held) -> Outcome {
+    tracing::info!("cancelled before its attempt; nothing sent");
+    if !p.release(held, "cancelled").await {
+        return Outcome::Fenced;
+    }
+    let Some((turn, tool_name)) = parent else { return Outcome::Done("cancelled") };
+    let error = serde_json::json!({"error": "the tool call was cancelled before it was sent", "cancelled": true});
+    let outcome = CallOutcome { ok: false, result: error };
+    match parent::tool_call_finished(p, publisher, turn, tool_name, outcome).await {
+        Ok(()) => Outcome::Done("cancelled"),
+        Err(_) => Outcome::Parked(p.config.common.retry.delays()[0]),
     }
 }
 

@@ -32,7 +32,8 @@ pub(crate) async fn tool_call_finished(
             turn::tool_result_event(&parent.call_id, tool_name, &outcome, &state.message_id)
         } else {
             let error = outcome.result.to_string();
-            turn::error_event("tool_callback_failed", &error, Some(&parent.call_id), &state.message_id)
+            let code = if outcome.result["cancelled"] == true { "cancelled" } else { "tool_callback_failed" };
+            turn::error_event(code, &error, Some(&parent.call_id), &state.message_id)
         };
         super::turn::emit(p, &state.session_id, event).await;
     }

@@ -11,6 +11,7 @@ use fleet_platform::store::SessionFinish;
 use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{Envelope, TurnJob};
 use fleet_protocol::events;
+use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::history;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState, FINAL_FENCE};
@@ -119,18 +120,54 @@ pub(crate) async fn abandon(
     dead: &DeadLetterRecord,
     code: Option<&'static str>,
 ) -> Result<(), String> {
+    let code = code.unwrap_or(failure_code(dead.reason));
+    end_turn(p, publisher, &envelope.execution_id, &job.session_id, code, &dead.last_error).await
+}
+
+/// A turn a client cancelled (`POST /v1/executions/{id}/cancel`), found by its step before the
+/// model call: it ends like an abandoned one (error `cancelled`, then `done`; its session moves
+/// on), its record says `cancelled`, and the step is marked run so no copy of it runs again.
+pub(super) async fn cancel(
+    p: &Processor,
+    publisher: &Publisher,
+    envelope: &Envelope,
+    job: &TurnJob,
+    held: &Held,
+) -> Outcome {
     let turn_id = &envelope.execution_id;
+    tracing::info!("the turn was cancelled; it ends before its model call");
+    // The status first: a copy of this step that runs after the turn ended would not write it.
+    if p.store.set_status(turn_id, ExecutionStatus::Cancelled, None, now_ms(), Some(held.fence)).await.is_err() {
+        return release_and_park(p, held).await;
+    }
+    let _ = p.store.mark_started(turn_id, envelope.kind().as_str()).await;
+    let error = "the turn was cancelled";
+    if end_turn(p, publisher, turn_id, &job.session_id, "cancelled", error).await.is_err() {
+        return release_and_park(p, held).await;
+    }
+    complete_step(p, held, "cancelled").await
+}
+
+/// Ends a turn that will not finish: the client gets `error` (`code`) and `done` once, the turn is
+/// marked so no step of it runs again, and its session moves on to the next turn in line.
+async fn end_turn(
+    p: &Processor,
+    publisher: &Publisher,
+    turn_id: &str,
+    session_id: &str,
+    code: &str,
+    error: &str,
+) -> Result<(), String> {
     let state = p.store.load_turn(turn_id).await.map_err(|e| e.to_string())?;
     if let Some(mut state) = state.filter(|s| !s.dead_lettered) {
-        let code = code.unwrap_or(failure_code(dead.reason));
-        emit(p, &job.session_id, turn::error_event(code, &dead.last_error, None, &state.message_id)).await;
-        emit(p, &job.session_id, turn::done_event(&state.message_id)).await;
+        emit(p, session_id, turn::error_event(code, error, None, &state.message_id)).await;
+        emit(p, session_id, turn::done_event(&state.message_id)).await;
         state.dead_lettered = true;
         p.store.save_turn_fenced(turn_id, Some(&state), FINAL_FENCE).await.map_err(|e| e.to_string())?;
     }
-    let next = p.store.session_abandon(&job.session_id, turn_id).await.map_err(|e| e.to_string())?;
+    let next = p.store.session_abandon(session_id, turn_id).await.map_err(|e| e.to_string())?;
     match next {
-        Some(next) => wake(p, publisher, &next, &job.session_id).await,
+        Some(next) => wake(p, publisher, &next, session_id).await,
         None => Ok(()),
     }
 }

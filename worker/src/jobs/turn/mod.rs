@@ -47,6 +47,11 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         Ok(false) => return Outcome::Fenced,
         Err(_) => return release_and_park(p, &held).await,
     }
+    match p.store.cancel_requested(turn_id).await {
+        Ok(false) => {}
+        Ok(true) => return finish::cancel(p, publisher, envelope, job, &held).await,
+        Err(_) => return release_and_park(p, &held).await,
+    }
     if let Some(outcome) = session::take(p, envelope, job, &state, &held).await {
         return outcome;
     }

@@ -1,0 +1,122 @@
+//! Cancelling an execution (`POST /v1/executions/{id}/cancel`): the dispatcher's one atomic
+//! decision on the record, and the worker's cheap reads of it. A tool call or webhook delivery is
+//! cancelled only while nothing of it is being sent (`queued`, or `retrying` between attempts); its
+//! attempt's `running` write (`begin_attempt`) and the cancel are decided by the record's scripts,
+//! so exactly one of them wins. A turn is only marked (`cancel_requested`): its next step ends it.
+
+use redis::Script;
+
+use fleet_protocol::execution::{field, ExecutionStatus};
+use fleet_protocol::IDEMPOTENCY_TTL_SECS;
+
+use super::{Store, StoreError};
+
+// KEYS: the execution record. ARGV: now (ms). Answers {verdict, detail}:
+// missing; finished + status; sent + status; cancelled + the status it had; requested + status.
+const CANCEL_LUA: &str = r#"
+local record = redis.call('HMGET', KEYS[1], 'kind', 'status')
+local kind, status = record[1], record[2]
+if not status then return {'missing', ''} end
+if status == 'cancelled' then return {'cancelled', 'cancelled'} end
+if status == 'succeeded' or status == 'failed' or status == 'dead_lettered' then return {'finished', status} end
+if kind == 'turn' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[1])
+  return {'requested', status}
+end
+if status == 'queued' or status == 'retrying' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[1], 'status', 'cancelled', 'updated_at_ms', ARGV[1])
+  return {'cancelled', status}
+end
+return {'sent', status}
+"#;
+
+/// What a cancel request found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelRequest {
+    /// No such execution.
+    Missing,
+    /// It had already ended with this status: nothing to cancel.
+    Finished(ExecutionStatus),
+    /// A tool call or webhook whose attempt is being sent (or polled): it cannot be unsent.
+    AlreadySent(ExecutionStatus),
+    /// Now `cancelled`; `before` is the status it had (`retrying`: an earlier attempt was sent;
+    /// `cancelled`: it already was).
+    Cancelled { before: ExecutionStatus },
+    /// A turn, marked: it ends before its next model call. `status` is its status now.
+    Requested(ExecutionStatus),
+}
+
+/// What a worker's `running` write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    Started,
+    /// A newer claim wrote to the record: this worker is fenced off.
+    Fenced,
+    /// The execution was cancelled: nothing may be sent.
+    Cancelled,
+}
+
+impl Store {
+    /// Cancels `execution_id` if nothing of it is being sent (see `CANCEL_LUA`).
+    pub async fn request_cancel(&self, execution_id: &str, now_ms: i64) -> Result<CancelRequest, StoreError> {
+        let r: Result<(String, String), _> = Script::new(CANCEL_LUA)
+            .key(self.keys.execution(execution_id))
+            .arg(now_ms)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        let (verdict, detail) = self.count(r)?;
+        let status = || {
+            ExecutionStatus::parse(&detail)
+                .ok_or_else(|| StoreError::Corrupt(format!("execution {execution_id}: status {detail:?}")))
+        };
+        Ok(match verdict.as_str() {
+            "missing" => CancelRequest::Missing,
+            "finished" => CancelRequest::Finished(status()?),
+            "sent" => CancelRequest::AlreadySent(status()?),
+            "cancelled" => CancelRequest::Cancelled { before: status()? },
+            "requested" => CancelRequest::Requested(status()?),
+            other => return Err(StoreError::Corrupt(format!("cancel script answered {other}"))),
+        })
+    }
+
+    /// Whether a client asked to cancel the execution (one field read).
+    pub async fn cancel_requested(&self, execution_id: &str) -> Result<bool, StoreError> {
+        let r: Result<Option<String>, _> = redis::cmd("HGET")
+            .arg(self.keys.execution(execution_id))
+            .arg(field::CANCEL_REQUESTED)
+            .query_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)?.is_some())
+    }
+
+    /// The attempt's first record write (`running`, fenced by `fence`), refused if the execution
+    /// was cancelled first: the one place a cancel and an attempt's start are ordered.
+    pub async fn begin_attempt(
+        &self,
+        execution_id: &str,
+        attempt: u32,
+        started_ms: i64,
+        fence: u64,
+    ) -> Result<Begin, StoreError> {
+        let r: Result<i64, _> = self
+            .fenced_record
+            .key(self.keys.execution(execution_id))
+            .key(self.keys.attempts(execution_id))
+            .arg(fence)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .arg("")
+            .arg(field::STATUS)
+            .arg(ExecutionStatus::Running.as_str())
+            .arg(field::UPDATED_AT_MS)
+            .arg(started_ms)
+            .arg(field::ATTEMPTS)
+            .arg(attempt)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(match self.count(r)? {
+            1 => Begin::Started,
+            2 => Begin::Cancelled,
+            _ => Begin::Fenced,
+        })
+    }
+}
