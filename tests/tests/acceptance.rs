@@ -2,6 +2,7 @@
 //! `Idempotency-Key`, a crashed dispatcher's reservation expires, a failed key write after the
 //! broker's confirm still answers 202, and a key reused with another body is refused.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -64,15 +65,21 @@ async fn redis_keys(fleet: &Fleet, pattern: &str) -> Vec<String> {
 async fn an_unconfirmed_publish_keeps_its_execution_and_its_key() {
     let receiver = Receiver::echo(SECRET).await;
     let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
-    let mut options = short_parks(FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "1"));
+    // Long enough that even a loaded machine gets the publish onto the wire before it times out.
+    let mut options = short_parks(FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "4"));
     options.dispatcher_amqp_url = Some(broker_proxy_url(&proxy));
-    let fleet = spawn_fleet(options).await;
+    let fleet = Arc::new(spawn_fleet(options).await);
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
     let body = json!({"tool_name": "echo", "parameters": {"query": "once"}});
 
-    // The publish reaches the broker (the worker will run it) but its confirm never comes back.
+    // The publish reaches the broker (the worker runs it) but its confirm never comes back.
     proxy.freeze_replies();
-    let (first_status, first) = post_with_key(&fleet, "unconfirmed-1", &body).await;
+    let first = tokio::spawn({
+        let (fleet, body) = (fleet.clone(), body.clone());
+        async move { post_with_key(&fleet, "unconfirmed-1", &body).await }
+    });
+    wait_consumed(&fleet, 1.0).await;
+    let (first_status, first) = first.await.unwrap();
     proxy.thaw();
     let first_id = first["error"]["execution_id"].as_str().unwrap_or("").to_string();
     let (record_status, _) = fleet.get(&format!("/v1/executions/{first_id}")).await;
@@ -290,11 +297,12 @@ async fn an_unconfirmed_turn_keeps_its_execution_and_its_line() {
 
     let llm = MockLlm::start(|_, _| LlmReply::text("once")).await;
     let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
-    let mut options = llm_fleet(&llm).env("FLEET_PUBLISH_TIMEOUT", "1");
+    // Long enough that even a loaded machine gets the publish onto the wire before it times out.
+    let mut options = llm_fleet(&llm).env("FLEET_PUBLISH_TIMEOUT", "4");
     options.dispatcher_amqp_url = Some(broker_proxy_url(&proxy));
-    let fleet = spawn_fleet(options).await;
+    let fleet = Arc::new(spawn_fleet(options).await);
     let post = |body: Value| {
-        let fleet = &fleet;
+        let fleet = fleet.clone();
         async move {
             let resp = fleet
                 .http
@@ -310,7 +318,10 @@ async fn an_unconfirmed_turn_keeps_its_execution_and_its_line() {
     };
     let body = turn_body("s_unconfirmed", "hello", &[]);
     proxy.freeze_replies();
-    let (first_status, first) = post(body.clone()).await;
+    let first = tokio::spawn(post(body.clone()));
+    wait_for("the turn's model call", Duration::from_secs(30), || async { (!llm.requests().is_empty()).then_some(()) })
+        .await;
+    let (first_status, first) = first.await.unwrap();
     proxy.thaw();
     let first_id = first["error"]["execution_id"].as_str().unwrap_or("").to_string();
     let (record_status, _) = fleet.get(&format!("/v1/executions/{first_id}")).await;
