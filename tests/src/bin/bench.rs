@@ -461,6 +461,16 @@ async fn celery_drain(conn: &Connection, receiver: &Receiver, jobs: usize) -> an
     if let Ok(ch) = conn.create_channel().await {
         let _ = ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await;
         let _ = ch.exchange_delete(queue.as_str().into(), Default::default()).await;
+        // Celery's worker declares its native delayed-delivery topology on quorum queues (which
+        // cannot be deleted "if empty"; nothing here delays a task, so they are empty).
+        for level in 0..28 {
+            let name = format!("celery_delayed_{level}");
+            let _ = ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
+            let _ = ch.exchange_delete(name.as_str().into(), Default::default()).await;
+        }
+        for exchange in ["celery_delayed_delivery", "celery.pidbox"] {
+            let _ = ch.exchange_delete(exchange.into(), Default::default()).await;
+        }
     }
     delete_keys(&format!("{queue}:*")).await;
     drained.map(|()| rate)
