@@ -162,3 +162,11 @@ mod tests {
         assert!(identifier("room_id", None).is_ok());
     }
 }
+
+/// A registry entry's `retry`, if given (`null` is fine: back to the default): 422 naming the field.
+pub fn retry(retry: &Option<Option<fleet_protocol::retry_spec::RetrySpec>>) -> Result<(), ApiError> {
+    match retry {
+        Some(Some(spec)) => spec.check().map_err(|e| ApiError::invalid(e.to_string())),
+        _ => Ok(()),
+    }
+}
