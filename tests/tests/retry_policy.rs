@@ -3,12 +3,12 @@
 //! a ~8-minute schedule losing nothing, and a 2 h wait held in the broker's 1 h park queue.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use fleet_protocol::envelope::JobKind;
+use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob};
 use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_retry_policy_test";
@@ -40,8 +40,7 @@ async fn the_retry_field_is_checked_shown_kept_and_cleared() {
     let svix = json!({"attempts": 8, "delays": [5, 300, 1800, 7200, 18000, 36000, 36000]});
     register_with_retry(&fleet, "svix_like", "http://127.0.0.1:9/x", svix.clone()).await;
     // An update that does not name `retry` keeps it; GET shows it.
-    let (status, _) =
-        fleet.request(Method::PUT, "/v1/tools/svix_like", Some(&json!({"description": "kept"}))).await;
+    let (status, _) = fleet.request(Method::PUT, "/v1/tools/svix_like", Some(&json!({"description": "kept"}))).await;
     assert_eq!(status, 200);
     let (_, got) = fleet.get("/v1/tools/svix_like").await;
     assert_eq!(got["data"]["retry"], svix);
@@ -65,7 +64,7 @@ async fn the_retry_field_is_checked_shown_kept_and_cleared() {
     let (status, resp) = fleet.request(Method::PUT, "/v1/tools/svix_like", Some(&json!({"retry": null}))).await;
     assert_eq!((status, &resp["data"]["retry"]), (200, &Value::Null));
     // Webhooks take the same field.
-    let hook = json!({"url": "http://127.0.0.1:9/h", "secret": SECRET, "events": ["agent.turn.completed"],
+    let hook = json!({"url": "http://127.0.0.1:9/h", "secret": SECRET, "events": ["agent.room.message"],
         "retry": {"attempts": 2, "delays": [60]}});
     let (status, resp) = fleet.request(Method::PUT, "/v1/webhooks/retry_hook", Some(&hook)).await;
     assert_eq!((status, &resp["data"]["retry"]), (201, &json!({"attempts": 2, "delays": [60]})), "{resp}");
@@ -82,7 +81,8 @@ async fn a_short_schedule_dead_letters_after_its_own_attempt_count() {
     let id = fleet.call_tool("short", json!({"query": "x"})).await;
     let done = fleet.wait_status(&id, "dead_lettered", Duration::from_secs(30)).await;
     assert_eq!(receiver.received_for(&id).len(), 3, "three attempts, not the default's six");
-    let attempts: Vec<u64> = done["attempts"].as_array().unwrap().iter().map(|a| a["attempt"].as_u64().unwrap()).collect();
+    let attempts: Vec<u64> =
+        done["attempts"].as_array().unwrap().iter().map(|a| a["attempt"].as_u64().unwrap()).collect();
     assert_eq!(attempts, [1, 2, 3]);
     assert_eq!(done["attempts"][2]["outcome"], "exhausted");
     let (status, dl) = fleet.get(&format!("/v1/dead-letters/{id}")).await;
@@ -175,7 +175,45 @@ async fn a_two_hour_wait_is_held_in_the_hour_park_queue() {
     assert_eq!(record["data"]["status"], "retrying");
     assert_eq!(record["data"]["attempts"].as_array().unwrap().len(), 1);
     assert_eq!(receiver.received_for(&id).len(), 1, "nothing more is sent while it waits");
-    let metrics = fleet.worker_metrics(0).await;
+    // Counted once the retry's publish is confirmed, a moment after the queue shows it.
+    let metrics = wait_for("the retry counted", Duration::from_secs(10), || async {
+        let m = fleet.worker_metrics(0).await;
+        let counted = m.lines().any(|l| {
+            l.starts_with("fleet_retries_scheduled_total{")
+                && l.contains("attempt=\"2\"")
+                && l.contains("kind=\"tool_call\"")
+                && l.ends_with(" 1")
+        });
+        counted.then_some(m)
+    })
+    .await;
     assert_eq!(metric(&metrics, "fleet_jobs_in_flight{kind=\"tool_call\"}"), 0.0, "no worker holds it");
-    assert_eq!(metric(&metrics, "fleet_retries_scheduled_total{kind=\"tool_call\",attempt=\"2\"}"), 1.0);
+
+    // A job back from a hop with 65 min still to wait goes to the 1 h queue again; one with 90 s
+    // to wait, to the 1 min queue: the worker re-parks it until it is due, spending no attempt.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    for (n, remaining) in [(1, 65 * 60_000), (2, 90_000)] {
+        let job = Job::ToolCall(ToolCallJob {
+            tool_name: "slow_owner".into(),
+            parameters: json!({"query": "x"}),
+            room_id: None,
+            assistant_id: None,
+            parent: None,
+        });
+        let returned = Envelope {
+            attempt: 2,
+            not_before_ms: Some(now + remaining),
+            ..Envelope::new(format!("exec_returned{n}"), job, now)
+        };
+        fleet.publish_envelope(&returned).await;
+    }
+    let minute_queue = fleet.topology.park_queue(JobKind::ToolCall, Duration::from_secs(90));
+    assert!(minute_queue.ends_with(".delay.tool_calls.60s"), "{minute_queue}");
+    wait_for("both re-parked", Duration::from_secs(30), || async {
+        let hour = fleet.queue_depth(&hour_queue).await;
+        let minute = fleet.queue_depth(&minute_queue).await;
+        (hour == 2 && minute == 1).then_some(())
+    })
+    .await;
+    assert_eq!(receiver.received().len(), 1, "a re-parked job sends nothing");
 }

@@ -95,7 +95,8 @@ mod tests {
     #[test]
     fn a_long_schedule_outlives_the_defaults_six_attempts() {
         let policy = RetryPolicy::default();
-        let own = ScheduleFound::Own(RetrySchedule::new([5, 10, 20, 40, 60, 120, 300].map(Duration::from_secs).to_vec()));
+        let own =
+            ScheduleFound::Own(RetrySchedule::new([5, 10, 20, 40, 60, 120, 300].map(Duration::from_secs).to_vec()));
         assert_eq!(decide(&policy, &ScheduleFound::Default, 6, None), RetryDecision::Exhausted);
         assert_eq!(wait_of(decide(&policy, &own, 6, None)), (7, Duration::from_secs(120)));
         assert_eq!(wait_of(decide(&policy, &own, 7, None)), (8, Duration::from_secs(300)));
