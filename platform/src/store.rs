@@ -47,6 +47,9 @@ pub struct StoredTool {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The tool's own retry schedule; none: the fleet's default (`FLEET_RETRY_DELAYS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.
@@ -65,6 +68,9 @@ pub struct StoredWebhook {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The webhook's own retry schedule; none: the fleet's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
 }
 
 /// The outcome of trying to claim an execution before running it.

@@ -134,6 +134,21 @@ pub(crate) enum ExecutionStatusName {
 
 // ---- tools ----
 
+/// A tool's or webhook's own retry schedule (`null` or absent: the fleet's default, 6 attempts at
+/// 0, 1, 2, 4, 8, 16 s). Waits are held by the broker; the window may be at most 72 h.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"attempts": 8, "delays": [5, 300, 1800, 7200, 18000, 36000, 36000]}))]
+pub(crate) struct RetryDoc {
+    /// Attempts in all, 1-20 (the first runs at once).
+    #[schema(minimum = 1, maximum = 20)]
+    pub attempts: u32,
+    /// Whole seconds (≥ 1) before each attempt after the first: exactly `attempts - 1` entries,
+    /// any order, adding up to at most 259200 (72 h).
+    #[schema(max_items = 19)]
+    pub delays: Vec<u64>,
+}
+
 /// A tool registration or update. On create, `callback_url` and `callback_secret` are required
 /// (and `name` for `POST /v1/tools`); on update, fields left out keep their value.
 #[derive(ToSchema, serde::Deserialize)]
@@ -149,6 +164,8 @@ pub(crate) struct ToolInputDoc {
     pub callback_url: Option<String>,
     /// 16-1024 bytes; stored encrypted, never returned.
     pub callback_secret: Option<String>,
+    /// The tool's retry schedule; `null` goes back to the fleet's default.
+    pub retry: Option<RetryDoc>,
 }
 
 #[derive(ToSchema)]
@@ -159,6 +176,8 @@ pub(crate) struct Tool {
     pub description: String,
     pub parameters: Map<String, Value>,
     pub callback_url: String,
+    /// The tool's own retry schedule, or `null`: the fleet's default.
+    pub retry: Option<RetryDoc>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,
@@ -402,6 +421,8 @@ pub(crate) struct WebhookInputDoc {
     pub secret: Option<String>,
     /// At least one known event.
     pub events: Option<Vec<String>>,
+    /// The webhook's retry schedule; `null` goes back to the fleet's default.
+    pub retry: Option<RetryDoc>,
 }
 
 #[derive(ToSchema)]
@@ -409,6 +430,8 @@ pub(crate) struct Webhook {
     pub id: String,
     pub url: String,
     pub events: Vec<String>,
+    /// The webhook's own retry schedule, or `null`: the fleet's default.
+    pub retry: Option<RetryDoc>,
     pub created_at: String,
     pub updated_at: String,
 }

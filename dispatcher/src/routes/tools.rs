@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
+use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
@@ -31,6 +32,9 @@ pub(crate) struct ToolInput {
     parameters: Option<Map<String, Value>>,
     callback_url: Option<String>,
     callback_secret: Option<String>,
+    /// The tool's retry schedule; `null` goes back to the fleet's default.
+    #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    retry: Option<Option<RetrySpec>>,
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -40,6 +44,7 @@ fn tool_json(t: &StoredTool) -> Value {
         "description": t.description,
         "parameters": t.parameters,
         "callback_url": t.callback_url,
+        "retry": t.retry,
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -56,6 +61,7 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
     if input.callback_secret.as_ref().is_some_and(|s| s.len() < 16 || s.len() > 1024) {
         return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
     }
+    validate::retry(&input.retry)?;
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
@@ -82,6 +88,7 @@ fn merged(
             secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
         },
         None => {
             let callback_url =
@@ -101,6 +108,7 @@ fn merged(
                 secret_ciphertext,
                 created_at_ms: now,
                 updated_at_ms: now,
+                retry: retry_spec::updated(&input.retry, None),
             }
         }
     })
@@ -306,6 +314,7 @@ mod tests {
             secret_ciphertext: "v1.old".into(),
             created_at_ms: 1,
             updated_at_ms: 1,
+            retry: None,
         }
     }
 

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::StoredWebhook;
+use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
@@ -21,6 +22,9 @@ struct WebhookInput {
     url: Option<String>,
     secret: Option<String>,
     events: Option<Vec<String>>,
+    /// The webhook's retry schedule; `null` goes back to the fleet's default.
+    #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    retry: Option<Option<RetrySpec>>,
 }
 
 fn webhook_json(h: &StoredWebhook) -> Value {
@@ -28,6 +32,7 @@ fn webhook_json(h: &StoredWebhook) -> Value {
         "id": h.id,
         "url": h.url,
         "events": h.events,
+        "retry": h.retry,
         "created_at": rfc3339_from_millis(h.created_at_ms),
         "updated_at": rfc3339_from_millis(h.updated_at_ms),
     })
@@ -70,6 +75,7 @@ pub(crate) async fn put_webhook(
             )));
         }
     }
+    validate::retry(&input.retry)?;
     let owner = format!("webhook:{id}");
     let now = now_ms();
     let hook = match state.store.get_webhook(&id).await? {
@@ -83,6 +89,7 @@ pub(crate) async fn put_webhook(
             },
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
         },
         None => StoredWebhook {
             id: id.clone(),
@@ -94,6 +101,7 @@ pub(crate) async fn put_webhook(
                 .encrypt(&owner, &input.secret.ok_or_else(|| ApiError::invalid("secret is required"))?),
             created_at_ms: now,
             updated_at_ms: now,
+            retry: retry_spec::updated(&input.retry, None),
         },
     };
     let created = state.store.put_webhook(&hook).await?;
