@@ -149,6 +149,25 @@ pub(crate) struct ToolInputDoc {
     pub callback_url: Option<String>,
     /// 16-1024 bytes; stored encrypted, never returned.
     pub callback_secret: Option<String>,
+    /// Callbacks in flight to this tool at once across the fleet (1-100000); `null` removes the limit.
+    #[schema(minimum = 1, maximum = 100000, example = 2)]
+    pub max_concurrency: Option<u32>,
+    /// Callbacks per second across the fleet; `null` removes the limit.
+    pub rate_limit: Option<RateLimitDoc>,
+}
+
+/// A tool's rate limit (GCRA): `per_second` on average, up to `burst` at once. Calls over it wait
+/// in the broker without spending an attempt.
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = RateLimit)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateLimitDoc {
+    /// Greater than 0 (from 1/86400 to 100000).
+    #[schema(example = 5)]
+    pub per_second: f64,
+    /// 1-100000; default 1.
+    #[schema(minimum = 1, maximum = 100000, example = 1)]
+    pub burst: Option<u32>,
 }
 
 #[derive(ToSchema)]
@@ -159,6 +178,10 @@ pub(crate) struct Tool {
     pub description: String,
     pub parameters: Map<String, Value>,
     pub callback_url: String,
+    /// Null: no limit.
+    pub max_concurrency: Option<u32>,
+    /// Null: no limit.
+    pub rate_limit: Option<RateLimitDoc>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,
