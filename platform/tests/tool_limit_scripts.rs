@@ -32,7 +32,11 @@ async fn semaphore(store: &Store) {
     let lease = Duration::from_secs(30);
     assert_eq!(store.acquire_tool_slot("t", "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
     assert_eq!(store.acquire_tool_slot("t", "b:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
-    assert_eq!(store.acquire_tool_slot("t", "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired, "a holder keeps its slot");
+    assert_eq!(
+        store.acquire_tool_slot("t", "a:1", 2, lease).await.unwrap(),
+        SlotGrant::Acquired,
+        "a holder keeps its slot"
+    );
     match store.acquire_tool_slot("t", "c:1", 2, lease).await.unwrap() {
         SlotGrant::Full { earliest_expiry } => assert!(earliest_expiry <= lease, "{earliest_expiry:?}"),
         other => panic!("a third holder of 2 slots: {other:?}"),

@@ -53,7 +53,11 @@ pub struct LimitError(pub String);
 
 /// The limits an update makes of `current`: a field left out keeps its value, `null` removes
 /// the limit, anything else must be valid.
-pub fn merge(current: &ToolLimits, max_concurrency: Option<&Value>, rate_limit: Option<&Value>) -> Result<ToolLimits, LimitError> {
+pub fn merge(
+    current: &ToolLimits,
+    max_concurrency: Option<&Value>,
+    rate_limit: Option<&Value>,
+) -> Result<ToolLimits, LimitError> {
     Ok(ToolLimits {
         max_concurrency: match max_concurrency {
             None => current.max_concurrency,
@@ -80,7 +84,7 @@ pub fn parse_max_concurrency(value: &Value) -> Result<Option<u32>, LimitError> {
     }
 }
 
-/// `rate_limit`: `{"per_second": number > 0, "burst": integer ≥ 1}` (`burst` defaults to 1), or
+/// `rate_limit`: `{"per_second": number > 0, "burst": integer ≥ 1}` (`burst` left out or `null`: 1), or
 /// `null` (no limit).
 pub fn parse_rate_limit(value: &Value) -> Result<Option<RateLimit>, LimitError> {
     let object = match value {
@@ -105,7 +109,7 @@ pub fn parse_rate_limit(value: &Value) -> Result<Option<RateLimit>, LimitError> 
         }
     };
     let burst = match object.get("burst") {
-        None => 1,
+        None | Some(Value::Null) => 1,
         Some(v) => match v.as_u64() {
             Some(n) if (1..=MAX_BURST).contains(&n) => n as u32,
             _ => return Err(LimitError(format!("rate_limit.burst must be an integer from 1 to {MAX_BURST}"))),
@@ -147,8 +151,15 @@ mod tests {
             let e = parse_max_concurrency(&bad).unwrap_err();
             assert!(e.0.starts_with("max_concurrency must be"), "{bad}: {e}");
         }
-        assert_eq!(parse_rate_limit(&json!({"per_second": 5, "burst": 1})), Ok(Some(RateLimit { per_second: 5.0, burst: 1 })));
+        assert_eq!(
+            parse_rate_limit(&json!({"per_second": 5, "burst": 1})),
+            Ok(Some(RateLimit { per_second: 5.0, burst: 1 }))
+        );
         assert_eq!(parse_rate_limit(&json!({"per_second": 0.5})), Ok(Some(RateLimit { per_second: 0.5, burst: 1 })));
+        assert_eq!(
+            parse_rate_limit(&json!({"per_second": 2, "burst": null})),
+            Ok(Some(RateLimit { per_second: 2.0, burst: 1 }))
+        );
         assert_eq!(parse_rate_limit(&Value::Null), Ok(None));
         let cases = [
             (json!(5), "rate_limit must be an object"),
@@ -169,7 +180,8 @@ mod tests {
 
     #[test]
     fn an_update_keeps_what_it_leaves_out_and_null_removes() {
-        let current = ToolLimits { max_concurrency: Some(3), rate_limit: Some(RateLimit { per_second: 2.0, burst: 4 }) };
+        let current =
+            ToolLimits { max_concurrency: Some(3), rate_limit: Some(RateLimit { per_second: 2.0, burst: 4 }) };
         assert_eq!(merge(&current, None, None).unwrap(), current);
         let changed = merge(&current, Some(&json!(5)), Some(&Value::Null)).unwrap();
         assert_eq!(changed, ToolLimits { max_concurrency: Some(5), rate_limit: None });

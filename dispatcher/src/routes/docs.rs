@@ -162,10 +162,10 @@ pub(crate) struct ToolInputDoc {
 #[schema(as = RateLimit)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RateLimitDoc {
-    /// Greater than 0 (from 1/86400 to 100000).
-    #[schema(example = 5)]
+    /// Greater than 0 (from 1/86400, one a day, to 100000).
+    #[schema(minimum = 0.000011575, maximum = 100000, example = 5)]
     pub per_second: f64,
-    /// 1-100000; default 1.
+    /// 1-100000; left out or null: 1.
     #[schema(minimum = 1, maximum = 100000, example = 1)]
     pub burst: Option<u32>,
 }
@@ -179,6 +179,7 @@ pub(crate) struct Tool {
     pub parameters: Map<String, Value>,
     pub callback_url: String,
     /// Null: no limit.
+    #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrency: Option<u32>,
     /// Null: no limit.
     pub rate_limit: Option<RateLimitDoc>,

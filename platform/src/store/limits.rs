@@ -90,7 +90,9 @@ const RESERVATION_GRACE: Duration = Duration::from_secs(300);
 pub enum SlotGrant {
     Acquired,
     /// Every slot is held; the earliest lease runs out in this long (if never renewed).
-    Full { earliest_expiry: Duration },
+    Full {
+        earliest_expiry: Duration,
+    },
 }
 
 /// What the rate limiter says about a call now.

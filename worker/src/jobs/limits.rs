@@ -109,7 +109,11 @@ pub(crate) async fn admit(p: &Processor, envelope: &Envelope, held: &Held) -> Re
         Ok(admission) => Ok(admission),
         Err((reason, wait)) => {
             p.metrics.tool_deferred.with_label_values(&[tool, reason.label()]).inc();
-            tracing::debug!(reason = reason.label(), wait_ms = wait.as_millis() as u64, "deferred by the tool's limits");
+            tracing::debug!(
+                reason = reason.label(),
+                wait_ms = wait.as_millis() as u64,
+                "deferred by the tool's limits"
+            );
             if !p.release(held, "released").await {
                 return Err(Outcome::Fenced);
             }
