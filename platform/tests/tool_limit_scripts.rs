@@ -58,29 +58,38 @@ async fn semaphore(store: &Store) {
 async fn rate(store: &Store) {
     let limit = RateLimit { per_second: 5.0, burst: 2 };
     let early = Duration::from_millis(50);
+    let clock = std::time::Instant::now();
     assert_eq!(store.pace_tool("r", "exec_0", &limit, early).await.unwrap(), Pace::Now);
+    // The first call's slot (Redis's clock) lies between `clock` and now.
+    let first_answered = clock.elapsed().as_millis() as i64;
     assert_eq!(store.pace_tool("r", "exec_1", &limit, early).await.unwrap(), Pace::Now, "a burst of 2");
-    let mut waits = vec![];
+    let mut slots = vec![];
     for n in 2..6 {
-        match store.pace_tool("r", &format!("exec_{n}"), &limit, early).await.unwrap() {
-            Pace::Wait(w) => waits.push(w.as_millis() as i64),
+        let sent = clock.elapsed().as_millis() as i64;
+        let wait = match store.pace_tool("r", &format!("exec_{n}"), &limit, early).await.unwrap() {
+            Pace::Wait(w) => w.as_millis() as i64,
             Pace::Now => panic!("exec_{n} is over the limit"),
-        }
-    }
-    // Slots 200, 400, 600, 800 ms after the first call (less the few ms the calls took).
-    for (i, w) in waits.iter().enumerate() {
-        let expected = 200 * (i as i64 + 1);
-        assert!((expected - 60..=expected).contains(w), "slot {i}: {w} ms, expected about {expected}");
+        };
+        let answered = clock.elapsed().as_millis() as i64;
+        // Its slot, 200 ms apart from the first call's after the burst, as seen from here (bounds
+        // that hold however long the calls took).
+        let slot = 200 * (n as i64 - 1);
+        assert!(sent + wait <= slot + first_answered + 1, "exec_{n}: wait {wait} ms sent at {sent} ms");
+        assert!(answered + wait >= slot - 1, "exec_{n}: wait {wait} ms answered at {answered} ms");
+        slots.push(answered + wait);
     }
     // Asking again before its slot: the same slot, not a new one at the back.
     match store.pace_tool("r", "exec_5", &limit, early).await.unwrap() {
-        Pace::Wait(w) => assert!(w.as_millis() as i64 <= waits[3], "{w:?}"),
+        Pace::Wait(w) => assert!(clock.elapsed().as_millis() as i64 + w.as_millis() as i64 <= slots[3] + 1, "{w:?}"),
         Pace::Now => panic!("exec_5 came back early"),
     }
-    tokio::time::sleep(Duration::from_millis(waits[0] as u64)).await;
+    tokio::time::sleep_until((clock + Duration::from_millis(slots[0] as u64)).into()).await;
     assert_eq!(store.pace_tool("r", "exec_2", &limit, early).await.unwrap(), Pace::Now, "its slot has come");
     match store.pace_tool("r", "exec_late", &limit, early).await.unwrap() {
-        Pace::Wait(w) => assert!(w.as_millis() >= 550, "behind the reserved slots: {w:?}"),
+        Pace::Wait(w) => {
+            let at = clock.elapsed().as_millis() as i64 + w.as_millis() as i64;
+            assert!(at >= 999, "behind the reserved slots (1000 ms after the first call): {at} ms");
+        }
         Pace::Now => panic!("a newcomer jumped the reservations"),
     }
 }
