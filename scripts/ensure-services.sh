@@ -3,6 +3,9 @@
 # are up; else starts them if installed; else installs them from Debian's packages when run as
 # root; else says plainly what is missing. Idempotent.
 set -euo pipefail
+# A broker or Redis started from here inherits this: RabbitMQ needs a descriptor per connection
+# and per queue segment, and a busy test run outgrows the usual 1024.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -36,6 +39,15 @@ if ! port_open 6379; then
   wait_port 6379 Redis
 fi
 
+# The broker runs as its own user through `su`, which resets the descriptor limit to 1024; its
+# environment file is sourced by that user's shell, so the limit is raised there (root only).
+raise_broker_fd_limit() {
+  local conf=/etc/rabbitmq/rabbitmq-env.conf
+  [ -w "$(dirname "$conf")" ] || return 0
+  grep -q '^ulimit -n' "$conf" 2>/dev/null || echo 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true' >>"$conf"
+}
+command -v rabbitmq-server >/dev/null && raise_broker_fd_limit
+
 # A node whose app was stopped (rabbitmqctl stop_app) only needs its app started.
 if ! port_open 5672 && command -v rabbitmqctl >/dev/null && rabbitmqctl status >/dev/null 2>&1; then
   echo "ensure-services: starting the stopped RabbitMQ app"
@@ -62,8 +74,20 @@ s = socket.create_connection(("127.0.0.1", 5672), timeout=5)
 s.sendall(b"AMQP\x00\x00\x09\x01")
 sys.exit(0 if s.recv(1) == b"\x01" else 1)' 2>/dev/null
 }
+# The node that listens on 5672 (other RabbitMQ nodes, e.g. a test's own cluster, are left alone).
+shared_broker_pid() {
+  ss -ltnpH 'sport = :5672' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2
+}
+kill_shared_broker() {
+  local pid
+  pid=$(shared_broker_pid)
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
 restart_rabbitmq() {
-  timeout 60 rabbitmqctl stop >/dev/null 2>&1 || pkill -9 -f beam.smp || true
+  timeout 60 rabbitmqctl stop >/dev/null 2>&1 || kill_shared_broker
   for _ in $(seq 1 40); do port_open 5672 || break; sleep 0.5; done
   rabbitmq-server -detached >/dev/null 2>&1 || true
   wait_port 5672 RabbitMQ || true
@@ -74,7 +98,7 @@ if command -v rabbitmq-server >/dev/null && ! amqp_answers; then
   restart_rabbitmq
   if ! amqp_answers; then
     echo "ensure-services: RabbitMQ still silent; starting it on a fresh database"
-    timeout 60 rabbitmqctl stop >/dev/null 2>&1 || pkill -9 -f beam.smp || true
+    timeout 60 rabbitmqctl stop >/dev/null 2>&1 || kill_shared_broker
     for dir in /var/lib/rabbitmq/mnesia; do
       [ -d "$dir" ] && mv "$dir" "$dir.wedged-$(date +%s)"
     done

@@ -36,6 +36,9 @@ pub struct Metrics {
     pub dead_letters_stored: IntGauge,
     pub llm_request_duration: HistogramVec,
     pub llm_tokens: IntCounterVec,
+    /// Tool calls deferred in the broker by the tool's limits (`reason`: `concurrency`,
+    /// `rate_limit`, or `unavailable` when Redis could not decide: fail closed).
+    pub tool_deferred: IntCounterVec,
 }
 
 impl Metrics {
@@ -148,6 +151,11 @@ impl Metrics {
                 "fleet_llm_tokens_total",
                 "LLM tokens used, by model and type (prompt, completion).",
                 &["model", "type"],
+            ),
+            tool_deferred: counter(
+                "fleet_tool_deferred_total",
+                "Tool calls deferred in the broker by the tool's max_concurrency or rate_limit (no attempt spent).",
+                &["tool", "reason"],
             ),
             registry,
         }

@@ -15,14 +15,17 @@ use fleet_protocol::deadletter::Retention;
 use fleet_protocol::execution::{field, AttemptRecord, ExecutionStatus};
 use fleet_protocol::idempotency::{decide, Decision, RequestRecord, RequestState};
 use fleet_protocol::keys::Keys;
+use fleet_protocol::limits::ToolLimits;
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
 mod cancel;
+mod limits;
 mod turns;
 pub use cancel::{Begin, CancelRequest};
+pub use limits::{Pace, SlotGrant};
 pub use turns::{SessionFinish, SessionSlot};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,9 @@ pub struct StoredTool {
     /// The tool's own retry schedule; none: the fleet's default (`FLEET_RETRY_DELAYS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
+    /// `max_concurrency` and `rate_limit` (`store/limits.rs` enforces them).
+    #[serde(default, skip_serializing_if = "ToolLimits::is_none")]
+    pub limits: ToolLimits,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.

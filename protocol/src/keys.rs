@@ -93,6 +93,17 @@ impl Keys {
         format!("{}{{webhooks}}:index", self.prefix)
     }
 
+    /// A tool's concurrency semaphore (a sorted set of holder → lease expiry in ms), fleet-wide.
+    pub fn tool_concurrency(&self, tool_name: &str) -> String {
+        format!("{}tool-limits:{{{}}}:concurrency", self.prefix, hash_tag_safe(tool_name))
+    }
+
+    /// A tool's rate limiter (GCRA): a sorted set of the theoretical arrival time and the slots
+    /// reserved by calls waiting in the broker.
+    pub fn tool_rate(&self, tool_name: &str) -> String {
+        format!("{}tool-limits:{{{}}}:rate", self.prefix, hash_tag_safe(tool_name))
+    }
+
     /// A client's `Idempotency-Key`, namespaced by a digest of its bearer token.
     pub fn request_key(&self, token_digest: &str, idempotency_key_digest: &str) -> String {
         format!("{}request:{token_digest}:{idempotency_key_digest}", self.prefix)
@@ -187,5 +198,7 @@ mod tests {
         assert_eq!(k.idempotency("exec_1"), "t42:idempotency:exec_1");
         assert_eq!(k.tool("search"), "t42:{tools}:tool:search");
         assert_eq!(k.tools_index(), "t42:{tools}:index");
+        assert_eq!(k.tool_concurrency("search"), "t42:tool-limits:{search}:concurrency");
+        assert_eq!(k.tool_rate("search"), "t42:tool-limits:{search}:rate");
     }
 }

@@ -12,6 +12,7 @@ pub mod execution;
 pub mod history;
 pub mod idempotency;
 pub mod keys;
+pub mod limits;
 pub mod retry;
 pub mod retry_spec;
 pub mod sanitize;

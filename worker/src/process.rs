@@ -31,6 +31,8 @@ pub struct Processor {
     pub client: crate::http::CallbackClient,
     pub llm: crate::llm::LlmClients,
     pub targets: crate::registry::TargetCache,
+    /// Tools' `max_concurrency` and `rate_limit`, cached like the targets.
+    pub(crate) limits: crate::jobs::limits::LimitsCache,
 }
 
 impl Processor {

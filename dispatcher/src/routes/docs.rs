@@ -166,6 +166,25 @@ pub(crate) struct ToolInputDoc {
     pub callback_secret: Option<String>,
     /// The tool's retry schedule; `null` goes back to the fleet's default.
     pub retry: Option<RetryDoc>,
+    /// Callbacks in flight to this tool at once across the fleet (1-100000); `null` removes the limit.
+    #[schema(minimum = 1, maximum = 100000, example = 2)]
+    pub max_concurrency: Option<u32>,
+    /// Callbacks per second across the fleet; `null` removes the limit.
+    pub rate_limit: Option<RateLimitDoc>,
+}
+
+/// A tool's rate limit (GCRA): `per_second` on average, up to `burst` at once. Calls over it wait
+/// in the broker without spending an attempt.
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = RateLimit)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateLimitDoc {
+    /// Greater than 0 (from 1/86400, one a day, to 100000).
+    #[schema(minimum = 0.000011575, maximum = 100000, example = 5)]
+    pub per_second: f64,
+    /// 1-100000; left out or null: 1.
+    #[schema(minimum = 1, maximum = 100000, example = 1)]
+    pub burst: Option<u32>,
 }
 
 #[derive(ToSchema)]
@@ -178,6 +197,11 @@ pub(crate) struct Tool {
     pub callback_url: String,
     /// The tool's own retry schedule, or `null`: the fleet's default.
     pub retry: Option<RetryDoc>,
+    /// Null: no limit.
+    #[schema(minimum = 1, maximum = 100000)]
+    pub max_concurrency: Option<u32>,
+    /// Null: no limit.
+    pub rate_limit: Option<RateLimitDoc>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,

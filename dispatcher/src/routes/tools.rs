@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
 use fleet_protocol::retry_spec::{self, RetrySpec};
+use fleet_protocol::limits::{self, ToolLimits};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
@@ -35,6 +36,22 @@ pub(crate) struct ToolInput {
     /// The tool's retry schedule; `null` goes back to the fleet's default.
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
     retry: Option<Option<RetrySpec>>,
+    /// `null` removes the limit; left out keeps it (`fleet_protocol::limits::merge`).
+    #[serde(default, deserialize_with = "present")]
+    max_concurrency: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Value>,
+}
+
+/// A field given, even as `null` (which `Option` alone would not tell from a field left out).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
+/// The limits `input` makes of `current`'s; the error names the field.
+fn limits(current: &ToolLimits, input: &ToolInput) -> Result<ToolLimits, ApiError> {
+    limits::merge(current, input.max_concurrency.as_ref(), input.rate_limit.as_ref())
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -45,6 +62,8 @@ fn tool_json(t: &StoredTool) -> Value {
         "parameters": t.parameters,
         "callback_url": t.callback_url,
         "retry": t.retry,
+        "max_concurrency": t.limits.max_concurrency,
+        "rate_limit": t.limits.rate_limit,
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -65,6 +84,7 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
+    limits(&ToolLimits::default(), input)?;
     Ok(())
 }
 
@@ -89,6 +109,7 @@ fn merged(
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
             retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
+            limits: limits(&old.limits, input)?,
         },
         None => {
             let callback_url =
@@ -109,6 +130,7 @@ fn merged(
                 created_at_ms: now,
                 updated_at_ms: now,
                 retry: retry_spec::updated(&input.retry, None),
+                limits: limits(&ToolLimits::default(), input)?,
             }
         }
     })
@@ -315,6 +337,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             retry: None,
+            limits: ToolLimits::default(),
         }
     }
 
@@ -346,5 +369,23 @@ mod tests {
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(e.message.starts_with("parameters is not a valid JSON Schema"), "{}", e.message);
         assert!(check_fields(&input(json!({"callback_secret": "short"})), false).is_err());
+    }
+
+    #[test]
+    fn limits_are_checked_set_kept_and_removed() {
+        let e = check_fields(&input(json!({"max_concurrency": 0})), false).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.starts_with("max_concurrency"), "{}", e.message);
+        let e = check_fields(&input(json!({"rate_limit": {"per_second": 0}})), false).unwrap_err();
+        assert!(e.message.starts_with("rate_limit.per_second"), "{}", e.message);
+        let body = json!({"max_concurrency": 2, "rate_limit": {"per_second": 5, "burst": 2}});
+        let set = merged(Some(&stored("")), "t", &input(body), None, 5).unwrap();
+        assert_eq!(set.limits.max_concurrency, Some(2));
+        assert_eq!(tool_json(&set)["rate_limit"], json!({"per_second": 5.0, "burst": 2}));
+        let kept = merged(Some(&set), "t", &input(json!({"description": "d"})), None, 6).unwrap();
+        assert_eq!(kept.limits, set.limits);
+        let removed = merged(Some(&kept), "t", &input(json!({"max_concurrency": null})), None, 7).unwrap();
+        assert_eq!((removed.limits.max_concurrency, removed.limits.rate_limit), (None, set.limits.rate_limit));
+        assert_eq!(tool_json(&removed)["max_concurrency"], Value::Null);
     }
 }

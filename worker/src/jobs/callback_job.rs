@@ -1,5 +1,5 @@
-//! The life of a callback job (a tool call or a webhook delivery): claim, one signed POST (or a
-//! status poll) with the claim renewed, then the outcome. A tool call made by a turn tells its
+//! The life of a callback job (a tool call or a webhook delivery): claim, the tool's limits, one
+//! signed POST (or a status poll) with the claim renewed, then the outcome. A tool call made by a turn tells its
 //! turn when it succeeds, also when a redelivery finds it already done.
 
 use std::time::Instant;
@@ -14,7 +14,7 @@ use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
 
-use super::{claim, parent, renewing, Claimed};
+use super::{claim, limits, parent, renewing, Claimed};
 use crate::callback::{self, AttemptVerdict, CallbackContext};
 use crate::process::Processor;
 use crate::settle::{trace_headers, Failure, Held, Outcome};
@@ -30,9 +30,22 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         Claimed::Done(result) => return already_done(p, publisher, envelope, parent, result).await,
         Claimed::Later(wait) => return Outcome::Parked(wait),
     };
+    // The tool's limits are checked after the claim and before the attempt's first record write.
+    // After the claim: a duplicate of a finished call, or a copy whose twin is running, ends or
+    // parks at the claim without taking a concurrency slot or a rate slot from real work, and only
+    // the claim's holder holds a slot (named with its token, so a fenced-off copy never frees the
+    // newer claim's). Before `begin`: a deferred call has sent and written nothing (its record
+    // stays queued or retrying, its attempt is not spent), and it gives its claim back before it
+    // is parked, so no claim lease is held while it waits in the broker. The cost: each return of
+    // a deferred call claims and releases again.
+    let admission = match limits::admit(p, envelope, &held).await {
+        Ok(admission) => admission,
+        Err(deferred) => return deferred,
+    };
     // A poll continues the attempt its POST started.
     let started_ms = envelope.poll.as_ref().map_or_else(now_ms, |poll| poll.started_at_ms);
     if let Err(outcome) = begin(p, publisher, envelope, parent, &held, started_ms).await {
+        limits::release(p, admission).await;
         return outcome;
     }
     p.metrics.jobs_started.with_label_values(&[kind]).inc();
@@ -45,8 +58,9 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         secrets: &p.config.secrets_key,
         poll_limit: p.config.async_poll_limit,
     };
-    let attempt = callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref());
+    let attempt = limits::holding(p, &admission, callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref()));
     let report = renewing(p, &held, false, attempt).await.expect("callbacks are not stopped by a lost lease");
+    limits::release(p, admission).await;
     let elapsed = clock.elapsed();
     p.metrics.attempt_duration.with_label_values(&[kind]).observe(elapsed.as_secs_f64());
     p.metrics.callback_responses.with_label_values(&[kind, report.class]).inc();

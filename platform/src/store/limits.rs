@@ -1,0 +1,171 @@
+//! A tool's fleet-wide limits in Redis: the concurrency semaphore (a sorted set of holder → lease
+//! expiry: acquire, renew, release) and the rate limiter (GCRA with reservations, one sorted set).
+//! Each script touches its one key, so both work on Redis Cluster. Times are Redis's own clock
+//! (`TIME`), so the workers' clocks need not agree.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Script};
+
+use fleet_protocol::limits::RateLimit;
+
+use super::{Store, StoreError};
+
+/// KEYS: the semaphore. ARGV: holder, limit, lease (ms). Expired leases (a worker that died) are
+/// dropped first; a holder already in the set keeps its place. Answers {1} or {0, ms until the
+/// earliest lease expires}.
+const ACQUIRE_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not held and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(first[2]) - now}
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+return {1, 0}
+"#;
+
+/// KEYS: the semaphore. ARGV: holder, lease (ms). Extends the holder's lease; 0 if it has none
+/// any more (it expired and was dropped).
+const RENEW_LUA: &str = r#"
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+return 1
+"#;
+
+/// KEYS: the limiter. ARGV: the call's id, interval (ms), tolerance (ms), early (ms), grace (ms).
+/// `protocol::limits::gcra_reserve` in one step: the member `~tat` holds the theoretical arrival
+/// time; every other member is a call's reserved slot. A call holding a slot runs once its slot
+/// has come (within `early`) and gives it up; a call without one gets the next slot: now, or a
+/// reservation it comes back for. Reservations not used within `grace` of their time (a call that
+/// was cancelled meanwhile) are dropped. Answers {1} (run now) or {0, ms to wait}.
+const PACE_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local interval, tolerance = tonumber(ARGV[2]), tonumber(ARGV[3])
+local early, grace = tonumber(ARGV[4]), tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.3f', now - grace))
+local function keep()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]) + grace)) end
+end
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if mine then
+  mine = tonumber(mine)
+  if mine > now + early then return {0, math.ceil(mine - now)} end
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return {1, 0}
+end
+local tat = tonumber(redis.call('ZSCORE', KEYS[1], '~tat') or now)
+if tat < now then tat = now end
+local slot = math.max(now, tat - tolerance)
+redis.call('ZADD', KEYS[1], string.format('%.3f', tat + interval), '~tat')
+if slot > now + early then
+  redis.call('ZADD', KEYS[1], string.format('%.3f', slot), ARGV[1])
+  keep()
+  return {0, math.ceil(slot - now)}
+end
+keep()
+return {1, 0}
+"#;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static PACE: LazyLock<Script> = LazyLock::new(|| Script::new(PACE_LUA));
+
+/// How long an unused reservation is kept after its time before it is dropped.
+const RESERVATION_GRACE: Duration = Duration::from_secs(300);
+
+/// What asking for one of a tool's concurrency slots found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotGrant {
+    Acquired,
+    /// Every slot is held; the earliest lease runs out in this long (if never renewed).
+    Full {
+        earliest_expiry: Duration,
+    },
+}
+
+/// What the rate limiter says about a call now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    Now,
+    /// Its slot is reserved this far ahead: come back then.
+    Wait(Duration),
+}
+
+impl Store {
+    /// Takes one of `tool`'s `limit` concurrency slots for `holder`, leased for `lease`.
+    pub async fn acquire_tool_slot(
+        &self,
+        tool: &str,
+        holder: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<SlotGrant, StoreError> {
+        let r: Result<Vec<i64>, _> = ACQUIRE
+            .key(self.keys.tool_concurrency(tool))
+            .arg(holder)
+            .arg(limit)
+            .arg(lease.as_millis() as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        match self.count(r)?.as_slice() {
+            [1, ..] => Ok(SlotGrant::Acquired),
+            [0, ms] => Ok(SlotGrant::Full { earliest_expiry: Duration::from_millis((*ms).max(0) as u64) }),
+            other => Err(StoreError::Corrupt(format!("the slot script answered {other:?}"))),
+        }
+    }
+
+    /// Extends `holder`'s lease; `false` if it had run out (and may have been given to another).
+    pub async fn renew_tool_slot(&self, tool: &str, holder: &str, lease: Duration) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = RENEW
+            .key(self.keys.tool_concurrency(tool))
+            .arg(holder)
+            .arg(lease.as_millis() as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// Gives `holder`'s slot back.
+    pub async fn release_tool_slot(&self, tool: &str, holder: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().await?.zrem(self.keys.tool_concurrency(tool), holder).await;
+        self.count(r)
+    }
+
+    /// Asks `tool`'s rate limiter whether `call` may run now; a call that must wait keeps the slot
+    /// it was given and is let through when it asks again at that time. `early` is how much
+    /// sooner than its slot a call may run (the broker's early returns and clock skew).
+    pub async fn pace_tool(
+        &self,
+        tool: &str,
+        call: &str,
+        limit: &RateLimit,
+        early: Duration,
+    ) -> Result<Pace, StoreError> {
+        let r: Result<Vec<i64>, _> = PACE
+            .key(self.keys.tool_rate(tool))
+            .arg(call)
+            .arg(limit.interval_ms())
+            .arg(limit.tolerance_ms())
+            .arg(early.as_millis() as u64)
+            .arg(RESERVATION_GRACE.as_millis() as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        match self.count(r)?.as_slice() {
+            [1, ..] => Ok(Pace::Now),
+            [0, ms] => Ok(Pace::Wait(Duration::from_millis((*ms).max(1) as u64))),
+            other => Err(StoreError::Corrupt(format!("the rate script answered {other:?}"))),
+        }
+    }
+}
