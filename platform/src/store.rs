@@ -47,6 +47,9 @@ pub struct StoredTool {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
+    #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
+    pub signing: fleet_protocol::signature_scheme::Signing,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.
@@ -65,6 +68,9 @@ pub struct StoredWebhook {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
+    #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
+    pub signing: fleet_protocol::signature_scheme::Signing,
 }
 
 /// The outcome of trying to claim an execution before running it.

@@ -12,6 +12,7 @@ mod notify;
 pub mod process;
 pub mod registry;
 mod settle;
+pub mod signature;
 
 use std::sync::Arc;
 use std::time::Duration;

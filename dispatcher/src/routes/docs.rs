@@ -147,8 +147,24 @@ pub(crate) struct ToolInputDoc {
     pub parameters: Option<Map<String, Value>>,
     /// An http(s) URL the worker POSTs signed calls to.
     pub callback_url: Option<String>,
-    /// 16-1024 bytes; stored encrypted, never returned.
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes (the form the spec's libraries read).
     pub callback_secret: Option<String>,
+    /// How callbacks are signed; `interactor` (the seed's) unless set.
+    pub signature: Option<SignatureSchemeDoc>,
+    /// With a new `callback_secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`
+    /// (under `standard-webhooks` both sign until then).
+    pub rotate_secret: Option<bool>,
+}
+
+/// `interactor`: `X-Interactor-Signature: sha256=<hex>` over the body. `standard-webhooks`:
+/// `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>` (Standard Webhooks).
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = SignatureScheme)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum SignatureSchemeDoc {
+    Interactor,
+    StandardWebhooks,
 }
 
 #[derive(ToSchema)]
@@ -159,6 +175,9 @@ pub(crate) struct Tool {
     pub description: String,
     pub parameters: Map<String, Value>,
     pub callback_url: String,
+    pub signature: SignatureSchemeDoc,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    pub previous_secret_expires_at: Option<String>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,
@@ -398,10 +417,15 @@ pub(crate) struct SweepReportDoc {
 #[serde(deny_unknown_fields)]
 pub(crate) struct WebhookInputDoc {
     pub url: Option<String>,
-    /// 16-1024 bytes; stored encrypted, never returned.
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes.
     pub secret: Option<String>,
     /// At least one known event.
     pub events: Option<Vec<String>>,
+    /// How deliveries are signed; `interactor` (the seed's) unless set.
+    pub signature: Option<SignatureSchemeDoc>,
+    /// With a new `secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`.
+    pub rotate_secret: Option<bool>,
 }
 
 #[derive(ToSchema)]
@@ -409,6 +433,9 @@ pub(crate) struct Webhook {
     pub id: String,
     pub url: String,
     pub events: Vec<String>,
+    pub signature: SignatureSchemeDoc,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    pub previous_secret_expires_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
 }

@@ -31,6 +31,11 @@ pub(crate) struct ToolInput {
     parameters: Option<Map<String, Value>>,
     callback_url: Option<String>,
     callback_secret: Option<String>,
+    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
+    /// With a new `callback_secret`: keep the previous one for the grace period.
+    #[serde(default)]
+    rotate_secret: bool,
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -40,6 +45,8 @@ fn tool_json(t: &StoredTool) -> Value {
         "description": t.description,
         "parameters": t.parameters,
         "callback_url": t.callback_url,
+        "signature": t.signing.scheme,
+        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&t.signing),
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -82,6 +89,7 @@ fn merged(
             secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            signing: old.signing.clone(),
         },
         None => {
             let callback_url =
@@ -101,6 +109,7 @@ fn merged(
                 secret_ciphertext,
                 created_at_ms: now,
                 updated_at_ms: now,
+                signing: Default::default(),
             }
         }
     })
@@ -155,7 +164,8 @@ async fn save(
         }
         let owner = format!("tool:{name}");
         let ciphertext = input.callback_secret.as_ref().map(|s| state.config.secrets_key.encrypt(&owner, s));
-        let tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
+        let mut tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
+        tool.signing = tool_signing(state, current.as_ref().map(|c| &c.tool), &owner, input)?;
         if state.store.write_tool(&tool, current.as_ref()).await? {
             state.tool_schemas.forget(&name);
             let status = if current.is_none() { StatusCode::CREATED } else { StatusCode::OK };
@@ -167,6 +177,24 @@ async fn save(
         "tool_busy",
         "the tool kept changing while this request wrote it; try again",
     ))
+}
+
+/// The signing state `input` makes of `existing`'s (`signature`, `rotate_secret`).
+fn tool_signing(
+    state: &AppState,
+    existing: Option<&StoredTool>,
+    owner: &str,
+    input: &ToolInput,
+) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
+    let request = crate::signing::SigningRequest {
+        scheme: input.signature,
+        rotate_secret: input.rotate_secret,
+        new_secret: input.callback_secret.as_deref(),
+        secret_field: "callback_secret",
+    };
+    let stored =
+        existing.map(|t| crate::signing::Stored { signing: &t.signing, secret_ciphertext: &t.secret_ciphertext });
+    crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
 /// Parses and checks a registration body, resolving its callback host when private targets are off.
@@ -306,6 +334,7 @@ mod tests {
             secret_ciphertext: "v1.old".into(),
             created_at_ms: 1,
             updated_at_ms: 1,
+            signing: Default::default(),
         }
     }
 

@@ -21,6 +21,11 @@ struct WebhookInput {
     url: Option<String>,
     secret: Option<String>,
     events: Option<Vec<String>>,
+    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
+    /// With a new `secret`: keep the previous one for the grace period.
+    #[serde(default)]
+    rotate_secret: bool,
 }
 
 fn webhook_json(h: &StoredWebhook) -> Value {
@@ -28,6 +33,8 @@ fn webhook_json(h: &StoredWebhook) -> Value {
         "id": h.id,
         "url": h.url,
         "events": h.events,
+        "signature": h.signing.scheme,
+        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&h.signing),
         "created_at": rfc3339_from_millis(h.created_at_ms),
         "updated_at": rfc3339_from_millis(h.updated_at_ms),
     })
@@ -72,7 +79,9 @@ pub(crate) async fn put_webhook(
     }
     let owner = format!("webhook:{id}");
     let now = now_ms();
-    let hook = match state.store.get_webhook(&id).await? {
+    let existing = state.store.get_webhook(&id).await?;
+    let signing = webhook_signing(&state, existing.as_ref(), &owner, &input)?;
+    let hook = match existing {
         Some(old) => StoredWebhook {
             id: id.clone(),
             url: input.url.unwrap_or(old.url),
@@ -83,6 +92,7 @@ pub(crate) async fn put_webhook(
             },
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            signing,
         },
         None => StoredWebhook {
             id: id.clone(),
@@ -94,11 +104,30 @@ pub(crate) async fn put_webhook(
                 .encrypt(&owner, &input.secret.ok_or_else(|| ApiError::invalid("secret is required"))?),
             created_at_ms: now,
             updated_at_ms: now,
+            signing,
         },
     };
     let created = state.store.put_webhook(&hook).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"data": webhook_json(&hook)}))).into_response())
+}
+
+/// The signing state `input` makes of `existing`'s (`signature`, `rotate_secret`).
+fn webhook_signing(
+    state: &AppState,
+    existing: Option<&StoredWebhook>,
+    owner: &str,
+    input: &WebhookInput,
+) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
+    let request = crate::signing::SigningRequest {
+        scheme: input.signature,
+        rotate_secret: input.rotate_secret,
+        new_secret: input.secret.as_deref(),
+        secret_field: "secret",
+    };
+    let stored =
+        existing.map(|h| crate::signing::Stored { signing: &h.signing, secret_ciphertext: &h.secret_ciphertext });
+    crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read"])),
