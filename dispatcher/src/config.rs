@@ -46,7 +46,8 @@ impl DispatcherConfig {
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
             max_body_bytes: src.parse("FLEET_MAX_BODY_BYTES", 1024 * 1024)?,
             stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
-            secret_rotation_grace: src.seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
+            secret_rotation_grace: src
+                .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
         })
     }
 }

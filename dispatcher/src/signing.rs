@@ -124,8 +124,8 @@ mod tests {
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
         let signing = Signing::default();
         let stored = Stored { signing: &signing, secret_ciphertext: "v1.x" };
-        let rotated = next_signing(&key, "tool:t", Some(stored), request(None, true, Some("new secret 123456")), GRACE)
-            .unwrap();
+        let rotated =
+            next_signing(&key, "tool:t", Some(stored), request(None, true, Some("new secret 123456")), GRACE).unwrap();
         assert!(previous_secret_expires_at(&rotated).is_string());
         assert_eq!(previous_secret_expires_at(&Signing::default()), Value::Null);
         let stored = Stored { signing: &signing, secret_ciphertext: "v1.x" };

@@ -213,7 +213,10 @@ mod tests {
         let again = at(10_000, change(None, true, true)).previous.unwrap();
         assert_eq!((again.ciphertext.as_str(), again.expires_at_ms), ("v1.current", 10_000 + GRACE));
         // The scheme changes only when asked.
-        assert_eq!(at(10_000, change(Some(SignatureScheme::Interactor), false, false)).scheme, SignatureScheme::Interactor);
+        assert_eq!(
+            at(10_000, change(Some(SignatureScheme::Interactor), false, false)).scheme,
+            SignatureScheme::Interactor
+        );
         assert_eq!(at(10_000, change(None, false, true)).scheme, SignatureScheme::StandardWebhooks);
     }
 
@@ -232,8 +235,8 @@ mod tests {
 
     #[test]
     fn seed_headers_are_the_seeds() {
-        let headers = signature_headers(SignatureScheme::Interactor, "exec_1", 1_768_910_400_000, b"{}", "s3cret", None)
-            .unwrap();
+        let headers =
+            signature_headers(SignatureScheme::Interactor, "exec_1", 1_768_910_400_000, b"{}", "s3cret", None).unwrap();
         assert_eq!(
             headers,
             [
@@ -252,7 +255,8 @@ mod tests {
     #[test]
     fn standard_headers_sign_with_each_secret_in_force() {
         let (now_ms, body) = (1_649_367_553_999, br#"{"a":1}"#);
-        let get = |previous| signature_headers(SignatureScheme::StandardWebhooks, "exec_9", now_ms, body, NEW, previous);
+        let get =
+            |previous| signature_headers(SignatureScheme::StandardWebhooks, "exec_9", now_ms, body, NEW, previous);
         let single = get(None).unwrap();
         assert_eq!(single[0], ("webhook-id", "exec_9".to_string()));
         assert_eq!(single[1], ("webhook-timestamp", "1649367553".to_string()));
@@ -262,7 +266,10 @@ mod tests {
         assert_eq!(sigs[0], single[2].1);
         for secret in [NEW, OLD] {
             let key = standard_webhooks::key_from_secret(secret).unwrap();
-            assert_eq!(standard_webhooks::verify(&key, "exec_9", "1649367553", &both[2].1, body, 1_649_367_560), Ok(()));
+            assert_eq!(
+                standard_webhooks::verify(&key, "exec_9", "1649367553", &both[2].1, body, 1_649_367_560),
+                Ok(())
+            );
         }
         // A previous secret registered plain cannot sign and is left out; a plain current one is an error.
         assert_eq!(get(Some("a plain seed secret")).unwrap(), single);

@@ -29,7 +29,9 @@ const VERSION: &str = "v1";
 /// Why a secret cannot be a Standard Webhooks key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    #[error("a standard-webhooks secret must be base64, optionally prefixed with whsec_ (as the spec's libraries read it)")]
+    #[error(
+        "a standard-webhooks secret must be base64, optionally prefixed with whsec_ (as the spec's libraries read it)"
+    )]
     NotBase64,
     #[error("a standard-webhooks secret must decode to at least {MIN_KEY_BYTES} bytes, this one decodes to {0}")]
     TooShort(usize),

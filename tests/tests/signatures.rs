@@ -122,10 +122,22 @@ async fn standard_webhooks_callbacks_verify_with_the_reference_library() {
     // What the API refuses: a secret the libraries cannot read, an unknown scheme, a rotation
     // without a new secret or on a create, and switching a plain-secret tool to the new scheme.
     let refused = [
-        ("/v1/tools/bad", json!({"callback_url": owner.url("/b"), "callback_secret": "plain secret of some length", "signature": "standard-webhooks"}), "must be base64"),
-        ("/v1/tools/bad", json!({"callback_url": owner.url("/b"), "callback_secret": secret, "signature": "hmac"}), "hmac"),
+        (
+            "/v1/tools/bad",
+            json!({"callback_url": owner.url("/b"), "callback_secret": "plain secret of some length", "signature": "standard-webhooks"}),
+            "must be base64",
+        ),
+        (
+            "/v1/tools/bad",
+            json!({"callback_url": owner.url("/b"), "callback_secret": secret, "signature": "hmac"}),
+            "hmac",
+        ),
         ("/v1/tools/sw", json!({"rotate_secret": true}), "needs the new secret"),
-        ("/v1/tools/new", json!({"callback_url": owner.url("/b"), "callback_secret": secret, "rotate_secret": true}), "existing registration"),
+        (
+            "/v1/tools/new",
+            json!({"callback_url": owner.url("/b"), "callback_secret": secret, "rotate_secret": true}),
+            "existing registration",
+        ),
         ("/v1/tools/seed", json!({"signature": "standard-webhooks"}), "must be base64"),
     ];
     for (path, body, why) in refused {

@@ -260,7 +260,12 @@ fn judge(response: &ReadResponse, callback_url: &str, poll_accepted: bool, windo
 }
 
 /// One poll of an accepted callback's status URL: a signed GET (empty body signed).
-async fn poll_once(ctx: &CallbackContext<'_>, poll: &PollState, execution_id: &str, prepared: &Prepared) -> AttemptReport {
+async fn poll_once(
+    ctx: &CallbackContext<'_>,
+    poll: &PollState,
+    execution_id: &str,
+    prepared: &Prepared,
+) -> AttemptReport {
     let signature = match prepared.signing.headers(execution_id, now_ms(), b"", &prepared.secret) {
         Ok(headers) => headers,
         Err(why) => return AttemptReport::permanent(why),

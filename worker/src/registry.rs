@@ -63,6 +63,7 @@ mod tests {
         assert!(cache.get("tool:b").is_none());
         std::thread::sleep(Duration::from_millis(40));
         assert!(cache.get("tool:a").is_none());
-        assert!(!format!("{:?}", Target { url: "u".into(), secret: "hidden".into(), signing: Default::default() }).contains("hidden"));
+        assert!(!format!("{:?}", Target { url: "u".into(), secret: "hidden".into(), signing: Default::default() })
+            .contains("hidden"));
     }
 }

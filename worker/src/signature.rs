@@ -94,7 +94,8 @@ mod tests {
         let seed = SigningKeys::load(&key, "tool:t", &rotating(&key, SignatureScheme::Interactor, 10_000), 0);
         let headers = seed.headers("exec_1", 0, b"{}", "plain secret").unwrap();
         assert_eq!(headers[0].0, "X-Interactor-Signature");
-        let wrong_owner = SigningKeys::load(&key, "tool:u", &rotating(&key, SignatureScheme::StandardWebhooks, 10_000), 0);
+        let wrong_owner =
+            SigningKeys::load(&key, "tool:u", &rotating(&key, SignatureScheme::StandardWebhooks, 10_000), 0);
         assert_eq!(signatures(&wrong_owner.headers("exec_1", 0, b"{}", NEW).unwrap()), 1);
         let e = wrong_owner.headers("exec_1", 0, b"{}", "plain secret").unwrap_err();
         assert!(e.starts_with("the secret cannot sign for standard-webhooks"), "{e}");
