@@ -34,8 +34,7 @@ pub(crate) struct ToolInput {
     /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
     /// With a new `callback_secret`: keep the previous one for the grace period.
-    #[serde(default)]
-    rotate_secret: bool,
+    rotate_secret: Option<bool>,
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -188,7 +187,7 @@ fn tool_signing(
 ) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
     let request = crate::signing::SigningRequest {
         scheme: input.signature,
-        rotate_secret: input.rotate_secret,
+        rotate_secret: input.rotate_secret.unwrap_or(false),
         new_secret: input.callback_secret.as_deref(),
         secret_field: "callback_secret",
     };

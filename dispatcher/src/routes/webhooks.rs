@@ -24,8 +24,7 @@ struct WebhookInput {
     /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
     /// With a new `secret`: keep the previous one for the grace period.
-    #[serde(default)]
-    rotate_secret: bool,
+    rotate_secret: Option<bool>,
 }
 
 fn webhook_json(h: &StoredWebhook) -> Value {
@@ -121,7 +120,7 @@ fn webhook_signing(
 ) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
     let request = crate::signing::SigningRequest {
         scheme: input.signature,
-        rotate_secret: input.rotate_secret,
+        rotate_secret: input.rotate_secret.unwrap_or(false),
         new_secret: input.secret.as_deref(),
         secret_field: "secret",
     };
