@@ -1,8 +1,9 @@
 # The two commands: `make demo` (a local fleet with a demo turn of the callback pipeline) and
-# `make test` (the whole suite). `make bench` measures the fleet against the raw broker;
+# `make test` (the whole suite). `make bench` measures the fleet against the raw broker
+# (`make bench-peers` against Celery);
 # `make bench-streams` measures session streams at scale.
 SHELL := /bin/bash
-.PHONY: demo test test-rust check-monitoring check-chart check-api bench bench-streams soak lint
+.PHONY: demo test test-rust check-monitoring check-chart check-api bench bench-peers bench-streams soak lint
 
 demo:
 	scripts/ensure-services.sh
@@ -49,6 +50,14 @@ bench:
 	scripts/ensure-services.sh
 	cargo build --release --workspace --bins
 	target/release/fleet-bench
+
+# The drain beside Celery 5.7 (from PyPI, into a venv under ~/.cache) doing the same signed
+# callback on the same broker, Redis and receiver; optional, not part of `make test`.
+bench-peers:
+	scripts/ensure-services.sh
+	scripts/bench-peers/ensure-celery.sh
+	cargo build --release --workspace --bins
+	FLEET_BENCH_PEERS=1 target/release/fleet-bench
 
 # Session SSE streams at scale: Redis commands/s with 2,000 and 10,000 idle streams, event latency
 # with 1,000 streams each receiving a turn, dispatcher RSS (its own redis-server; raises ulimit -n).

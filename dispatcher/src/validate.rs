@@ -98,6 +98,14 @@ fn truncate(text: &str, max: usize) -> String {
     text.chars().take(max).collect()
 }
 
+/// A registry entry's `retry`, if given (`null` is fine: back to the default): 422 naming the field.
+pub fn retry(retry: &Option<Option<fleet_protocol::retry_spec::RetrySpec>>) -> Result<(), ApiError> {
+    match retry {
+        Some(Some(spec)) => spec.check().map_err(|e| ApiError::invalid(e.to_string())),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

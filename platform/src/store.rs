@@ -50,6 +50,9 @@ pub struct StoredTool {
     /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
     #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
     pub signing: fleet_protocol::signature_scheme::Signing,
+    /// The tool's own retry schedule; none: the fleet's default (`FLEET_RETRY_DELAYS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.
@@ -71,6 +74,9 @@ pub struct StoredWebhook {
     /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
     #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
     pub signing: fleet_protocol::signature_scheme::Signing,
+    /// The webhook's own retry schedule; none: the fleet's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
 }
 
 /// The outcome of trying to claim an execution before running it.

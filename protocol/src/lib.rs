@@ -13,6 +13,7 @@ pub mod history;
 pub mod idempotency;
 pub mod keys;
 pub mod retry;
+pub mod retry_spec;
 pub mod sanitize;
 pub mod schema;
 pub mod secrets;

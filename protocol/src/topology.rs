@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::envelope::JobKind;
+use crate::retry::{delay_ladder, ladder_step};
 
 /// Redeliveries after which the broker itself dead-letters a message (a job that keeps killing
 /// its worker must not crash-loop the fleet).
@@ -42,19 +43,27 @@ pub struct ExchangeSpec {
 pub struct Topology {
     prefix: String,
     delays: Vec<Duration>,
+    /// Every delay queue's TTL: the retry delays and the park delays (`retry::delay_ladder`).
+    ladder: Vec<Duration>,
 }
 
 impl Topology {
     pub fn new(prefix: impl Into<String>, delays: Vec<Duration>) -> Self {
-        Topology { prefix: prefix.into(), delays }
+        Topology { prefix: prefix.into(), ladder: delay_ladder(&delays), delays }
     }
 
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
+    /// The retry delays (`FLEET_RETRY_DELAYS`) the topology was built from.
     pub fn delays(&self) -> &[Duration] {
         &self.delays
+    }
+
+    /// Every delay queue's TTL, ascending: a step of [`Topology::delay_queue`] indexes into it.
+    pub fn ladder(&self) -> &[Duration] {
+        &self.ladder
     }
 
     /// Where the dispatcher publishes new jobs and where delay queues return them (direct, by kind).
@@ -71,9 +80,16 @@ impl Topology {
         format!("{}.work.{}", self.prefix, kind.queue_suffix())
     }
 
-    /// The delay queue for retry step `step` (0 = the first, shortest delay).
+    /// The delay queue of ladder step `step` (0 = the shortest, 250 ms; `RetryPolicy::park_step`
+    /// picks the step for a wait).
     pub fn delay_queue(&self, kind: JobKind, step: usize) -> String {
-        format!("{}.delay.{}.{}", self.prefix, kind.queue_suffix(), duration_label(self.delays[step]))
+        format!("{}.delay.{}.{}", self.prefix, kind.queue_suffix(), duration_label(self.ladder[step]))
+    }
+
+    /// The delay queue that holds a job waiting `remaining` first: the longest that does not
+    /// overshoot (see `retry::ladder_step`).
+    pub fn park_queue(&self, kind: JobKind, remaining: Duration) -> String {
+        self.delay_queue(kind, ladder_step(&self.ladder, remaining))
     }
 
     pub fn dead_letter_queue(&self) -> String {
@@ -87,7 +103,8 @@ impl Topology {
         ]
     }
 
-    /// Every queue, in declaration order. All are durable quorum queues; the delay and work queues
+    /// Every queue, in declaration order: per job kind its work queue and one delay queue per
+    /// ladder step (retry delays and park delays). All are durable quorum queues; the delay and work queues
     /// dead-letter at-least-once (which needs `reject-publish` overflow) so a retry is never dropped.
     pub fn queues(&self) -> Vec<QueueSpec> {
         let quorum = || ("x-queue-type", ArgValue::Str("quorum".into()));
@@ -110,7 +127,7 @@ impl Topology {
                 arguments,
                 bindings: vec![(self.jobs_exchange(), kind.as_str().to_string())],
             });
-            for (step, delay) in self.delays.iter().enumerate() {
+            for (step, delay) in self.ladder.iter().enumerate() {
                 let mut arguments = vec![
                     quorum(),
                     ("x-message-ttl", ArgValue::Int(delay.as_millis() as i64)),
@@ -153,8 +170,10 @@ mod tests {
         let t = default_topology();
         assert_eq!(t.jobs_exchange(), "fleet.jobs");
         assert_eq!(t.work_queue(JobKind::ToolCall), "fleet.work.tool_calls");
-        assert_eq!(t.delay_queue(JobKind::ToolCall, 0), "fleet.delay.tool_calls.1s");
-        assert_eq!(t.delay_queue(JobKind::ToolCall, 4), "fleet.delay.tool_calls.16s");
+        assert_eq!(t.delay_queue(JobKind::ToolCall, 0), "fleet.delay.tool_calls.250ms");
+        assert_eq!(t.delay_queue(JobKind::ToolCall, 1), "fleet.delay.tool_calls.1s");
+        assert_eq!(t.park_queue(JobKind::ToolCall, Duration::from_secs(16)), "fleet.delay.tool_calls.16s");
+        assert_eq!(t.park_queue(JobKind::Webhook, Duration::from_secs(7200)), "fleet.delay.webhooks.3600s");
         assert_eq!(t.dead_letter_queue(), "fleet.dead_letters");
     }
 
@@ -168,7 +187,25 @@ mod tests {
         assert!(delay.arguments.contains(&("x-dead-letter-routing-key", ArgValue::Str("tool_call".into()))));
         assert!(delay.arguments.contains(&("x-dead-letter-strategy", ArgValue::Str("at-least-once".into()))));
         assert!(queues.iter().all(|q| q.arguments.contains(&("x-queue-type", ArgValue::Str("quorum".into())))));
-        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5) + 1);
+        // Per kind: the work queue, 5 retry delay queues and 5 park queues; then the dead letters.
+        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5 + 5) + 1);
+    }
+
+    #[test]
+    fn every_kind_has_the_park_queues_and_the_retry_delays() {
+        let t = default_topology();
+        let names: Vec<String> = t.queues().into_iter().map(|q| q.name).collect();
+        for label in ["250ms", "1s", "2s", "4s", "5s", "8s", "16s", "60s", "600s", "3600s"] {
+            assert!(names.contains(&format!("fleet.delay.turns.{label}")), "no {label} queue: {names:?}");
+        }
+        let hour = t.queues().into_iter().find(|q| q.name == "fleet.delay.turns.3600s").unwrap();
+        assert!(hour.arguments.contains(&("x-message-ttl", ArgValue::Int(3_600_000))));
+        // The policy and the topology agree on which step is which queue.
+        let policy = crate::retry::RetryPolicy::default();
+        assert_eq!(policy.ladder(), t.ladder());
+        let wait = Duration::from_secs(45);
+        assert_eq!(t.delay_queue(JobKind::Turn, policy.park_step(wait)), t.park_queue(JobKind::Turn, wait));
+        assert_eq!(t.park_queue(JobKind::Turn, wait), "fleet.delay.turns.16s");
     }
 
     #[test]

@@ -124,7 +124,8 @@ async fn a_bare_delay_queue_hop_is_late_by_milliseconds() {
     let (_tap_conn, mut tapped) = tap(&fleet, JobKind::Webhook).await;
     // The dispatcher declared the topology; publish straight into the 1 s delay queue.
     wait_for("the topology", Duration::from_secs(10), || async {
-        (fleet.queue_depth(&fleet.topology.delay_queue(JobKind::Webhook, 0)).await == 0).then_some(())
+        (fleet.queue_depth(&fleet.topology.park_queue(JobKind::Webhook, Duration::from_secs(1))).await == 0)
+            .then_some(())
     })
     .await;
     let (conn, channel) = fleet.amqp().await;
@@ -135,7 +136,7 @@ async fn a_bare_delay_queue_hop_is_late_by_milliseconds() {
         channel
             .basic_publish(
                 "".into(),
-                fleet.topology.delay_queue(JobKind::Webhook, 0).as_str().into(),
+                fleet.topology.park_queue(JobKind::Webhook, Duration::from_secs(1)).as_str().into(),
                 BasicPublishOptions::default(),
                 format!("hop {i}").as_bytes(),
                 BasicProperties::default(),

@@ -11,6 +11,7 @@ pub mod llm;
 mod notify;
 pub mod process;
 pub mod registry;
+mod retry_policy;
 mod settle;
 pub mod signature;
 

@@ -98,7 +98,8 @@ impl Processor {
         let decision = if failure.permanent {
             RetryDecision::Exhausted
         } else {
-            self.config.common.retry.after_failure(envelope.attempt, failure.retry_after)
+            // The tool's or webhook's own schedule, else the fleet's default.
+            self.retry_decision(envelope, failure.retry_after).await
         };
         match decision {
             RetryDecision::Retry { next_attempt, wait, step } => {
@@ -234,7 +235,9 @@ impl Processor {
         self.metrics.job_latency.with_label_values(&[envelope.kind().as_str(), outcome]).observe(secs);
     }
 
-    /// Holds a job in the delay queue that fits `remaining` without spending an attempt.
+    /// Holds a job in the delay queue that fits `remaining` without spending an attempt: the
+    /// longest of the ladder (retry delays and park queues, 250 ms to 1 h) that does not overshoot;
+    /// on return it is parked again until its `not_before_ms` is due.
     pub(crate) async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration) -> Settle {
         let retry = &self.config.common.retry;
         let step = retry.park_step(remaining);

@@ -134,6 +134,21 @@ pub(crate) enum ExecutionStatusName {
 
 // ---- tools ----
 
+/// A tool's or webhook's own retry schedule (`null` or absent: the fleet's default, 6 attempts at
+/// 0, 1, 2, 4, 8, 16 s). Waits are held by the broker; the window may be at most 72 h.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"attempts": 8, "delays": [5, 300, 1800, 7200, 18000, 36000, 36000]}))]
+pub(crate) struct RetryDoc {
+    /// Attempts in all, 1-20 (the first runs at once).
+    #[schema(minimum = 1, maximum = 20)]
+    pub attempts: u32,
+    /// Whole seconds (≥ 1) before each attempt after the first: exactly `attempts - 1` entries,
+    /// any order, adding up to at most 259200 (72 h).
+    #[schema(max_items = 19)]
+    pub delays: Vec<u64>,
+}
+
 /// A tool registration or update. On create, `callback_url` and `callback_secret` are required
 /// (and `name` for `POST /v1/tools`); on update, fields left out keep their value.
 #[derive(ToSchema, serde::Deserialize)]
@@ -155,6 +170,8 @@ pub(crate) struct ToolInputDoc {
     /// With a new `callback_secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`
     /// (under `standard-webhooks` both sign until then).
     pub rotate_secret: Option<bool>,
+    /// The tool's retry schedule; `null` goes back to the fleet's default.
+    pub retry: Option<RetryDoc>,
 }
 
 /// `interactor`: `X-Interactor-Signature: sha256=<hex>` over the body. `standard-webhooks`:
@@ -178,6 +195,8 @@ pub(crate) struct Tool {
     pub signature: SignatureSchemeDoc,
     /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
     pub previous_secret_expires_at: Option<String>,
+    /// The tool's own retry schedule, or `null`: the fleet's default.
+    pub retry: Option<RetryDoc>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,
@@ -426,6 +445,8 @@ pub(crate) struct WebhookInputDoc {
     pub signature: Option<SignatureSchemeDoc>,
     /// With a new `secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`.
     pub rotate_secret: Option<bool>,
+    /// The webhook's retry schedule; `null` goes back to the fleet's default.
+    pub retry: Option<RetryDoc>,
 }
 
 #[derive(ToSchema)]
@@ -436,6 +457,8 @@ pub(crate) struct Webhook {
     pub signature: SignatureSchemeDoc,
     /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
     pub previous_secret_expires_at: Option<String>,
+    /// The webhook's own retry schedule, or `null`: the fleet's default.
+    pub retry: Option<RetryDoc>,
     pub created_at: String,
     pub updated_at: String,
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
+use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
@@ -35,6 +36,9 @@ pub(crate) struct ToolInput {
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
     /// With a new `callback_secret`: keep the previous one for the grace period.
     rotate_secret: Option<bool>,
+    /// The tool's retry schedule; `null` goes back to the fleet's default.
+    #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    retry: Option<Option<RetrySpec>>,
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -46,6 +50,7 @@ fn tool_json(t: &StoredTool) -> Value {
         "callback_url": t.callback_url,
         "signature": t.signing.scheme,
         "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&t.signing),
+        "retry": t.retry,
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -62,6 +67,7 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
     if input.callback_secret.as_ref().is_some_and(|s| s.len() < 16 || s.len() > 1024) {
         return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
     }
+    validate::retry(&input.retry)?;
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
@@ -89,6 +95,7 @@ fn merged(
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
             signing: old.signing.clone(),
+            retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
         },
         None => {
             let callback_url =
@@ -109,6 +116,7 @@ fn merged(
                 created_at_ms: now,
                 updated_at_ms: now,
                 signing: Default::default(),
+                retry: retry_spec::updated(&input.retry, None),
             }
         }
     })
@@ -334,6 +342,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             signing: Default::default(),
+            retry: None,
         }
     }
 

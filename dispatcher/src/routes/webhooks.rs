@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::StoredWebhook;
+use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
@@ -25,6 +26,9 @@ struct WebhookInput {
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
     /// With a new `secret`: keep the previous one for the grace period.
     rotate_secret: Option<bool>,
+    /// The webhook's retry schedule; `null` goes back to the fleet's default.
+    #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    retry: Option<Option<RetrySpec>>,
 }
 
 fn webhook_json(h: &StoredWebhook) -> Value {
@@ -34,6 +38,7 @@ fn webhook_json(h: &StoredWebhook) -> Value {
         "events": h.events,
         "signature": h.signing.scheme,
         "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&h.signing),
+        "retry": h.retry,
         "created_at": rfc3339_from_millis(h.created_at_ms),
         "updated_at": rfc3339_from_millis(h.updated_at_ms),
     })
@@ -76,6 +81,7 @@ pub(crate) async fn put_webhook(
             )));
         }
     }
+    validate::retry(&input.retry)?;
     let owner = format!("webhook:{id}");
     let now = now_ms();
     let existing = state.store.get_webhook(&id).await?;
@@ -92,6 +98,7 @@ pub(crate) async fn put_webhook(
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
             signing,
+            retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
         },
         None => StoredWebhook {
             id: id.clone(),
@@ -104,6 +111,7 @@ pub(crate) async fn put_webhook(
             created_at_ms: now,
             updated_at_ms: now,
             signing,
+            retry: retry_spec::updated(&input.retry, None),
         },
     };
     let created = state.store.put_webhook(&hook).await?;

@@ -4,6 +4,10 @@
 //!
 //! Settings: FLEET_BENCH_JOBS (5000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
 //! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200).
+//!
+//! `make bench-peers` (FLEET_BENCH_PEERS=1) measures only the drain, the fleet's beside Celery's
+//! (`scripts/bench-peers/celery_peer.py`: the same signed-callback job, prefork × 4, `acks_late`,
+//! publisher confirms) on the same broker, Redis and receiver, and prints their ratio.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -210,6 +214,9 @@ async fn main() -> anyhow::Result<()> {
     let turns = setting("FLEET_BENCH_TURNS", 200);
     println!("fleet-bench: {jobs} jobs, {workers} worker(s) × concurrency {concurrency}, {clients} API clients");
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
+    if std::env::var("FLEET_BENCH_PEERS").is_ok_and(|v| v == "1") {
+        return peers(&conn, jobs, workers, &concurrency.to_string(), clients).await;
+    }
 
     // ---- 1. raw broker ceiling ----
     let (raw_publish_rate, raw_drain_rate) = raw_broker(&conn, jobs, clients, concurrency * workers).await?;
@@ -217,15 +224,7 @@ async fn main() -> anyhow::Result<()> {
     // ---- 2. fleet throughput and 3. latency ----
     let conc = concurrency.to_string();
     let receiver = Receiver::start(Duration::ZERO).await;
-    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", &conc)]).await?;
-    fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
-    let enqueue_rate = fleet.enqueue_many(0..jobs, clients).await?;
-    let started = Instant::now();
-    for _ in 0..workers {
-        fleet.add_worker().await?;
-    }
-    wait_until(Duration::from_secs(600), || receiver.count() >= jobs).await?;
-    let fleet_drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let (fleet, enqueue_rate, fleet_drain_rate) = fleet_drain(&receiver, jobs, workers, &conc, clients).await?;
 
     // The maximum sustained rate: producers and workers running together, end to end.
     let sustained_jobs = jobs / 2;
@@ -393,6 +392,96 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fleet of `workers` started on `jobs` jobs enqueued beforehand (to `receiver`): the fleet, the
+/// enqueue rate and the drain rate (from starting the workers to the last job's arrival).
+async fn fleet_drain(
+    receiver: &Receiver,
+    jobs: usize,
+    workers: usize,
+    concurrency: &str,
+    clients: usize,
+) -> anyhow::Result<(BenchFleet, f64, f64)> {
+    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", concurrency)]).await?;
+    fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
+    let before = receiver.count();
+    let enqueue_rate = fleet.enqueue_many(0..jobs, clients).await?;
+    let started = Instant::now();
+    for _ in 0..workers {
+        fleet.add_worker().await?;
+    }
+    wait_until(Duration::from_secs(600), || receiver.count() >= before + jobs).await?;
+    Ok((fleet, enqueue_rate, jobs as f64 / started.elapsed().as_secs_f64()))
+}
+
+/// `make bench-peers`: the fleet's drain and Celery's, the same job to the same receiver.
+async fn peers(
+    conn: &Connection,
+    jobs: usize,
+    workers: usize,
+    concurrency: &str,
+    clients: usize,
+) -> anyhow::Result<()> {
+    let receiver = Receiver::start(Duration::ZERO).await;
+    let (fleet, _, fleet_rate) = fleet_drain(&receiver, jobs, workers, concurrency, clients).await?;
+    fleet.stop(conn).await;
+    let celery_rate = celery_drain(conn, &receiver, jobs).await?;
+    println!("{:<52} {:>10}", "fleet drain (jobs/s)", format!("{fleet_rate:.0}"));
+    println!("{:<52} {:>10}", "Celery 5.7 drain, prefork × 4, acks_late (jobs/s)", format!("{celery_rate:.0}"));
+    println!("{:<52} {:>10}   target >= 10×", "fleet / Celery", format!("{:.1}×", fleet_rate / celery_rate));
+    Ok(())
+}
+
+/// Publishes `jobs` Celery tasks (confirmed), then starts a Celery worker and times its drain.
+async fn celery_drain(conn: &Connection, receiver: &Receiver, jobs: usize) -> anyhow::Result<f64> {
+    let venv = std::env::var("FLEET_CELERY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/fleet-celery"));
+    let dir = std::env::var("FLEET_BENCH_PEER_DIR").unwrap_or_else(|_| "scripts/bench-peers".into());
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let queue = format!("bench-celery-{run}");
+    let peer = |program: PathBuf| {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(&dir)
+            .env("PEER_QUEUE", &queue)
+            .env("PEER_KEY_PREFIX", format!("{queue}:"))
+            .env("PEER_RECEIVER_URL", format!("http://{}/bench", receiver.addr))
+            .env("PEER_AMQP_URL", amqp_url())
+            .env("PEER_REDIS_URL", redis_url())
+            .stdin(Stdio::null());
+        cmd
+    };
+    let status = peer(venv.join("bin/python")).args(["celery_peer.py", "publish", &jobs.to_string(), &run]).status();
+    anyhow::ensure!(status?.success(), "publishing the Celery tasks failed (make bench-peers installs Celery)");
+    let before = receiver.count();
+    let started = Instant::now();
+    let mut worker = peer(venv.join("bin/celery"))
+        .args(["-A", "celery_peer", "worker", "-P", "prefork", "-c", "4", "-Q", &queue, "-l", "WARNING"])
+        .args(["--without-gossip", "--without-mingle", "--without-heartbeat"])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start the Celery worker")?;
+    let drained = wait_until(Duration::from_secs(900), || receiver.count() >= before + jobs).await;
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let _ = worker.kill();
+    let _ = worker.wait();
+    if let Ok(ch) = conn.create_channel().await {
+        let _ = ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await;
+        let _ = ch.exchange_delete(queue.as_str().into(), Default::default()).await;
+        // Celery's worker declares its native delayed-delivery topology on quorum queues (which
+        // cannot be deleted "if empty"; nothing here delays a task, so they are empty).
+        for level in 0..28 {
+            let name = format!("celery_delayed_{level}");
+            let _ = ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
+            let _ = ch.exchange_delete(name.as_str().into(), Default::default()).await;
+        }
+        for exchange in ["celery_delayed_delivery", "celery.pidbox"] {
+            let _ = ch.exchange_delete(exchange.into(), Default::default()).await;
+        }
+    }
+    delete_keys(&format!("{queue}:*")).await;
+    drained.map(|()| rate)
+}
+
 async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usize) -> anyhow::Result<(f64, f64)> {
     let channel = conn.create_channel().await?;
     let raw_queue = format!("bench-raw-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
@@ -472,10 +561,13 @@ async fn cleanup(id: &str, conn: &Connection) {
             let _ = ch.exchange_delete(e.name.as_str().into(), Default::default()).await;
         }
     }
+    delete_keys(&format!("{id}:*")).await;
+}
+
+async fn delete_keys(pattern: &str) {
     if let Ok(client) = redis::Client::open(redis_url()) {
         if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-            let keys: Vec<String> =
-                redis::cmd("KEYS").arg(format!("{id}:*")).query_async(&mut con).await.unwrap_or_default();
+            let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(&mut con).await.unwrap_or_default();
             for chunk in keys.chunks(500) {
                 for key in chunk {
                     let _: Result<(), _> = redis::cmd("DEL").arg(key).query_async(&mut con).await;
