@@ -29,6 +29,9 @@ pub struct DispatcherConfig {
     pub max_body_bytes: usize,
     /// How often queue depths and the oldest job's age are refreshed for `/metrics`.
     pub stats_interval: std::time::Duration,
+    /// `FLEET_SECRET_ROTATION_GRACE`: how long a secret replaced with `rotate_secret` is kept
+    /// (and, under Standard Webhooks, still signs).
+    pub secret_rotation_grace: std::time::Duration,
 }
 
 impl DispatcherConfig {
@@ -43,6 +46,8 @@ impl DispatcherConfig {
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
             max_body_bytes: src.parse("FLEET_MAX_BODY_BYTES", 1024 * 1024)?,
             stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
+            secret_rotation_grace: src
+                .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
         })
     }
 }

@@ -5,6 +5,7 @@ pub mod config;
 pub mod error;
 mod routes;
 pub mod scopes;
+mod signing;
 pub mod stats;
 pub mod stream;
 pub mod tool_schemas;

@@ -50,6 +50,9 @@ pub struct StoredTool {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
+    #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
+    pub signing: fleet_protocol::signature_scheme::Signing,
     /// The tool's own retry schedule; none: the fleet's default (`FLEET_RETRY_DELAYS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
@@ -74,6 +77,9 @@ pub struct StoredWebhook {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Signature scheme and, during a secret rotation, the previous secret (ciphertext).
+    #[serde(default, skip_serializing_if = "fleet_protocol::signature_scheme::Signing::is_default")]
+    pub signing: fleet_protocol::signature_scheme::Signing,
     /// The webhook's own retry schedule; none: the fleet's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,

@@ -1,6 +1,6 @@
 //! A tool owner's callback receiver for tests: records every request, verifies its signature with
-//! an independent HMAC and the seed's 300 s window, counts side effects once per execution id, and
-//! answers as the test scripts it.
+//! an independent HMAC and the seed's 300 s window (or a verifier the test gives), counts side
+//! effects once per execution id, and answers as the test scripts it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -30,10 +30,14 @@ impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
     }
-    /// The delivery's execution id: `X-Interactor-Request-Id` (for tool callbacks it equals the
-    /// body's `execution_id`; webhook events carry theirs only in the header).
+    /// The delivery's execution id: `X-Interactor-Request-Id` or, under Standard Webhooks,
+    /// `webhook-id` (for tool callbacks it equals the body's `execution_id`; webhook events carry
+    /// theirs only in the header).
     pub fn execution_id(&self) -> &str {
-        self.header("x-interactor-request-id").or_else(|| self.json["execution_id"].as_str()).unwrap_or_default()
+        self.header("x-interactor-request-id")
+            .or_else(|| self.header("webhook-id"))
+            .or_else(|| self.json["execution_id"].as_str())
+            .unwrap_or_default()
     }
 }
 
@@ -72,8 +76,11 @@ impl Reply {
 /// Decides the answer from the request and how many requests this execution id sent before it.
 pub type Script = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
 
+/// Verifies a request from its headers (names lower-case) and raw body.
+pub type Verifier = Arc<dyn Fn(&HashMap<String, String>, &[u8]) -> Result<(), String> + Send + Sync>;
+
 struct Inner {
-    secret: Vec<u8>,
+    verifier: Verifier,
     script: Script,
     received: Mutex<Vec<Received>>,
     side_effects: Mutex<HashMap<String, u32>>,
@@ -89,10 +96,20 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Starts a receiver on loopback answering with `script`.
+    /// Starts a receiver on loopback answering with `script`, verifying the seed's signature
+    /// under `secret`.
     pub async fn start(secret: &str, script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Self {
+        let secret = secret.as_bytes().to_vec();
+        Self::start_verifying(Arc::new(move |headers, body| verify(&secret, headers, body)), script).await
+    }
+
+    /// Starts a receiver on loopback answering with `script`, verifying with `verifier`.
+    pub async fn start_verifying(
+        verifier: Verifier,
+        script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let inner = Arc::new(Inner {
-            secret: secret.as_bytes().to_vec(),
+            verifier,
             script: Arc::new(script),
             received: Mutex::new(Vec::new()),
             side_effects: Mutex::new(HashMap::new()),
@@ -144,7 +161,7 @@ async fn handle(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: 
     let headers: HashMap<String, String> =
         headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string())).collect();
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let verified = verify(&inner.secret, &headers, &body);
+    let verified = (inner.verifier)(&headers, &body);
     let received =
         Received { at: Instant::now(), path: uri.path().to_string(), headers, body: body.to_vec(), json, verified };
     let before = {
@@ -183,7 +200,7 @@ async fn handle(State(inner): State<Arc<Inner>>, uri: axum::http::Uri, headers: 
 }
 
 /// The seed's verification, written independently: HMAC over the raw body and a 300 s window.
-fn verify(secret: &[u8], headers: &HashMap<String, String>, body: &[u8]) -> Result<(), String> {
+pub fn verify(secret: &[u8], headers: &HashMap<String, String>, body: &[u8]) -> Result<(), String> {
     let signature = headers.get("x-interactor-signature").ok_or("no X-Interactor-Signature")?;
     let timestamp = headers.get("x-interactor-timestamp").ok_or("no X-Interactor-Timestamp")?;
     let signed = time::OffsetDateTime::parse(timestamp, &time::format_description::well_known::Rfc3339)

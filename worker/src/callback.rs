@@ -7,20 +7,18 @@ use serde_json::Value;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::Store;
-use fleet_protocol::callback::{
-    async_status_url, resolve_status_url, CallbackBody, REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
-};
+use fleet_protocol::callback::{async_status_url, resolve_status_url, CallbackBody};
 use fleet_protocol::classify::{classify_status, ResponseClass, TransportFailure};
 use fleet_protocol::envelope::{Job, PollState};
 use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::secrets::SecretsKey;
-use fleet_protocol::signing::signature_header;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use tracing::Instrument;
 
 use crate::http::{CallbackClient, ReadResponse};
 use crate::registry::Target;
+use crate::signature::SigningKeys;
 
 /// What an attempt came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,8 +71,10 @@ pub struct CallbackContext<'a> {
 struct Prepared {
     url: String,
     secret: String,
+    signing: SigningKeys,
     body: Vec<u8>,
-    timestamp: String,
+    /// The signing time (the body's `timestamp` says the same).
+    signed_at_ms: i64,
     timeout: Duration,
     /// Tool callbacks may answer 202 and be polled; for a webhook a 202 is simply delivered.
     poll_accepted: bool,
@@ -90,7 +90,7 @@ pub async fn attempt(
 ) -> AttemptReport {
     let mut report = match prepare(ctx, execution_id, job).await {
         Ok(prepared) => match poll {
-            Some(poll) => poll_once(ctx, poll, execution_id, prepared.secret.as_bytes()).await,
+            Some(poll) => poll_once(ctx, poll, execution_id, &prepared).await,
             None => post(ctx, prepared, execution_id).await,
         },
         Err(report) => report,
@@ -100,15 +100,20 @@ pub async fn attempt(
 }
 
 async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str) -> AttemptReport {
-    let request = ctx
+    let signed = prepared.signing.headers(execution_id, prepared.signed_at_ms, &prepared.body, &prepared.secret);
+    let signature = match signed {
+        Ok(headers) => headers,
+        Err(why) => return AttemptReport::permanent(why),
+    };
+    let mut request = ctx
         .client
         .post(&prepared.url)
         .timeout(prepared.timeout)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(SIGNATURE_HEADER, signature_header(prepared.secret.as_bytes(), &prepared.body))
-        .header(TIMESTAMP_HEADER, &prepared.timestamp)
-        .header(REQUEST_ID_HEADER, execution_id)
-        .body(prepared.body);
+        .header(reqwest::header::CONTENT_TYPE, "application/json");
+    for (name, value) in signature {
+        request = request.header(name, value);
+    }
+    let request = request.body(prepared.body);
     match traced_send(ctx, request, "POST").await {
         Ok(response) => judge(&response, &prepared.url, prepared.poll_accepted, &ctx.poll_deadline(None)),
         Err(failure) => AttemptReport::transport(failure),
@@ -139,7 +144,8 @@ async fn traced_send(
 
 /// Looks up the target and its secret, and builds the body signed at this attempt's time.
 async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Result<Prepared, AttemptReport> {
-    let timestamp = rfc3339_from_millis(now_ms());
+    let signed_at_ms = now_ms();
+    let timestamp = rfc3339_from_millis(signed_at_ms);
     match job {
         Job::ToolCall(call) => {
             let owner = format!("tool:{}", call.tool_name);
@@ -160,7 +166,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                         .secrets
                         .decrypt(&owner, &tool.secret_ciphertext)
                         .map_err(|e| AttemptReport::permanent(format!("callback secret cannot be used: {e}")))?;
-                    ctx.targets.put(&owner, Target { url: tool.callback_url, secret })
+                    let signing = SigningKeys::load(ctx.secrets, &owner, &tool.signing, signed_at_ms);
+                    ctx.targets.put(&owner, Target { url: tool.callback_url, secret, signing })
                 }
             };
             let body = CallbackBody {
@@ -175,8 +182,9 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             Ok(Prepared {
                 url: target.url.clone(),
                 secret: target.secret.clone(),
+                signing: target.signing.clone(),
                 body,
-                timestamp,
+                signed_at_ms,
                 timeout: ctx.callback_timeout,
                 poll_accepted: true,
             })
@@ -193,16 +201,19 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 }
                 Err(e) => return Err(registry_unavailable(e)),
             };
+            let owner = format!("webhook:{}", stored.id);
             let secret = ctx
                 .secrets
-                .decrypt(&format!("webhook:{}", stored.id), &stored.secret_ciphertext)
+                .decrypt(&owner, &stored.secret_ciphertext)
                 .map_err(|e| AttemptReport::permanent(format!("webhook secret cannot be used: {e}")))?;
+            let signing = SigningKeys::load(ctx.secrets, &owner, &stored.signing, signed_at_ms);
             let body = serde_json::to_vec(&hook.payload).expect("a payload serialises");
             Ok(Prepared {
                 url: stored.url,
                 secret,
+                signing,
                 body,
-                timestamp,
+                signed_at_ms,
                 timeout: Duration::from_secs(WEBHOOK_TIMEOUT_SECS),
                 poll_accepted: false,
             })
@@ -249,15 +260,20 @@ fn judge(response: &ReadResponse, callback_url: &str, poll_accepted: bool, windo
 }
 
 /// One poll of an accepted callback's status URL: a signed GET (empty body signed).
-async fn poll_once(ctx: &CallbackContext<'_>, poll: &PollState, execution_id: &str, secret: &[u8]) -> AttemptReport {
-    let timestamp = rfc3339_from_millis(now_ms());
-    let request = ctx
-        .client
-        .get(&poll.status_url)
-        .timeout(ctx.callback_timeout)
-        .header(SIGNATURE_HEADER, signature_header(secret, b""))
-        .header(TIMESTAMP_HEADER, &timestamp)
-        .header(REQUEST_ID_HEADER, execution_id);
+async fn poll_once(
+    ctx: &CallbackContext<'_>,
+    poll: &PollState,
+    execution_id: &str,
+    prepared: &Prepared,
+) -> AttemptReport {
+    let signature = match prepared.signing.headers(execution_id, now_ms(), b"", &prepared.secret) {
+        Ok(headers) => headers,
+        Err(why) => return AttemptReport::permanent(why),
+    };
+    let mut request = ctx.client.get(&poll.status_url).timeout(ctx.callback_timeout);
+    for (name, value) in signature {
+        request = request.header(name, value);
+    }
     match traced_send(ctx, request, "GET").await {
         Ok(response) => poll_answer(&response, poll, now_ms()),
         Err(failure) => AttemptReport::transport(failure),

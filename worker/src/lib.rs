@@ -13,6 +13,7 @@ pub mod process;
 pub mod registry;
 mod retry_policy;
 mod settle;
+pub mod signature;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,11 +11,17 @@ use std::time::{Duration, Instant};
 pub struct Target {
     pub url: String,
     pub secret: String,
+    /// The scheme and, during a rotation, the previous secret.
+    pub signing: crate::signature::SigningKeys,
 }
 
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target").field("url", &self.url).field("secret", &"<redacted>").finish()
+        f.debug_struct("Target")
+            .field("url", &self.url)
+            .field("secret", &"<redacted>")
+            .field("signing", &self.signing)
+            .finish()
     }
 }
 
@@ -52,11 +58,12 @@ mod tests {
     #[test]
     fn entries_expire() {
         let cache = TargetCache::new(Duration::from_millis(30));
-        cache.put("tool:a", Target { url: "http://a".into(), secret: "s".into() });
+        cache.put("tool:a", Target { url: "http://a".into(), secret: "s".into(), signing: Default::default() });
         assert_eq!(cache.get("tool:a").unwrap().url, "http://a");
         assert!(cache.get("tool:b").is_none());
         std::thread::sleep(Duration::from_millis(40));
         assert!(cache.get("tool:a").is_none());
-        assert!(!format!("{:?}", Target { url: "u".into(), secret: "hidden".into() }).contains("hidden"));
+        assert!(!format!("{:?}", Target { url: "u".into(), secret: "hidden".into(), signing: Default::default() })
+            .contains("hidden"));
     }
 }

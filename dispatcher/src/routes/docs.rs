@@ -162,8 +162,14 @@ pub(crate) struct ToolInputDoc {
     pub parameters: Option<Map<String, Value>>,
     /// An http(s) URL the worker POSTs signed calls to.
     pub callback_url: Option<String>,
-    /// 16-1024 bytes; stored encrypted, never returned.
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes (the form the spec's libraries read).
     pub callback_secret: Option<String>,
+    /// How callbacks are signed; `interactor` (the seed's) unless set.
+    pub signature: Option<SignatureSchemeDoc>,
+    /// With a new `callback_secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`
+    /// (under `standard-webhooks` both sign until then).
+    pub rotate_secret: Option<bool>,
     /// The tool's retry schedule; `null` goes back to the fleet's default.
     pub retry: Option<RetryDoc>,
     /// Callbacks in flight to this tool at once across the fleet (1-100000); `null` removes the limit.
@@ -187,6 +193,16 @@ pub(crate) struct RateLimitDoc {
     pub burst: Option<u32>,
 }
 
+/// `interactor`: `X-Interactor-Signature: sha256=<hex>` over the body. `standard-webhooks`:
+/// `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>` (Standard Webhooks).
+#[derive(ToSchema, serde::Deserialize)]
+#[schema(as = SignatureScheme)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum SignatureSchemeDoc {
+    Interactor,
+    StandardWebhooks,
+}
+
 #[derive(ToSchema)]
 pub(crate) struct Tool {
     /// `tool_` and 32 hex digits.
@@ -195,6 +211,9 @@ pub(crate) struct Tool {
     pub description: String,
     pub parameters: Map<String, Value>,
     pub callback_url: String,
+    pub signature: SignatureSchemeDoc,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    pub previous_secret_expires_at: Option<String>,
     /// The tool's own retry schedule, or `null`: the fleet's default.
     pub retry: Option<RetryDoc>,
     /// Null: no limit.
@@ -441,10 +460,15 @@ pub(crate) struct SweepReportDoc {
 #[serde(deny_unknown_fields)]
 pub(crate) struct WebhookInputDoc {
     pub url: Option<String>,
-    /// 16-1024 bytes; stored encrypted, never returned.
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes.
     pub secret: Option<String>,
     /// At least one known event.
     pub events: Option<Vec<String>>,
+    /// How deliveries are signed; `interactor` (the seed's) unless set.
+    pub signature: Option<SignatureSchemeDoc>,
+    /// With a new `secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`.
+    pub rotate_secret: Option<bool>,
     /// The webhook's retry schedule; `null` goes back to the fleet's default.
     pub retry: Option<RetryDoc>,
 }
@@ -454,6 +478,9 @@ pub(crate) struct Webhook {
     pub id: String,
     pub url: String,
     pub events: Vec<String>,
+    pub signature: SignatureSchemeDoc,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    pub previous_secret_expires_at: Option<String>,
     /// The webhook's own retry schedule, or `null`: the fleet's default.
     pub retry: Option<RetryDoc>,
     pub created_at: String,

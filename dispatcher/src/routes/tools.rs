@@ -33,6 +33,10 @@ pub(crate) struct ToolInput {
     parameters: Option<Map<String, Value>>,
     callback_url: Option<String>,
     callback_secret: Option<String>,
+    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
+    /// With a new `callback_secret`: keep the previous one for the grace period.
+    rotate_secret: Option<bool>,
     /// The tool's retry schedule; `null` goes back to the fleet's default.
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
     retry: Option<Option<RetrySpec>>,
@@ -61,6 +65,8 @@ fn tool_json(t: &StoredTool) -> Value {
         "description": t.description,
         "parameters": t.parameters,
         "callback_url": t.callback_url,
+        "signature": t.signing.scheme,
+        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&t.signing),
         "retry": t.retry,
         "max_concurrency": t.limits.max_concurrency,
         "rate_limit": t.limits.rate_limit,
@@ -108,6 +114,7 @@ fn merged(
             secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            signing: old.signing.clone(),
             retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
             limits: limits(&old.limits, input)?,
         },
@@ -129,6 +136,7 @@ fn merged(
                 secret_ciphertext,
                 created_at_ms: now,
                 updated_at_ms: now,
+                signing: Default::default(),
                 retry: retry_spec::updated(&input.retry, None),
                 limits: limits(&ToolLimits::default(), input)?,
             }
@@ -185,7 +193,8 @@ async fn save(
         }
         let owner = format!("tool:{name}");
         let ciphertext = input.callback_secret.as_ref().map(|s| state.config.secrets_key.encrypt(&owner, s));
-        let tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
+        let mut tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
+        tool.signing = tool_signing(state, current.as_ref().map(|c| &c.tool), &owner, input)?;
         if state.store.write_tool(&tool, current.as_ref()).await? {
             state.tool_schemas.forget(&name);
             let status = if current.is_none() { StatusCode::CREATED } else { StatusCode::OK };
@@ -197,6 +206,24 @@ async fn save(
         "tool_busy",
         "the tool kept changing while this request wrote it; try again",
     ))
+}
+
+/// The signing state `input` makes of `existing`'s (`signature`, `rotate_secret`).
+fn tool_signing(
+    state: &AppState,
+    existing: Option<&StoredTool>,
+    owner: &str,
+    input: &ToolInput,
+) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
+    let request = crate::signing::SigningRequest {
+        scheme: input.signature,
+        rotate_secret: input.rotate_secret.unwrap_or(false),
+        new_secret: input.callback_secret.as_deref(),
+        secret_field: "callback_secret",
+    };
+    let stored =
+        existing.map(|t| crate::signing::Stored { signing: &t.signing, secret_ciphertext: &t.secret_ciphertext });
+    crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
 /// Parses and checks a registration body, resolving its callback host when private targets are off.
@@ -336,6 +363,7 @@ mod tests {
             secret_ciphertext: "v1.old".into(),
             created_at_ms: 1,
             updated_at_ms: 1,
+            signing: Default::default(),
             retry: None,
             limits: ToolLimits::default(),
         }

@@ -22,6 +22,10 @@ struct WebhookInput {
     url: Option<String>,
     secret: Option<String>,
     events: Option<Vec<String>>,
+    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
+    /// With a new `secret`: keep the previous one for the grace period.
+    rotate_secret: Option<bool>,
     /// The webhook's retry schedule; `null` goes back to the fleet's default.
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
     retry: Option<Option<RetrySpec>>,
@@ -32,6 +36,8 @@ fn webhook_json(h: &StoredWebhook) -> Value {
         "id": h.id,
         "url": h.url,
         "events": h.events,
+        "signature": h.signing.scheme,
+        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&h.signing),
         "retry": h.retry,
         "created_at": rfc3339_from_millis(h.created_at_ms),
         "updated_at": rfc3339_from_millis(h.updated_at_ms),
@@ -78,7 +84,9 @@ pub(crate) async fn put_webhook(
     validate::retry(&input.retry)?;
     let owner = format!("webhook:{id}");
     let now = now_ms();
-    let hook = match state.store.get_webhook(&id).await? {
+    let existing = state.store.get_webhook(&id).await?;
+    let signing = webhook_signing(&state, existing.as_ref(), &owner, &input)?;
+    let hook = match existing {
         Some(old) => StoredWebhook {
             id: id.clone(),
             url: input.url.unwrap_or(old.url),
@@ -89,6 +97,7 @@ pub(crate) async fn put_webhook(
             },
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            signing,
             retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
         },
         None => StoredWebhook {
@@ -101,12 +110,31 @@ pub(crate) async fn put_webhook(
                 .encrypt(&owner, &input.secret.ok_or_else(|| ApiError::invalid("secret is required"))?),
             created_at_ms: now,
             updated_at_ms: now,
+            signing,
             retry: retry_spec::updated(&input.retry, None),
         },
     };
     let created = state.store.put_webhook(&hook).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"data": webhook_json(&hook)}))).into_response())
+}
+
+/// The signing state `input` makes of `existing`'s (`signature`, `rotate_secret`).
+fn webhook_signing(
+    state: &AppState,
+    existing: Option<&StoredWebhook>,
+    owner: &str,
+    input: &WebhookInput,
+) -> Result<fleet_protocol::signature_scheme::Signing, ApiError> {
+    let request = crate::signing::SigningRequest {
+        scheme: input.signature,
+        rotate_secret: input.rotate_secret.unwrap_or(false),
+        new_secret: input.secret.as_deref(),
+        secret_field: "secret",
+    };
+    let stored =
+        existing.map(|h| crate::signing::Stored { signing: &h.signing, secret_ciphertext: &h.secret_ciphertext });
+    crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read"])),

@@ -414,7 +414,13 @@ async fn fleet_drain(
 }
 
 /// `make bench-peers`: the fleet's drain and Celery's, the same job to the same receiver.
-async fn peers(conn: &Connection, jobs: usize, workers: usize, concurrency: &str, clients: usize) -> anyhow::Result<()> {
+async fn peers(
+    conn: &Connection,
+    jobs: usize,
+    workers: usize,
+    concurrency: &str,
+    clients: usize,
+) -> anyhow::Result<()> {
     let receiver = Receiver::start(Duration::ZERO).await;
     let (fleet, _, fleet_rate) = fleet_drain(&receiver, jobs, workers, concurrency, clients).await?;
     fleet.stop(conn).await;
