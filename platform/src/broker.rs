@@ -236,7 +236,9 @@ impl Publisher {
         // are queued for the socket before the first confirm is awaited.
         let sends = messages.iter().map(|m| async {
             let confirmed = self.send_and_confirm(&m.exchange, &m.routing_key, &m.body, m.properties.clone());
-            tokio::time::timeout(self.timeout, confirmed).await.map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+            tokio::time::timeout(self.timeout, confirmed)
+                .await
+                .map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
         });
         futures::future::join_all(sends).await
     }

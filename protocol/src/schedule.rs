@@ -46,7 +46,7 @@ pub fn due_at(run_at: Option<&str>, delay_seconds: Option<f64>, now_ms: i64) -> 
             (at, "run_at")
         }
         (None, Some(secs)) => {
-            if !(secs >= 0.0) {
+            if secs.is_nan() || secs < 0.0 {
                 return Err(ScheduleError::NegativeDelay);
             }
             // Saturating: a huge delay is refused below, never wrapped.
@@ -63,7 +63,12 @@ pub fn due_at(run_at: Option<&str>, delay_seconds: Option<f64>, now_ms: i64) -> 
 /// (`not_before_ms` ahead) goes to the delay queue that fits the wait, without overshooting
 /// (`RetryPolicy::park_step`); the worker parks it again on its return until it is due. Any other
 /// job goes to its kind's work queue through the jobs exchange.
-pub fn first_destination(topology: &Topology, retry: &RetryPolicy, envelope: &Envelope, now_ms: i64) -> (String, String) {
+pub fn first_destination(
+    topology: &Topology,
+    retry: &RetryPolicy,
+    envelope: &Envelope,
+    now_ms: i64,
+) -> (String, String) {
     match remaining_hold(envelope.not_before_ms, now_ms) {
         Some(wait) => (String::new(), topology.delay_queue(envelope.kind(), retry.park_step(wait))),
         None => (topology.jobs_exchange(), envelope.kind().as_str().to_string()),
@@ -122,9 +127,15 @@ mod tests {
         let work = ("fleet.jobs".to_string(), "tool_call".to_string());
         assert_eq!(first_destination(&topology, &retry, &envelope, NOW), work);
         envelope.not_before_ms = Some(NOW + 3_000);
-        assert_eq!(first_destination(&topology, &retry, &envelope, NOW), (String::new(), "fleet.delay.tool_calls.2s".into()));
+        assert_eq!(
+            first_destination(&topology, &retry, &envelope, NOW),
+            (String::new(), "fleet.delay.tool_calls.2s".into())
+        );
         envelope.not_before_ms = Some(NOW + 86_400_000);
-        assert_eq!(first_destination(&topology, &retry, &envelope, NOW), (String::new(), "fleet.delay.tool_calls.16s".into()));
+        assert_eq!(
+            first_destination(&topology, &retry, &envelope, NOW),
+            (String::new(), "fleet.delay.tool_calls.16s".into())
+        );
         envelope.not_before_ms = Some(NOW - 1);
         assert_eq!(first_destination(&topology, &retry, &envelope, NOW), work);
     }

@@ -18,7 +18,12 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::GET, "/v1/tools/scoped_tool", "tools:read", None),
         (Method::DELETE, "/v1/tools/nope", "tools:write", None),
         (Method::POST, "/v1/tool-calls", "calls:write", Some(json!({"tool_name": "nope", "parameters": {}}))),
-        (Method::POST, "/v1/tool-calls/batch", "calls:write", Some(json!({"calls": [{"tool_name": "nope", "parameters": {}}]}))),
+        (
+            Method::POST,
+            "/v1/tool-calls/batch",
+            "calls:write",
+            Some(json!({"calls": [{"tool_name": "nope", "parameters": {}}]})),
+        ),
         (Method::POST, "/v1/turns", "turns:write", Some(json!({"session_id": "s"}))),
         (Method::GET, "/v1/sessions/s1/stream", "sessions:read", None),
         (Method::POST, "/v1/sessions/s1/stream-token", "sessions:read", None),

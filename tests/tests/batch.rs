@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use fleet_protocol::envelope::JobKind;
 use fleet_protocol::timefmt::{millis_from_rfc3339, rfc3339_from_millis};
+use fleet_tests::proxy::Proxy;
 use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver};
 
 const SECRET: &str = "whsec_batch_secret_0001";
@@ -17,8 +18,11 @@ const SECRET: &str = "whsec_batch_secret_0001";
 /// `POST /v1/tool-calls/batch` (with an `Idempotency-Key` if given): status, body, and whether the
 /// answer says it replays an earlier one.
 async fn post_batch(fleet: &Fleet, key: Option<&str>, calls: &[Value]) -> (u16, Value, bool) {
-    let mut req =
-        fleet.http.post(format!("{}/v1/tool-calls/batch", fleet.api)).bearer_auth(&fleet.token).json(&json!({"calls": calls}));
+    let mut req = fleet
+        .http
+        .post(format!("{}/v1/tool-calls/batch", fleet.api))
+        .bearer_auth(&fleet.token)
+        .json(&json!({"calls": calls}));
     if let Some(key) = key {
         req = req.header("Idempotency-Key", key);
     }
@@ -33,7 +37,12 @@ fn call(query: &str) -> Value {
 }
 
 fn ids_of(body: &Value) -> Vec<String> {
-    body["data"]["calls"].as_array().expect("calls").iter().map(|c| c["execution_id"].as_str().unwrap().into()).collect()
+    body["data"]["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| c["execution_id"].as_str().unwrap().into())
+        .collect()
 }
 
 /// Waits until the receiver has run `n` distinct executions' side effects.
@@ -202,8 +211,9 @@ async fn a_delayed_call_waits_in_the_broker_until_due_and_a_past_run_at_runs_now
 
     let sent = Instant::now();
     let before_ms = fleet_platform::now_ms();
-    let (status, body) =
-        fleet.post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "later"}, "delay_seconds": 3})).await;
+    let (status, body) = fleet
+        .post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "later"}, "delay_seconds": 3}))
+        .await;
     assert_eq!(status, 202, "{body}");
     let delayed = body["data"]["execution_id"].as_str().unwrap().to_string();
     let (_, record) = fleet.get(&format!("/v1/executions/{delayed}")).await;
@@ -228,8 +238,11 @@ async fn a_delayed_call_waits_in_the_broker_until_due_and_a_past_run_at_runs_now
     })
     .await;
     let waited = ran_later.duration_since(sent);
-    println!("delay_seconds 3: ran after {:.0} ms; past run_at: ran after {:.0} ms", waited.as_secs_f64() * 1000.0,
-        ran_now.duration_since(sent).as_secs_f64() * 1000.0);
+    println!(
+        "delay_seconds 3: ran after {:.0} ms; past run_at: ran after {:.0} ms",
+        waited.as_secs_f64() * 1000.0,
+        ran_now.duration_since(sent).as_secs_f64() * 1000.0
+    );
     assert!(waited >= Duration::from_millis(2_900), "ran after {waited:?}, before it was due");
     assert!(ran_now < ran_later);
     let done = fleet.wait_status(&delayed, "succeeded", Duration::from_secs(10)).await;
@@ -238,7 +251,10 @@ async fn a_delayed_call_waits_in_the_broker_until_due_and_a_past_run_at_runs_now
 
     // Both fields at once, or too far ahead, is refused.
     let (status, body) = fleet
-        .post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "x"}, "run_at": past, "delay_seconds": 1}))
+        .post(
+            "/v1/tool-calls",
+            &json!({"tool_name": "echo", "parameters": {"query": "x"}, "run_at": past, "delay_seconds": 1}),
+        )
         .await;
     assert_eq!(status, 422, "{body}");
     let far = rfc3339_from_millis(before_ms + 31 * 86_400_000);
@@ -246,4 +262,54 @@ async fn a_delayed_call_waits_in_the_broker_until_due_and_a_past_run_at_runs_now
         fleet.post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "x"}, "run_at": far})).await;
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().starts_with("run_at: "), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_batch_is_answered_per_call_and_its_retry_runs_each_call_once() {
+    let receiver = Receiver::echo(SECRET).await;
+    let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    // Long enough that even a loaded machine gets the publishes onto the wire before they time out.
+    let mut options = FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "4").env("FLEET_CLAIM_LEASE", "3");
+    options.dispatcher_amqp_url = Some(format!("amqp://guest:guest@{}/%2f", proxy.addr));
+    let fleet = spawn_fleet(options).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let calls: Vec<Value> = (0..3).map(|i| call(&format!("q{i}"))).collect();
+
+    // The publishes reach the broker (the worker runs them) but no confirm comes back.
+    proxy.freeze_replies();
+    let (status, first, _) = post_batch(&fleet, Some("unconfirmed-batch"), &calls).await;
+    proxy.thaw();
+    assert_eq!(status, 207, "not every call was confirmed: {first}");
+    assert_eq!((first["data"]["accepted"].as_u64(), first["data"]["failed"].as_u64()), (Some(0), Some(3)), "{first}");
+    for c in first["data"]["calls"].as_array().unwrap() {
+        assert_eq!(c["error"]["code"], "outcome_unknown", "{first}");
+        assert!(c.get("status").is_none(), "{first}");
+    }
+    let ids = ids_of(&first);
+    // Their records stay: the calls may run (and here they do).
+    for id in &ids {
+        let (code, _) = fleet.get(&format!("/v1/executions/{id}")).await;
+        assert_eq!(code, 200, "{id} is kept");
+    }
+
+    // The retry with the key publishes the same executions again and is confirmed.
+    let (status, retry, replayed) = post_batch(&fleet, Some("unconfirmed-batch"), &calls).await;
+    assert_eq!((status, replayed), (202, false), "{retry}");
+    assert_eq!(ids_of(&retry), ids);
+    wait_side_effects(&receiver, 3, Duration::from_secs(30)).await;
+    for id in &ids {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(20)).await;
+    }
+    // Both copies of every call have been consumed before counting (the second is a no-op).
+    wait_for("both copies of each call settled", Duration::from_secs(30), || async {
+        let m = fleet.worker_metrics(0).await;
+        let settled: f64 = m
+            .lines()
+            .filter(|l| l.starts_with("fleet_jobs_finished_total{kind=\"tool_call\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        (settled >= 6.0).then_some(())
+    })
+    .await;
+    assert_each_ran_once(&receiver, &ids);
 }

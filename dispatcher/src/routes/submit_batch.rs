@@ -85,10 +85,8 @@ impl<S: Submission> Batch<'_, S> {
         }
         let pending: Vec<usize> = (0..n).filter(|i| !confirmed_before.contains(i)).collect();
         let writes = pending.iter().copied().map(|i| self.items[i].record(state, &self.ids[i], self.republish));
-        let records: Vec<Result<Envelope, ApiError>> = futures::stream::iter(writes)
-            .buffered(REDIS_CONCURRENCY)
-            .collect()
-            .await;
+        let records: Vec<Result<Envelope, ApiError>> =
+            futures::stream::iter(writes).buffered(REDIS_CONCURRENCY).collect().await;
         let mut recorded = vec![false; n];
         let mut envelopes = Vec::with_capacity(pending.len());
         let mut first_error = None;
@@ -162,7 +160,8 @@ impl<S: Submission> Batch<'_, S> {
         confirmed_before: &HashSet<usize>,
     ) -> Response {
         let outcomes: Vec<ItemOutcome> = results.into_iter().map(|r| item_outcome(r, self.republish)).collect();
-        let accepted: Vec<usize> = (0..outcomes.len()).filter(|&i| matches!(outcomes[i], ItemOutcome::Accepted)).collect();
+        let accepted: Vec<usize> =
+            (0..outcomes.len()).filter(|&i| matches!(outcomes[i], ItemOutcome::Accepted)).collect();
         let not_accepted: Vec<usize> =
             (0..outcomes.len()).filter(|&i| matches!(outcomes[i], ItemOutcome::NotAccepted(_))).collect();
         let unknown = outcomes.len() - accepted.len() - not_accepted.len();
@@ -188,7 +187,12 @@ impl<S: Submission> Batch<'_, S> {
                 }
                 let _ = state.store.abandon_request(&hold.hold).await;
             }
-            tracing::warn!(accepted = accepted.len(), not_accepted = not_accepted.len(), unknown, "batch accepted in part");
+            tracing::warn!(
+                accepted = accepted.len(),
+                not_accepted = not_accepted.len(),
+                unknown,
+                "batch accepted in part"
+            );
         }
         let calls: Vec<Value> = outcomes.iter().zip(self.ids).map(|(o, id)| o.to_json(id)).collect();
         let status = if accepted.len() == calls.len() { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
@@ -282,7 +286,9 @@ mod tests {
     fn a_job_whose_publish_never_left_is_not_accepted_and_an_unconfirmed_one_may_run() {
         let outcome = |e: BrokerError, republish| item_outcome(Err(EnqueueFailure::Publish(e)), republish);
         assert!(matches!(item_outcome(Ok(()), false), ItemOutcome::Accepted));
-        assert!(matches!(outcome(BrokerError::Unavailable, false), ItemOutcome::NotAccepted(e) if e.code == "broker_unavailable"));
+        assert!(
+            matches!(outcome(BrokerError::Unavailable, false), ItemOutcome::NotAccepted(e) if e.code == "broker_unavailable")
+        );
         assert!(matches!(outcome(BrokerError::Nacked, false), ItemOutcome::Unknown(e) if e.code == "outcome_unknown"));
         // A republish may follow an earlier attempt that reached the queue.
         assert!(matches!(outcome(BrokerError::Unavailable, true), ItemOutcome::Unknown(_)));
