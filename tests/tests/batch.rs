@@ -187,9 +187,20 @@ async fn a_retried_batch_gets_the_same_ids_and_publishes_nothing_twice() {
     assert_eq!(ids_of(&again), ids_of(&first));
     assert_eq!(fleet.queue_depth(&work_queue).await, 5, "nothing published twice");
 
-    // The key with another batch is refused, and a single call's key is not a batch's.
+    // The key with another batch is refused, and so is a batch's key on a single call.
     let (status, body, _) = post_batch(&fleet, Some("batch-key-1"), &calls[..4]).await;
     assert_eq!((status, body["error"]["code"].as_str()), (422, Some("idempotency_key_reused")), "{body}");
+    let single = fleet
+        .http
+        .post(format!("{}/v1/tool-calls", fleet.api))
+        .bearer_auth(&fleet.token)
+        .header("Idempotency-Key", "batch-key-1")
+        .json(&calls[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(single.status().as_u16(), 422);
+    assert_eq!(fleet.queue_depth(&work_queue).await, 5);
 
     fleet.spawn_worker().await;
     let ids = ids_of(&first);

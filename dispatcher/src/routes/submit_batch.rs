@@ -177,9 +177,8 @@ impl<S: Submission> Batch<'_, S> {
             let Some(ItemOutcome::NotAccepted(e)) = outcomes.into_iter().next() else { unreachable!("not accepted") };
             return e.into_response();
         } else {
-            for &i in &not_accepted {
-                self.items[i].undo(state, &self.ids[i], true).await;
-            }
+            let undo = not_accepted.iter().copied().map(|i| self.items[i].undo(state, &self.ids[i], true));
+            futures::stream::iter(undo).buffer_unordered(REDIS_CONCURRENCY).collect::<Vec<()>>().await;
             if let Some(hold) = self.hold {
                 let confirmed: Vec<usize> = accepted.iter().chain(confirmed_before).copied().collect();
                 if let Err(e) = state.store.note_batch_confirmed(&hold.hold, &confirmed).await {
