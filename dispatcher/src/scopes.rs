@@ -104,7 +104,7 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
     let scope = match route {
         "/v1/tools" | "/v1/tools/{tool}" if read => Scope::ToolsRead,
         "/v1/tools" | "/v1/tools/{tool}" => Scope::ToolsWrite,
-        "/v1/tool-calls" => Scope::CallsWrite,
+        "/v1/tool-calls" | "/v1/tool-calls/batch" => Scope::CallsWrite,
         "/v1/turns" => Scope::TurnsWrite,
         "/v1/sessions/{id}/stream" | "/v1/sessions/{id}/stream-token" | "/v1/sessions/{id}/messages" => {
             Scope::SessionsRead

@@ -221,28 +221,52 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let publish = async {
-            let confirm = self
-                .channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    body,
-                    properties,
-                )
-                .await
-                .map_err(send_error)?;
-            match confirm.await.map_err(BrokerError::SentUnconfirmed)? {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable),
-                Confirmation::Nack(_) => Err(BrokerError::Nacked),
-                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
-            }
-        };
         // A timeout while the frame still waits in the client's buffer (a blocked connection) is
         // no better: the buffer is sent when the broker reads again.
-        tokio::time::timeout(self.timeout, publish).await.map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+        tokio::time::timeout(self.timeout, self.send_and_confirm(exchange, routing_key, body, properties))
+            .await
+            .map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+    }
+
+    /// Publishes every message back to back on this confirm channel, then waits for all their
+    /// confirms at once (one confirm wait for the lot, not one round trip each); each message's
+    /// result, in order. Every message is bounded by the publish timeout, counted from the start.
+    pub async fn publish_many(&self, messages: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
+        // `join_all` polls each future once, in order, before any waits: every message's frames
+        // are queued for the socket before the first confirm is awaited.
+        let sends = messages.iter().map(|m| async {
+            let confirmed = self.send_and_confirm(&m.exchange, &m.routing_key, &m.body, m.properties.clone());
+            tokio::time::timeout(self.timeout, confirmed)
+                .await
+                .map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+        });
+        futures::future::join_all(sends).await
+    }
+
+    async fn send_and_confirm(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                properties,
+            )
+            .await
+            .map_err(send_error)?;
+        match confirm.await.map_err(BrokerError::SentUnconfirmed)? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable),
+            Confirmation::Nack(_) => Err(BrokerError::Nacked),
+            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+        }
     }
 
     /// Publishes a job envelope to the work queue of its kind.
@@ -265,6 +289,23 @@ impl Publisher {
         headers: FieldTable,
     ) -> Result<(), BrokerError> {
         self.publish("", queue, &envelope.to_bytes(), job_properties(envelope, headers)).await
+    }
+}
+
+/// One message for `Publisher::publish_many`.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// `""` is the default exchange, where the routing key names the queue (a delay queue).
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub properties: BasicProperties,
+}
+
+impl Outgoing {
+    /// A job envelope as a message to `exchange` with `routing_key`.
+    pub fn job(exchange: String, routing_key: String, envelope: &Envelope, headers: FieldTable) -> Self {
+        Outgoing { exchange, routing_key, body: envelope.to_bytes(), properties: job_properties(envelope, headers) }
     }
 }
 

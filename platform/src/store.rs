@@ -138,6 +138,8 @@ pub struct ExecutionView {
     pub assistant_id: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// When a scheduled call is due (ms); `None` for one that ran (or runs) as soon as it could.
+    pub run_at_ms: Option<i64>,
     pub result: Option<Value>,
     pub last_error: Option<String>,
     pub attempts: Vec<AttemptRecord>,
@@ -151,6 +153,8 @@ pub struct NewExecution<'a> {
     pub room_id: Option<&'a str>,
     pub assistant_id: Option<&'a str>,
     pub now_ms: i64,
+    /// When a scheduled call is due (ms); it counts as waiting only from then.
+    pub run_at_ms: Option<i64>,
 }
 
 const CLAIM_LUA: &str = r#"
@@ -673,6 +677,9 @@ impl Store {
                 fields.push((name, v.to_string()));
             }
         }
+        if let Some(due) = e.run_at_ms {
+            fields.push((field::RUN_AT_MS, due.to_string()));
+        }
         let r: Result<(), _> = redis::pipe()
             .hset_multiple(&key, &fields)
             .ignore()
@@ -681,7 +688,8 @@ impl Store {
             .query_async(&mut self.conn().await?)
             .await;
         self.count(r)?;
-        let r: Result<(), _> = self.conn().await?.zadd(self.keys.waiting(e.kind), e.execution_id, e.now_ms).await;
+        let waiting_since = e.run_at_ms.unwrap_or(e.now_ms).max(e.now_ms);
+        let r: Result<(), _> = self.conn().await?.zadd(self.keys.waiting(e.kind), e.execution_id, waiting_since).await;
         self.count(r)
     }
 
@@ -839,6 +847,7 @@ impl Store {
             assistant_id: hash.get(field::ASSISTANT_ID).cloned(),
             created_at_ms: num(field::CREATED_AT_MS),
             updated_at_ms: num(field::UPDATED_AT_MS),
+            run_at_ms: hash.get(field::RUN_AT_MS).and_then(|v| v.parse().ok()),
             result,
             last_error: hash.get(field::LAST_ERROR).cloned(),
             attempts,
@@ -988,6 +997,26 @@ impl Store {
     /// took it over meanwhile (then `false`).
     pub async fn release_request(&self, hold: &RequestHold) -> Result<bool, StoreError> {
         self.swap_request(&hold.key, &hold.raw, None).await
+    }
+
+    /// A batch accepted in part: the indices of its jobs the broker confirmed, kept beside its key
+    /// so that a retry with the key publishes only the others.
+    pub async fn note_batch_confirmed(&self, hold: &RequestHold, indices: &[usize]) -> Result<(), StoreError> {
+        let key = format!("{}:confirmed", hold.key);
+        let mut pipe = redis::pipe();
+        if !indices.is_empty() {
+            pipe.sadd(&key, indices).ignore();
+        }
+        let r: Result<(), _> =
+            pipe.expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore().query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// The indices `note_batch_confirmed` kept for the batch `hold` takes over (empty if none).
+    pub async fn batch_confirmed(&self, hold: &RequestHold) -> Result<std::collections::HashSet<usize>, StoreError> {
+        let r: Result<std::collections::HashSet<usize>, _> =
+            self.conn().await?.smembers(format!("{}:confirmed", hold.key)).await;
+        self.count(r)
     }
 
     /// The held execution may or may not be on the queue: the key keeps naming it, and the next

@@ -20,6 +20,8 @@ pub mod field {
     /// When (ms) a client asked to cancel the execution (`POST /v1/executions/{id}/cancel`); a
     /// worker reads it before a tool call's attempt and before a turn's model call.
     pub const CANCEL_REQUESTED: &str = "cancel_requested";
+    /// When (ms) a scheduled call (`run_at`, `delay_seconds`) is due; absent for one that runs now.
+    pub const RUN_AT_MS: &str = "run_at_ms";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod retry;
 pub mod retry_spec;
 pub mod sanitize;
+pub mod schedule;
 pub mod schema;
 pub mod secrets;
 pub mod signature_scheme;
@@ -43,6 +44,12 @@ pub fn derived_execution_id(parts: &[&str]) -> String {
     format!("exec_{}", &hex::encode(hasher.finalize())[..32])
 }
 
+/// The execution id of call `index` of a batch accepted as `batch_id`: a retry of the batch with
+/// the same `Idempotency-Key` finds the same ids without storing them.
+pub fn batch_item_id(batch_id: &str, index: usize) -> String {
+    format!("{batch_id}_{index}")
+}
+
 /// Generates a new execution id in the seed's `exec_…` form (time-ordered, so ids sort by creation).
 pub fn new_execution_id() -> String {
     format!("exec_{}", uuid::Uuid::now_v7().simple())
@@ -50,6 +57,14 @@ pub fn new_execution_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn batch_item_ids_are_valid_and_distinct() {
+        let batch = super::new_execution_id();
+        let ids: std::collections::HashSet<String> = (0..1000).map(|i| super::batch_item_id(&batch, i)).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids.iter().all(|id| crate::envelope::is_valid_execution_id(id)));
+    }
+
     #[test]
     fn derived_ids_are_stable_valid_and_distinct() {
         let a = super::derived_execution_id(&["exec_1", "tool.callback.failed", "hook"]);

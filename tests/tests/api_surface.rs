@@ -18,6 +18,12 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::GET, "/v1/tools/scoped_tool", "tools:read", None),
         (Method::DELETE, "/v1/tools/nope", "tools:write", None),
         (Method::POST, "/v1/tool-calls", "calls:write", Some(json!({"tool_name": "nope", "parameters": {}}))),
+        (
+            Method::POST,
+            "/v1/tool-calls/batch",
+            "calls:write",
+            Some(json!({"calls": [{"tool_name": "nope", "parameters": {}}]})),
+        ),
         (Method::POST, "/v1/turns", "turns:write", Some(json!({"session_id": "s"}))),
         (Method::GET, "/v1/sessions/s1/stream", "sessions:read", None),
         (Method::POST, "/v1/sessions/s1/stream-token", "sessions:read", None),
@@ -90,7 +96,7 @@ async fn every_route_refuses_a_token_lacking_its_scope_and_admits_one_holding_it
     }
     let fleet = spawn_fleet(FleetOptions::default().workers(0).env("FLEET_API_TOKENS", &tokens.join(","))).await;
     let routes = scoped_routes();
-    assert_eq!(routes.len(), 23, "every authenticated operation of docs/openapi.json");
+    assert_eq!(routes.len(), 24, "every authenticated operation of docs/openapi.json");
     for (method, path, scope, body) in &routes {
         let (status, error) = send(&fleet, &without(scope), method, path, body).await;
         assert_eq!(status, 403, "{method} {path} without {scope}: {error}");

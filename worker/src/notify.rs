@@ -39,6 +39,7 @@ impl Processor {
                     room_id: None,
                     assistant_id: None,
                     now_ms: now_ms(),
+                    run_at_ms: None,
                 })
                 .await;
             publisher

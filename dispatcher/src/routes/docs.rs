@@ -249,6 +249,53 @@ pub(crate) struct ToolCallRequest {
     pub parameters: Map<String, Value>,
     pub room_id: Option<String>,
     pub assistant_id: Option<String>,
+    /// RFC 3339, e.g. `2026-01-20T12:00:00Z`: the call runs then (at once if that is past); at
+    /// most 30 days ahead. Not with `delay_seconds`.
+    pub run_at: Option<String>,
+    /// Seconds from now (fractions allowed, 0 or more, at most 30 days) before the call runs. Not
+    /// with `run_at`.
+    pub delay_seconds: Option<f64>,
+}
+
+/// Up to 1,000 tool calls accepted together.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchRequest {
+    /// 1 to 1,000 calls, each what `POST /v1/tool-calls` takes. One invalid call refuses the whole
+    /// batch (422 naming it: `calls[17].parameters: …`) before anything is published.
+    pub calls: Vec<ToolCallRequest>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct BatchResponse {
+    pub data: BatchResult,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct BatchResult {
+    /// How many calls the broker confirmed.
+    pub accepted: usize,
+    /// How many it did not (0 with a 202).
+    pub failed: usize,
+    /// One result per call, in request order.
+    pub calls: Vec<BatchCallResult>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct BatchCallResult {
+    /// `exec_<batch>_<index>`: the same again when the batch is retried with its `Idempotency-Key`.
+    pub execution_id: String,
+    /// An accepted call's status (`queued`; a replay reports the current one). Absent on error.
+    pub status: Option<ExecutionStatusName>,
+    /// A call not accepted: `broker_unavailable` (it was not accepted) or `outcome_unknown` (it
+    /// may run); retry the batch with the same `Idempotency-Key`.
+    pub error: Option<BatchCallError>,
+}
+
+#[derive(ToSchema)]
+pub(crate) struct BatchCallError {
+    pub code: String,
+    pub message: String,
 }
 
 // ---- turns ----
@@ -369,6 +416,9 @@ pub(crate) struct Execution {
     pub assistant_id: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// RFC 3339: when a scheduled call (`run_at`, `delay_seconds`) is due; it stays `queued`, with
+    /// no attempt spent, until then. Null for a job that runs as soon as it can.
+    pub run_at: Option<String>,
     /// Each attempt: attempt, started_at, duration_ms, outcome, and http_status or error.
     pub attempts: Vec<Map<String, Value>>,
     /// The tool's answer once succeeded.

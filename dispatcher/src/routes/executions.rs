@@ -26,6 +26,8 @@ fn execution_json(v: &ExecutionView) -> Value {
         "assistant_id": v.assistant_id,
         "created_at": rfc3339_from_millis(v.created_at_ms),
         "updated_at": rfc3339_from_millis(v.updated_at_ms),
+        // A scheduled call's due time (it stays `queued` until then); null for one that ran at once.
+        "run_at": v.run_at_ms.map(rfc3339_from_millis),
         "attempts": v.attempts,
         "result": v.result,
         "last_error": v.last_error,

@@ -8,6 +8,7 @@ pub(crate) mod executions;
 pub(crate) mod sessions;
 pub(crate) mod stream;
 pub(crate) mod submit;
+pub(crate) mod submit_batch;
 pub(crate) mod tool_calls;
 pub(crate) mod tools;
 pub(crate) mod turns;
@@ -33,6 +34,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(tools::list_tools, tools::post_tool))
         .routes(routes!(tools::put_tool, tools::get_tool, tools::delete_tool))
         .routes(routes!(tool_calls::create_tool_call))
+        .routes(routes!(tool_calls::create_tool_call_batch))
         .routes(routes!(turns::create_turn))
         .routes(routes!(stream::stream_session))
         .routes(routes!(stream::create_stream_token))
@@ -164,6 +166,6 @@ mod tests {
                 operations += 1;
             }
         }
-        assert_eq!(operations, 24, "operations documented");
+        assert_eq!(operations, 25, "operations documented");
     }
 }

@@ -1,6 +1,6 @@
-//! Accepting a job a client submits (`POST /v1/tool-calls`, `POST /v1/turns`): its
-//! `Idempotency-Key` reserved or answered from, the job recorded and published with a publisher
-//! confirm, and a failure refused by what it means.
+//! Accepting a job a client submits (`POST /v1/tool-calls`, `POST /v1/turns`, and a batch of them,
+//! `POST /v1/tool-calls/batch`): its `Idempotency-Key` reserved or answered from, the job recorded
+//! and published with a publisher confirm, and a failure refused by what it means.
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,11 +10,12 @@ use sha2::{Digest, Sha256};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use fleet_platform::broker::{BrokerError, PublishFailure};
+use fleet_platform::broker::{BrokerError, Outgoing, PublishFailure};
 use fleet_platform::store::{RequestHold, Reservation};
 use fleet_platform::telemetry;
 use fleet_protocol::envelope::Envelope;
 use fleet_protocol::execution::ExecutionStatus;
+use fleet_protocol::schedule::first_destination;
 
 use crate::error::ApiError;
 use crate::routes::common::Caller;
@@ -36,11 +37,25 @@ pub(crate) trait Submission {
     fn body_digest(&self) -> String;
     /// The server span the enqueue runs in.
     fn span(&self, execution_id: &str) -> tracing::Span;
-    /// Records the job (a republish keeps what an earlier attempt recorded), then publishes it and
-    /// waits for the broker's confirm.
-    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure>;
-    /// Removes what a first attempt wrote, once it is certain nothing was accepted.
-    async fn undo(&self, state: &AppState, execution_id: &str, failure: &EnqueueFailure);
+    /// Records the job (a republish keeps what an earlier attempt recorded) and returns the
+    /// envelope to publish.
+    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError>;
+    /// Removes what a first attempt wrote, once it is certain nothing was accepted; `recorded` says
+    /// whether `record` succeeded (when it failed, part of it may still have been written).
+    async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool);
+}
+
+/// Records the job and publishes it with a confirm. No record is written while the broker is
+/// certainly out of reach.
+async fn enqueue<S: Submission>(
+    state: &AppState,
+    submission: &S,
+    execution_id: &str,
+    republish: bool,
+) -> Result<(), EnqueueFailure> {
+    state.broker.publisher().map_err(EnqueueFailure::Publish)?;
+    let envelope = submission.record(state, execution_id, republish).await.map_err(EnqueueFailure::BeforePublish)?;
+    publish(state, &envelope).await
 }
 
 /// Accepts a job: reserves its `Idempotency-Key` (or answers from it), enqueues it, and answers 202
@@ -53,15 +68,15 @@ pub(crate) async fn submit<S: Submission>(
 ) -> Result<Response, ApiError> {
     let (execution_id, hold) = match &idempotency_key {
         None => (fleet_protocol::new_execution_id(), None),
-        Some(key) => match reserve(state, key, &submission.body_digest()).await? {
-            Reserved::Answer(response) => return Ok(response),
+        Some(key) => match reserve(state, key, &submission.body_digest(), 1).await? {
+            Reserved::Replay(previous) => return Ok(accepted(state, &previous, true).await),
             Reserved::Held(hold) => (hold.execution_id().to_string(), Some(hold)),
         },
     };
     let republish = hold.as_ref().is_some_and(|h| h.republish);
     let span = submission.span(&execution_id);
     let _ = span.set_parent(telemetry::from_http_headers(headers));
-    let result = submission.enqueue(state, &execution_id, republish).instrument(span).await;
+    let result = enqueue(state, &submission, &execution_id, republish).instrument(span).await;
     match result {
         Ok(()) => {
             if let Some(hold) = &hold {
@@ -78,9 +93,9 @@ pub(crate) async fn submit<S: Submission>(
 }
 
 /// A request's hold on its `Idempotency-Key`, and whether it takes over an earlier attempt.
-struct Held {
-    hold: RequestHold,
-    republish: bool,
+pub(crate) struct Held {
+    pub(crate) hold: RequestHold,
+    pub(crate) republish: bool,
 }
 
 impl std::ops::Deref for Held {
@@ -90,19 +105,23 @@ impl std::ops::Deref for Held {
     }
 }
 
-enum Reserved {
-    Answer(Response),
+pub(crate) enum Reserved {
+    /// The key's request was accepted as this execution (a batch's: the id its items' derive from).
+    Replay(String),
     Held(Held),
 }
 
-/// Reserves the key for this request, or answers from what the key already holds.
-async fn reserve(state: &AppState, key: &str, body_digest: &str) -> Result<Reserved, ApiError> {
-    let pending_for = state.config.common.publish_timeout + state.config.common.redis_timeout;
+/// Reserves the key for a request of `jobs` jobs, or says what the key already holds.
+pub(crate) async fn reserve(state: &AppState, key: &str, body_digest: &str, jobs: usize) -> Result<Reserved, ApiError> {
+    let common = &state.config.common;
+    // A big batch writes its records before it publishes: its reservation allows for both.
+    let writes = if jobs > 1 { 2 } else { 1 };
+    let pending_for = common.publish_timeout + common.redis_timeout * writes;
     let fresh = fleet_protocol::new_execution_id();
     Ok(match state.store.reserve_request(key, &fresh, body_digest, pending_for).await? {
         Reservation::New(hold) => Reserved::Held(Held { hold, republish: false }),
         Reservation::Unconfirmed(hold) => Reserved::Held(Held { hold, republish: true }),
-        Reservation::Existing(previous) => Reserved::Answer(accepted(state, &previous, true).await),
+        Reservation::Existing(previous) => Reserved::Replay(previous),
         Reservation::InProgress => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -128,7 +147,7 @@ pub(crate) enum EnqueueFailure {
 
 /// What a failed enqueue means for the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FailureOutcome {
+pub(crate) enum FailureOutcome {
     /// Nothing was accepted: the record goes, the key is freed.
     NotAccepted,
     /// The job may run: the record and the key's mapping stay.
@@ -137,7 +156,7 @@ enum FailureOutcome {
 
 /// `publish` is `None` when the failure came before the publish. A republish is never "not
 /// accepted": an earlier attempt of the same execution may have reached the queue.
-fn failure_outcome(publish: Option<PublishFailure>, republish: bool) -> FailureOutcome {
+pub(crate) fn failure_outcome(publish: Option<PublishFailure>, republish: bool) -> FailureOutcome {
     match (publish, republish) {
         (_, true) | (Some(PublishFailure::Unknown), false) => FailureOutcome::Unknown,
         (None | Some(PublishFailure::NotSent), false) => FailureOutcome::NotAccepted,
@@ -166,7 +185,8 @@ async fn refuse<S: Submission>(
                 None => true,
             };
             if ours {
-                submission.undo(state, execution_id, &failure).await;
+                let recorded = matches!(failure, EnqueueFailure::Publish(_));
+                submission.undo(state, execution_id, recorded).await;
             }
             match failure {
                 EnqueueFailure::BeforePublish(e) => e,
@@ -189,26 +209,59 @@ async fn refuse<S: Submission>(
 
 /// Publishes a new job under a producer span and waits for the broker's confirm.
 pub(crate) async fn publish(state: &AppState, envelope: &Envelope) -> Result<(), EnqueueFailure> {
-    let publisher = state.broker.publisher().map_err(EnqueueFailure::Publish)?;
-    let execution_id = envelope.execution_id.as_str();
-    let topology = &state.config.common.topology;
-    let exchange = topology.jobs_exchange();
-    let routing_key = envelope.kind().as_str();
-    let send = tracing::info_span!(
+    publish_all(state, std::slice::from_ref(envelope)).await.pop().expect("one result per envelope")
+}
+
+/// Publishes new jobs, each under its producer span, back to back on the confirm channel, and
+/// waits for all their confirms; each job's result, in order. A job not yet due (a scheduled call)
+/// goes to the delay queue that holds it (`schedule::first_destination`), any other to its kind's
+/// work queue.
+pub(crate) async fn publish_all(state: &AppState, envelopes: &[Envelope]) -> Vec<Result<(), EnqueueFailure>> {
+    let publisher = match state.broker.publisher() {
+        Ok(publisher) => publisher,
+        Err(_) => return envelopes.iter().map(|_| Err(EnqueueFailure::Publish(BrokerError::Unavailable))).collect(),
+    };
+    let common = &state.config.common;
+    let now = fleet_platform::now_ms();
+    let mut spans = Vec::with_capacity(envelopes.len());
+    let messages: Vec<Outgoing> = envelopes
+        .iter()
+        .map(|envelope| {
+            let (exchange, routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
+            let span = send_span(envelope, &exchange, &routing_key);
+            let headers = telemetry::amqp_headers(&span);
+            spans.push(span);
+            Outgoing::job(exchange, routing_key, envelope, headers)
+        })
+        .collect();
+    let results = publisher.publish_many(&messages).await;
+    drop(spans);
+    envelopes
+        .iter()
+        .zip(results)
+        .map(|(envelope, result)| {
+            result.map_err(EnqueueFailure::Publish)?;
+            state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
+            let execution_id = envelope.execution_id.as_str();
+            tracing::info!(execution_id, trace_id = %telemetry::trace_id(&tracing::Span::current()), "job accepted");
+            Ok(())
+        })
+        .collect()
+}
+
+/// The producer span of one job's publish.
+fn send_span(envelope: &Envelope, exchange: &str, routing_key: &str) -> tracing::Span {
+    let destination = if exchange.is_empty() { routing_key.to_string() } else { format!("{exchange}:{routing_key}") };
+    tracing::info_span!(
         "send",
-        otel.name = format!("send {exchange}"),
+        otel.name = format!("send {}", if exchange.is_empty() { routing_key } else { exchange }),
         otel.kind = "producer",
         messaging.system = "rabbitmq",
         messaging.operation.type = "send",
-        messaging.destination.name = format!("{exchange}:{routing_key}"),
+        messaging.destination.name = destination,
         messaging.rabbitmq.destination.routing_key = routing_key,
-        messaging.message.id = execution_id,
-    );
-    let headers = telemetry::amqp_headers(&send);
-    publisher.publish_job(topology, envelope, headers).instrument(send).await.map_err(EnqueueFailure::Publish)?;
-    state.metrics.jobs_published.with_label_values(&[envelope.kind().as_str()]).inc();
-    tracing::info!(execution_id, trace_id = %telemetry::trace_id(&tracing::Span::current()), "job accepted");
-    Ok(())
+        messaging.message.id = envelope.execution_id.as_str(),
+    )
 }
 
 /// The 202 body. A fresh job is `queued` (it may already be running: that is not this answer's

@@ -1,4 +1,6 @@
-//! `POST /v1/tool-calls`: a tool call checked against its tool's schema, then accepted as a job.
+//! `POST /v1/tool-calls`: a tool call checked against its tool's schema, then accepted as a job (at
+//! once, or scheduled with `run_at` / `delay_seconds`); `POST /v1/tool-calls/batch`: up to 1,000 of
+//! them checked all or nothing, then accepted together.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -9,12 +11,19 @@ use sha2::{Digest, Sha256};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
+use fleet_platform::telemetry;
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
+use fleet_protocol::schedule;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::ApiError;
 use crate::routes::common::{require_json, Body, Caller};
-use crate::routes::submit::{publish, request_key, submit, EnqueueFailure, Submission};
+use crate::routes::submit::{request_key, submit, Submission};
+use crate::routes::submit_batch::submit_batch;
 use crate::{validate, AppState};
+
+/// The most calls one batch may hold.
+pub(crate) const MAX_BATCH_CALLS: usize = 1000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +32,32 @@ struct ToolCallInput {
     parameters: Map<String, Value>,
     room_id: Option<String>,
     assistant_id: Option<String>,
+    /// RFC 3339: the call runs then (at once if it is past).
+    run_at: Option<String>,
+    /// The call runs this many seconds from now.
+    delay_seconds: Option<f64>,
+    /// When the call is due (ms), once `check` decided it; `None` runs it now.
+    #[serde(skip)]
+    due_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchInput {
+    calls: Vec<ToolCallInput>,
+}
+
+impl ToolCallInput {
+    /// Checks the call (its tool exists and the parameters satisfy its schema) and decides when it
+    /// is due; a refusal names the field it is about.
+    async fn check(&mut self, state: &AppState) -> Result<(), (&'static str, ApiError)> {
+        validate::tool_name(&self.tool_name).map_err(|e| ("tool_name", e))?;
+        validate::identifier("room_id", self.room_id.as_deref()).map_err(|e| ("room_id", e))?;
+        validate::identifier("assistant_id", self.assistant_id.as_deref()).map_err(|e| ("assistant_id", e))?;
+        self.due_ms = schedule::due_at(self.run_at.as_deref(), self.delay_seconds, now_ms())
+            .map_err(|e| (e.field(), ApiError::invalid(e.to_string())))?;
+        crate::tool_schemas::check_call(state, &self.tool_name, &self.parameters).await.map_err(|e| ("parameters", e))
+    }
 }
 
 #[utoipa::path(post, path = "/v1/tool-calls", tag = "tool-calls", security(("bearer" = ["calls:write"])),
@@ -39,13 +74,55 @@ pub(crate) async fn create_tool_call(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
-    let input: ToolCallInput = validate::parse_body(&body)?;
-    validate::tool_name(&input.tool_name)?;
-    validate::identifier("room_id", input.room_id.as_deref())?;
-    validate::identifier("assistant_id", input.assistant_id.as_deref())?;
+    let mut input: ToolCallInput = validate::parse_body(&body)?;
     let idempotency_key = request_key(&state, &caller, &headers)?;
-    crate::tool_schemas::check_call(&state, &input.tool_name, &input.parameters).await?;
+    input.check(&state).await.map_err(|(_, e)| e)?;
     submit(&state, idempotency_key, &headers, input).await
+}
+
+#[utoipa::path(post, path = "/v1/tool-calls/batch", tag = "tool-calls", security(("bearer" = ["calls:write"])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution ids and publishes nothing twice")),
+    request_body = crate::routes::docs::BatchRequest,
+    responses((status = 202, description = "Accepted: the broker confirmed every call", body = crate::routes::docs::BatchResponse,
+            headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
+        (status = 207, description = "Accepted in part (a broker failure during the publish): each call's result, in request order; \
+            a call with `error.code` `broker_unavailable` was not accepted, one with `outcome_unknown` may run. \
+            Retry with the same `Idempotency-Key` to publish the calls not confirmed (the same execution ids)", body = crate::routes::docs::BatchResponse),
+        (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
+pub(crate) async fn create_tool_call_batch(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    require_json(&headers)?;
+    let BatchInput { mut calls } = validate::parse_body(&body)?;
+    if calls.is_empty() || calls.len() > MAX_BATCH_CALLS {
+        return Err(ApiError::invalid(format!("calls: must hold 1 to {MAX_BATCH_CALLS} calls, not {}", calls.len())));
+    }
+    let idempotency_key = request_key(&state, &caller, &headers)?;
+    // All or nothing: one bad call refuses the batch before anything is written or published.
+    for (i, call) in calls.iter_mut().enumerate() {
+        call.check(&state).await.map_err(|(field, e)| in_batch(i, field, e))?;
+    }
+    let span = tracing::info_span!(
+        "tool_call_batch",
+        otel.name = "POST /v1/tool-calls/batch",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/v1/tool-calls/batch",
+        calls = calls.len(),
+    );
+    let _ = span.set_parent(telemetry::from_http_headers(&headers));
+    submit_batch(&state, idempotency_key, span, calls).await
+}
+
+/// A call's refusal as the batch's: the message names the call's index and field.
+fn in_batch(index: usize, field: &str, e: ApiError) -> ApiError {
+    let detail = e.message.strip_prefix(&format!("{field}: ")).unwrap_or(&e.message);
+    let message = format!("calls[{index}].{field}: {detail}");
+    ApiError { message, ..e }
 }
 
 impl Submission for ToolCallInput {
@@ -64,13 +141,46 @@ impl Submission for ToolCallInput {
         )
     }
 
-    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure> {
-        enqueue(state, execution_id, self, republish).await
+    /// Records the execution (unless a republish finds it) and builds the job: a scheduled call's
+    /// envelope carries `not_before_ms`, which sends it to a delay queue first.
+    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError> {
+        let now = now_ms();
+        let mut due_ms = self.due_ms;
+        // A republished execution may already have run: its record is not reset, and it stays due
+        // when it was first due.
+        let existing = if republish { state.store.get_execution(execution_id).await? } else { None };
+        match existing {
+            Some(view) => due_ms = view.run_at_ms.or(due_ms),
+            None => {
+                state
+                    .store
+                    .create_execution(&NewExecution {
+                        execution_id,
+                        kind: "tool_call",
+                        tool_name: Some(&self.tool_name),
+                        room_id: self.room_id.as_deref(),
+                        assistant_id: self.assistant_id.as_deref(),
+                        now_ms: now,
+                        run_at_ms: due_ms,
+                    })
+                    .await?
+            }
+        }
+        let job = Job::ToolCall(ToolCallJob {
+            tool_name: self.tool_name.clone(),
+            parameters: Value::Object(self.parameters.clone()),
+            room_id: self.room_id.clone(),
+            assistant_id: self.assistant_id.clone(),
+            parent: None,
+        });
+        let mut envelope = Envelope::new(execution_id.to_string(), job, now);
+        envelope.not_before_ms = due_ms;
+        Ok(envelope)
     }
 
-    async fn undo(&self, state: &AppState, execution_id: &str, failure: &EnqueueFailure) {
-        // Before the publish, the record itself is what failed to be written.
-        if matches!(failure, EnqueueFailure::Publish(_)) {
+    async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool) {
+        // A record that failed to be written is not there to remove.
+        if recorded {
             let _ = state.store.delete_execution(execution_id, "tool_call").await;
         }
     }
@@ -78,53 +188,20 @@ impl Submission for ToolCallInput {
 
 /// A digest of what the request asks for (not of its bytes: key order and spacing do not count).
 fn body_digest(input: &ToolCallInput) -> String {
-    let canonical = json!({
+    let mut canonical = json!({
         "tool_name": input.tool_name,
         "parameters": input.parameters,
         "room_id": input.room_id,
         "assistant_id": input.assistant_id,
     });
+    // Only when given, so that keys stored before scheduling existed still match.
+    if let Some(run_at) = &input.run_at {
+        canonical["run_at"] = json!(run_at);
+    }
+    if let Some(delay) = input.delay_seconds {
+        canonical["delay_seconds"] = json!(delay);
+    }
     hex::encode(Sha256::digest(serde_json::to_vec(&canonical).expect("JSON serialises")))
-}
-
-/// Records the execution (unless a republish finds it), then publishes the job and waits for the
-/// broker's confirm.
-async fn enqueue(
-    state: &AppState,
-    execution_id: &str,
-    input: &ToolCallInput,
-    republish: bool,
-) -> Result<(), EnqueueFailure> {
-    // No record is written while the broker is certainly out of reach.
-    state.broker.publisher().map_err(EnqueueFailure::Publish)?;
-    let now = now_ms();
-    let record = async {
-        // A republished execution may already have run: its record is not reset.
-        if republish && state.store.get_execution(execution_id).await?.is_some() {
-            return Ok(());
-        }
-        state
-            .store
-            .create_execution(&NewExecution {
-                execution_id,
-                kind: "tool_call",
-                tool_name: Some(&input.tool_name),
-                room_id: input.room_id.as_deref(),
-                assistant_id: input.assistant_id.as_deref(),
-                now_ms: now,
-            })
-            .await
-    };
-    record.await.map_err(|e| EnqueueFailure::BeforePublish(e.into()))?;
-    let job = Job::ToolCall(ToolCallJob {
-        tool_name: input.tool_name.clone(),
-        parameters: Value::Object(input.parameters.clone()),
-        room_id: input.room_id.clone(),
-        assistant_id: input.assistant_id.clone(),
-        parent: None,
-    });
-    let envelope = Envelope::new(execution_id.to_string(), job, now);
-    publish(state, &envelope).await
 }
 
 #[cfg(test)]
@@ -139,5 +216,15 @@ mod tests {
         let c = parse(r#"{"tool_name":"t","parameters":{"a":1,"b":3},"room_id":"r"}"#);
         assert_eq!(body_digest(&a), body_digest(&b));
         assert_ne!(body_digest(&a), body_digest(&c));
+        let later = parse(r#"{"tool_name":"t","parameters":{"a":1,"b":2},"room_id":"r","delay_seconds":3}"#);
+        assert_ne!(body_digest(&a), body_digest(&later));
+    }
+
+    #[test]
+    fn a_refused_call_in_a_batch_names_its_index_and_field_once() {
+        let e = in_batch(17, "run_at", ApiError::invalid("run_at: is more than 30 days ahead"));
+        assert_eq!(e.message, "calls[17].run_at: is more than 30 days ahead");
+        let e = in_batch(3, "parameters", ApiError::invalid("parameters do not match"));
+        assert_eq!((e.message.as_str(), e.code), ("calls[3].parameters: parameters do not match", "invalid_request"));
     }
 }

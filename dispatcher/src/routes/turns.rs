@@ -14,7 +14,7 @@ use fleet_protocol::turn::{self, TurnInput, TurnState};
 
 use crate::error::ApiError;
 use crate::routes::common::{require_json, Body, Caller};
-use crate::routes::submit::{publish, request_key, submit, EnqueueFailure, Submission};
+use crate::routes::submit::{request_key, submit, Submission};
 use crate::{validate, AppState};
 
 /// Records the turn, puts it in its session's line (arrival order is run order), and publishes its
@@ -61,15 +61,11 @@ impl Submission for NewTurn {
         tracing::info_span!("turn", otel.name = "POST /v1/turns", otel.kind = "server", execution_id = %execution_id)
     }
 
-    async fn enqueue(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<(), EnqueueFailure> {
-        state.broker.publisher().map_err(EnqueueFailure::Publish)?;
+    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError> {
         let input = &self.input;
-        let record = async {
-            // The line entry is made before the record, so a republish that finds the record knows
-            // the entry was made: the turn may have taken it (started) since, and it is not put back.
-            if republish && state.store.get_execution(execution_id).await?.is_some() {
-                return Ok(());
-            }
+        // The line entry is made before the record, so a republish that finds the record knows
+        // the entry was made: the turn may have taken it (started) since, and it is not put back.
+        if !(republish && state.store.get_execution(execution_id).await?.is_some()) {
             let turn = TurnState::new(input, turn::attempt_message_id(execution_id, 0, 1));
             state.store.save_turn(execution_id, &turn).await?;
             // Nothing was published without a record, so nothing has run: one entry, kept or made.
@@ -83,15 +79,15 @@ impl Submission for NewTurn {
                     room_id: Some(&input.session_id),
                     assistant_id: Some(&input.assistant.id),
                     now_ms: now_ms(),
+                    run_at_ms: None,
                 })
-                .await
-        };
-        record.await.map_err(|e| EnqueueFailure::BeforePublish(e.into()))?;
+                .await?;
+        }
         let job = Job::Turn(TurnJob { session_id: input.session_id.clone(), round: 0 });
-        publish(state, &Envelope::new(execution_id.to_string(), job, now_ms())).await
+        Ok(Envelope::new(execution_id.to_string(), job, now_ms()))
     }
 
-    async fn undo(&self, state: &AppState, execution_id: &str, _failure: &EnqueueFailure) {
+    async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {
         // A line entry without a job would hold up every later turn of the session.
         let _ = state.store.session_dequeue(&self.input.session_id, execution_id).await;
         let _ = state.store.delete_execution(execution_id, JobKind::Turn.as_str()).await;

@@ -156,6 +156,7 @@ async fn publish_call(
             room_id: Some(&state.session_id),
             assistant_id: Some(&state.assistant.id),
             now_ms: now_ms(),
+            run_at_ms: None,
         })
         .await;
     publisher.publish_job(&p.config.common.topology, envelope, trace_headers()).await.map_err(|e| e.to_string())?;
