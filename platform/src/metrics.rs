@@ -36,6 +36,12 @@ pub struct Metrics {
     pub dead_letters_stored: IntGauge,
     pub llm_request_duration: HistogramVec,
     pub llm_tokens: IntCounterVec,
+    /// 1 per tool whose circuit is open (the dispatcher reports it from Redis, so several
+    /// workers never disagree); the label is a registered tool's name.
+    pub tool_circuit_open: IntGaugeVec,
+    /// Circuits this worker opened or closed (`opened`, `closed`), and calls it deferred or let
+    /// through as probes (`deferred`, `probe`).
+    pub circuit_events: IntCounterVec,
 }
 
 impl Metrics {
@@ -148,6 +154,16 @@ impl Metrics {
                 "fleet_llm_tokens_total",
                 "LLM tokens used, by model and type (prompt, completion).",
                 &["model", "type"],
+            ),
+            tool_circuit_open: gauge(
+                "fleet_tool_circuit_open",
+                "1 while the tool's circuit is open (its endpoint kept failing; calls are deferred).",
+                &["tool"],
+            ),
+            circuit_events: counter(
+                "fleet_tool_circuit_events_total",
+                "Circuit events: opened, closed, deferred (a call held back), probe (a call let through).",
+                &["event"],
             ),
             registry,
         }

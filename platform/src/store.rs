@@ -21,8 +21,10 @@ use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
 mod cancel;
+mod health;
 mod turns;
 pub use cancel::{Begin, CancelRequest};
+pub use health::{Admission, ToolHealth, Transition};
 pub use turns::{SessionFinish, SessionSlot};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,9 @@ pub struct StoredTool {
     pub secret_ciphertext: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Its own circuit-breaker policy, if it has one (`store/health.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<fleet_protocol::circuit::CircuitBreaker>,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.

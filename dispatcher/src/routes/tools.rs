@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
+use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
@@ -31,6 +32,7 @@ pub(crate) struct ToolInput {
     parameters: Option<Map<String, Value>>,
     callback_url: Option<String>,
     callback_secret: Option<String>,
+    circuit_breaker: Option<CircuitBreaker>,
 }
 
 fn tool_json(t: &StoredTool) -> Value {
@@ -40,6 +42,7 @@ fn tool_json(t: &StoredTool) -> Value {
         "description": t.description,
         "parameters": t.parameters,
         "callback_url": t.callback_url,
+        "circuit_breaker": t.circuit_breaker,
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -55,6 +58,9 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
     }
     if input.callback_secret.as_ref().is_some_and(|s| s.len() < 16 || s.len() > 1024) {
         return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
+    }
+    if let Some(problem) = input.circuit_breaker.as_ref().and_then(CircuitBreaker::problem) {
+        return Err(ApiError::invalid(problem));
     }
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
@@ -82,6 +88,7 @@ fn merged(
             secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
             created_at_ms: old.created_at_ms,
             updated_at_ms: now,
+            circuit_breaker: input.circuit_breaker.or(old.circuit_breaker),
         },
         None => {
             let callback_url =
@@ -101,6 +108,7 @@ fn merged(
                 secret_ciphertext,
                 created_at_ms: now,
                 updated_at_ms: now,
+                circuit_breaker: input.circuit_breaker,
             }
         }
     })
@@ -248,7 +256,10 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
 pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
-    Ok(Json(json!({"data": tool_json(&with_id(&state, version).await?)})))
+    let mut data = tool_json(&with_id(&state, version).await?);
+    let name = data["name"].as_str().unwrap_or_default().to_string();
+    data["health"] = crate::circuit::health_json(&state.store.tool_health(&name).await?);
+    Ok(Json(json!({"data": data})))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
@@ -306,6 +317,7 @@ mod tests {
             secret_ciphertext: "v1.old".into(),
             created_at_ms: 1,
             updated_at_ms: 1,
+            circuit_breaker: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! and returns an `Outcome`; `settle` carries it out.
 
 mod callback_job;
+pub(crate) mod circuit;
 mod parent;
 mod tool_call;
 mod turn;
