@@ -53,7 +53,10 @@ mod tests {
     #[test]
     fn health_shows_times_and_nulls() {
         let never = health_json(&ToolHealth::default());
-        assert_eq!(never, json!({"state": "closed", "consecutive_failures": 0, "last_success_at": null, "last_failure_at": null, "opened_at": null}));
+        assert_eq!(
+            never,
+            json!({"state": "closed", "consecutive_failures": 0, "last_success_at": null, "last_failure_at": null, "opened_at": null})
+        );
         let open = ToolHealth { open: true, consecutive_failures: 4, opened_at_ms: Some(0), ..Default::default() };
         let shown = health_json(&open);
         assert_eq!((shown["state"].as_str(), shown["consecutive_failures"].as_u64()), (Some("open"), Some(4)));

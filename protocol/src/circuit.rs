@@ -41,7 +41,9 @@ impl CircuitBreaker {
     /// Why the field is refused, if it is.
     pub fn problem(&self) -> Option<String> {
         if self.failure_threshold.is_some_and(|n| n > MAX_FAILURE_THRESHOLD) {
-            return Some(format!("circuit_breaker.failure_threshold must be 0-{MAX_FAILURE_THRESHOLD} (0: never opens)"));
+            return Some(format!(
+                "circuit_breaker.failure_threshold must be 0-{MAX_FAILURE_THRESHOLD} (0: never opens)"
+            ));
         }
         if self.probe_interval_seconds.is_some_and(|s| s == 0 || s > MAX_PROBE_INTERVAL_SECS) {
             return Some(format!("circuit_breaker.probe_interval_seconds must be 1-{MAX_PROBE_INTERVAL_SECS}"));
@@ -186,7 +188,11 @@ mod tests {
         assert_eq!(defer_wait(Some(Duration::from_secs(99)), interval), interval);
         assert_eq!(defer_wait(None, Duration::from_millis(10)), MIN_DEFER);
         let hourly = Duration::from_secs(3600);
-        assert_eq!(defer_wait(Some(Duration::from_secs(3000)), hourly), MAX_DEFER, "a hand-closed circuit is seen soon");
+        assert_eq!(
+            defer_wait(Some(Duration::from_secs(3000)), hourly),
+            MAX_DEFER,
+            "a hand-closed circuit is seen soon"
+        );
     }
 
     #[test]

@@ -82,10 +82,19 @@ async fn a_failing_endpoint_opens_its_circuit_defers_its_calls_and_a_probe_close
             .env("FLEET_STATS_INTERVAL", "0.2"),
     )
     .await;
-    let shown = register(&fleet, "flaky", &receiver.url("/flaky"), json!({"failure_threshold": 3, "probe_interval_seconds": 2})).await;
+    let shown = register(
+        &fleet,
+        "flaky",
+        &receiver.url("/flaky"),
+        json!({"failure_threshold": 3, "probe_interval_seconds": 2}),
+    )
+    .await;
     assert_eq!(shown["circuit_breaker"], json!({"failure_threshold": 3, "probe_interval_seconds": 2}));
     let fresh = health(&fleet, "flaky").await;
-    assert_eq!(fresh, json!({"state": "closed", "consecutive_failures": 0, "last_success_at": null, "last_failure_at": null, "opened_at": null}));
+    assert_eq!(
+        fresh,
+        json!({"state": "closed", "consecutive_failures": 0, "last_success_at": null, "last_failure_at": null, "opened_at": null})
+    );
 
     let ids: Vec<String> = {
         let mut ids = vec![];
@@ -122,7 +131,10 @@ async fn a_failing_endpoint_opens_its_circuit_defers_its_calls_and_a_probe_close
         gaps
     );
     for gap in &gaps {
-        assert!(*gap >= interval - Duration::from_millis(300), "two probes {gap:?} apart, under the {interval:?} interval");
+        assert!(
+            *gap >= interval - Duration::from_millis(300),
+            "two probes {gap:?} apart, under the {interval:?} interval"
+        );
     }
     let per_interval = probes.len() as f64 / (window.as_secs_f64() / interval.as_secs_f64()).max(1.0);
     println!("probes per interval: {per_interval:.2}");
@@ -188,7 +200,13 @@ async fn the_circuit_breaker_field_is_checked_and_kept_on_update() {
         fleet.request(Method::PUT, "/v1/tools/checked", Some(&json!({"description": "still mine"}))).await;
     assert_eq!(status, 200);
     assert_eq!(updated["data"]["circuit_breaker"], json!({"failure_threshold": 0}), "an update keeps it");
-    let plain = fleet.request(Method::PUT, "/v1/tools/plain", Some(&json!({"callback_url": receiver.url("/p"), "callback_secret": SECRET}))).await;
+    let plain = fleet
+        .request(
+            Method::PUT,
+            "/v1/tools/plain",
+            Some(&json!({"callback_url": receiver.url("/p"), "callback_secret": SECRET})),
+        )
+        .await;
     assert_eq!(plain.1["data"]["circuit_breaker"], Value::Null, "no field: the fleet's defaults");
 }
 
@@ -197,7 +215,8 @@ async fn fleetctl_shows_and_closes_a_circuit() {
     let up = Arc::new(AtomicBool::new(false));
     let receiver = switchable_receiver(up.clone()).await;
     let fleet = spawn_fleet(FleetOptions::default().env("FLEET_RETRY_DELAYS", "0.2,0.4,0.8,1.6,3.2")).await;
-    register(&fleet, "stuck", &receiver.url("/stuck"), json!({"failure_threshold": 1, "probe_interval_seconds": 10})).await;
+    register(&fleet, "stuck", &receiver.url("/stuck"), json!({"failure_threshold": 1, "probe_interval_seconds": 10}))
+        .await;
     let id = fleet.call_tool("stuck", json!({})).await;
     wait_state(&fleet, "stuck", "open", Duration::from_secs(15)).await;
     let shown: Value = serde_json::from_str(fleetctl(&fleet, &["circuit", "show", "stuck"]).trim()).unwrap();
@@ -230,7 +249,13 @@ async fn a_turns_call_of_an_open_circuit_tool_is_answered_tool_unavailable_at_on
     .await;
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(503)).await;
     let fleet = spawn_fleet(llm_fleet(&llm)).await;
-    register(&fleet, "weather", &receiver.url("/weather"), json!({"failure_threshold": 1, "probe_interval_seconds": 3600})).await;
+    register(
+        &fleet,
+        "weather",
+        &receiver.url("/weather"),
+        json!({"failure_threshold": 1, "probe_interval_seconds": 3600}),
+    )
+    .await;
     // One direct call fails and opens the circuit (no probe for an hour).
     fleet.call_tool("weather", json!({"city": "Bergen"})).await;
     wait_state(&fleet, "weather", "open", Duration::from_secs(15)).await;
@@ -243,7 +268,10 @@ async fn a_turns_call_of_an_open_circuit_tool_is_answered_tool_unavailable_at_on
     assert_eq!(requests.len(), 2);
     let fan_out = requests[0].ended.expect("the tool-call answer ended");
     let answer_time = requests[1].started.duration_since(fan_out);
-    println!("open circuit: the model had the tool_unavailable result {} ms after its tool call", answer_time.as_millis());
+    println!(
+        "open circuit: the model had the tool_unavailable result {} ms after its tool call",
+        answer_time.as_millis()
+    );
     assert!(answer_time < Duration::from_secs(1), "{answer_time:?}");
 
     let tool_message = requests[1].messages().into_iter().find(|m| m["role"] == "tool").unwrap();
@@ -252,4 +280,37 @@ async fn a_turns_call_of_an_open_circuit_tool_is_answered_tool_unavailable_at_on
     assert_eq!(content["tool"], "weather");
     assert!(content["unavailable_since"].is_string(), "{content}");
     assert_eq!(receiver.received().len(), sent_before, "the turn's call was never sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_call_queued_when_its_circuit_opens_is_answered_instead_of_waiting() {
+    let llm = MockLlm::start(|body, _| {
+        let answered = body["messages"].as_array().unwrap().iter().any(|m| m["role"] == "tool");
+        if answered {
+            LlmReply::text("Sorry, no stock levels right now.")
+        } else {
+            LlmReply::ToolCalls(vec![("call_s".into(), "stock".into(), r#"{"sku":"A1"}"#.into())])
+        }
+    })
+    .await;
+    let receiver = Receiver::start(SECRET, |_, _| Reply::status(503)).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    register(&fleet, "stock", &receiver.url("/stock"), json!({"failure_threshold": 1, "probe_interval_seconds": 3600}))
+        .await;
+    // Closed when the model calls it: the call is sent, fails, and opens the circuit. Its retry
+    // finds the circuit open and the turn is answered, not left waiting for a probe an hour away.
+    let started = Instant::now();
+    let id = post_turn(&fleet, &turn_body("s_circuit_late", "stock of A1?", &["stock"])).await;
+    let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    println!("a queued call of a freshly opened circuit: turn done in {} ms", started.elapsed().as_millis());
+    assert_eq!(done["turn"]["final_message"]["content"], "Sorry, no stock levels right now.");
+    let requests = llm.requests();
+    let tool_message = requests[1].messages().into_iter().find(|m| m["role"] == "tool").unwrap();
+    let content: Value = serde_json::from_str(tool_message["content"].as_str().unwrap()).unwrap();
+    assert_eq!(content["error"], "tool_unavailable", "{content}");
+    assert_eq!(receiver.received().len(), 1, "sent once, before the circuit opened");
+    let call = done["turn"]["tool_calls"][0]["execution_id"].as_str().unwrap().to_string();
+    let (_, view) = fleet.get(&format!("/v1/executions/{call}")).await;
+    assert_eq!(view["data"]["status"], "cancelled", "never sent again: {view}");
+    assert_eq!(health(&fleet, "stock").await["state"], "open");
 }

@@ -15,9 +15,9 @@ use fleet_platform::now_ms;
 use fleet_platform::store::{Admission, CancelRequest, Transition};
 use fleet_protocol::circuit::{defer_wait, endpoint_signal, unavailable_result, Signal, MIN_DEFER, TOOL_UNAVAILABLE};
 use fleet_protocol::envelope::{Envelope, Job, TurnParent};
-use fleet_protocol::turn::CallOutcome;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::turn::CallOutcome;
 
 use crate::callback::{AttemptReport, AttemptVerdict};
 use crate::process::Processor;
@@ -94,9 +94,8 @@ pub(super) async fn after_attempt(
         Ok(Transition::StillOpen | Transition::Unchanged) => {}
         Err(e) => tracing::debug!(error = %e, "endpoint health not recorded"),
     }
-    let failed_probe = gate == Gate::Probe
-        && signal == Signal::Down
-        && matches!(report.verdict, AttemptVerdict::Retryable { .. });
+    let failed_probe =
+        gate == Gate::Probe && signal == Signal::Down && matches!(report.verdict, AttemptVerdict::Retryable { .. });
     if !failed_probe {
         return None;
     }
@@ -151,9 +150,9 @@ async fn answer_turn(
         Ok(CancelRequest::Cancelled { .. }) => {}
         _ => return None,
     }
-    let result = unavailable_answer(p, tool).await.unwrap_or_else(|| {
-        unavailable_result(tool, None, p.config.circuit.probe_interval)
-    });
+    let result = unavailable_answer(p, tool)
+        .await
+        .unwrap_or_else(|| unavailable_result(tool, None, p.config.circuit.probe_interval));
     let outcome = CallOutcome { ok: false, result };
     tracing::info!(tool, "circuit open; the turn's call is answered tool_unavailable, not sent");
     match super::parent::tool_call_finished(p, publisher, turn, tool, outcome).await {
