@@ -8,10 +8,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Consecutive endpoint failures that open a tool's circuit unless the tool or
-/// `FLEET_CIRCUIT_FAILURE_THRESHOLD` says otherwise. Envoy's outlier detection ejects a host after
-/// 5 consecutive 5xx by default; 5 is also below the default schedule's 6 attempts, so a lone call
-/// against a dead endpoint waits for its recovery (deferred) instead of being dead-lettered.
-pub const DEFAULT_FAILURE_THRESHOLD: u32 = 5;
+/// `FLEET_CIRCUIT_FAILURE_THRESHOLD` says otherwise: 0, never, so the seed's behaviour (6 attempts,
+/// then the dead letter) stays the default. The README recommends 5 to turn it on: Envoy's outlier
+/// detection ejects a host after 5 consecutive 5xx by default, and 5 is below the default
+/// schedule's 6 attempts, so a lone call to a dead endpoint waits for its recovery (deferred)
+/// instead of being dead-lettered.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 0;
 /// How often an open circuit lets one call through as a probe (`FLEET_CIRCUIT_PROBE_INTERVAL`).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 pub const MAX_FAILURE_THRESHOLD: u32 = 100_000;

@@ -159,7 +159,7 @@ pub(crate) struct ToolInputDoc {
 #[schema(example = json!({"failure_threshold": 3, "probe_interval_seconds": 60}))]
 pub(crate) struct CircuitBreakerDoc {
     /// Consecutive endpoint failures (5xx, 408, 429, timeouts, connection errors) that open the
-    /// circuit, 0-100000 (0: never opens); default `FLEET_CIRCUIT_FAILURE_THRESHOLD` (5).
+    /// circuit, 0-100000 (0: never opens); default `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: never).
     #[schema(minimum = 0, maximum = 100000)]
     pub failure_threshold: Option<u32>,
     /// Seconds between probes while open (fleet-wide), 1-86400; default
