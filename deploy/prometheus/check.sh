@@ -46,6 +46,8 @@ fleet_http_requests_total
 fleet_http_request_duration_seconds
 fleet_llm_request_duration_seconds
 fleet_llm_tokens_total
+fleet_tool_circuit_open
+fleet_tool_circuit_events_total
 "
 HISTOGRAMS="
 fleet_attempt_duration_seconds
@@ -62,6 +64,7 @@ FleetOldestJobAgeHigh
 FleetWorkerDown
 FleetBrokerDisconnected
 FleetRedisErrors
+FleetToolCircuitOpen
 "
 
 passed=0

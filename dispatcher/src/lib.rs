@@ -1,6 +1,7 @@
 //! The dispatcher: the fleet's HTTP API. It turns tool calls into durable AMQP jobs (202 only after
 //! the broker's publisher confirm), keeps the tool registry, and serves executions and dead letters.
 
+pub mod circuit;
 pub mod config;
 pub mod error;
 mod routes;

@@ -24,6 +24,7 @@ pub async fn poll(
     interval: Duration,
     cancel: CancellationToken,
 ) {
+    let mut circuits_shown = std::collections::BTreeSet::new();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -42,6 +43,9 @@ pub async fn poll(
         }
         if let Ok(n) = store.count_dead_letters().await {
             metrics.dead_letters_stored.set(n as i64);
+        }
+        if let Err(e) = crate::circuit::refresh_gauge(&store, &metrics, &mut circuits_shown).await {
+            tracing::debug!(error = %e, "open-circuit gauge not refreshed");
         }
         for kind in JobKind::ALL {
             if let Ok(oldest) = store.oldest_waiting(kind.as_str()).await {

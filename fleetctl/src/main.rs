@@ -1,5 +1,5 @@
-//! `fleetctl`: the operator's CLI. Declares the topology, shows queue depths, and inspects dead
-//! letters. It reads the same `FLEET_*` settings as the other processes and talks to RabbitMQ and
+//! `fleetctl`: the operator's CLI. Declares the topology, shows queue depths, inspects dead
+//! letters, and shows or closes a tool's circuit. It reads the same `FLEET_*` settings as the other processes and talks to RabbitMQ and
 //! Redis directly.
 
 use anyhow::Context;
@@ -15,7 +15,7 @@ use fleet_platform::store::Store;
 use fleet_protocol::deadletter::DeadLetterFilter;
 
 #[derive(Parser)]
-#[command(name = "fleetctl", version, about = "Operate the agent job fleet: topology, queues, dead letters")]
+#[command(name = "fleetctl", version, about = "Operate the agent job fleet: topology, queues, dead letters, circuits")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,6 +36,20 @@ enum Command {
         #[command(subcommand)]
         action: DeadLetterAction,
     },
+    /// A tool's circuit (endpoint health).
+    Circuit {
+        #[command(subcommand)]
+        action: CircuitAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum CircuitAction {
+    /// Show a tool's endpoint health and circuit state.
+    Show { tool: String },
+    /// Close a tool's circuit by hand: its consecutive failures reset and its deferred calls run
+    /// when they next come back from the delay queue.
+    Close { tool: String },
 }
 
 #[derive(Subcommand)]
@@ -160,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
             }
             let _ = conn.close(200, "done".into()).await;
         }
+        Command::Circuit { action } => circuit(&config, action).await?,
         Command::DeadLetters { action } => {
             let store = Store::open(
                 &config.redis_url,
@@ -210,6 +225,34 @@ async fn main() -> anyhow::Result<()> {
                     println!("purged {} dead letter(s) ({} scanned)", report.done, report.scanned);
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+async fn circuit(config: &CommonConfig, action: CircuitAction) -> anyhow::Result<()> {
+    let store = Store::open(
+        &config.redis_url,
+        config.keys.clone(),
+        config.redis_timeout,
+        Metrics::new("fleetctl"),
+        &config.tls,
+    )?;
+    let time = |ms: Option<i64>| ms.map(fleet_protocol::timefmt::rfc3339_from_millis);
+    match action {
+        CircuitAction::Show { tool } => {
+            let h = store.tool_health(&tool).await?;
+            println!(
+                "{}",
+                json!({"tool": tool, "state": if h.open { "open" } else { "closed" },
+                       "consecutive_failures": h.consecutive_failures, "last_success_at": time(h.last_success_ms),
+                       "last_failure_at": time(h.last_failure_ms), "opened_at": time(h.opened_at_ms)})
+            );
+        }
+        CircuitAction::Close { tool } => {
+            let was_open = store.close_circuit(&tool, fleet_platform::now_ms()).await?;
+            let what = if was_open { "closed" } else { "was not open; failures reset" };
+            println!("circuit of tool {tool:?} {what}");
         }
     }
     Ok(())

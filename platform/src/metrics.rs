@@ -39,6 +39,12 @@ pub struct Metrics {
     /// Tool calls deferred in the broker by the tool's limits (`reason`: `concurrency`,
     /// `rate_limit`, or `unavailable` when Redis could not decide: fail closed).
     pub tool_deferred: IntCounterVec,
+    /// 1 per tool whose circuit is open (the dispatcher reports it from Redis, so several
+    /// workers never disagree); the label is a registered tool's name.
+    pub tool_circuit_open: IntGaugeVec,
+    /// Circuits this worker opened or closed (`opened`, `closed`), and calls it deferred or let
+    /// through as probes (`deferred`, `probe`).
+    pub circuit_events: IntCounterVec,
 }
 
 impl Metrics {
@@ -156,6 +162,16 @@ impl Metrics {
                 "fleet_tool_deferred_total",
                 "Tool calls deferred in the broker by the tool's max_concurrency or rate_limit (no attempt spent).",
                 &["tool", "reason"],
+            ),
+            tool_circuit_open: gauge(
+                "fleet_tool_circuit_open",
+                "1 while the tool's circuit is open (its endpoint kept failing; calls are deferred).",
+                &["tool"],
+            ),
+            circuit_events: counter(
+                "fleet_tool_circuit_events_total",
+                "Circuit events: opened, closed, deferred (a call held back), probe (a call let through).",
+                &["event"],
             ),
             registry,
         }

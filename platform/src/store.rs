@@ -22,9 +22,11 @@ use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
 mod cancel;
+mod health;
 mod limits;
 mod turns;
 pub use cancel::{Begin, CancelRequest};
+pub use health::{Admission, ToolHealth, Transition};
 pub use limits::{Pace, SlotGrant};
 pub use turns::{SessionFinish, SessionSlot};
 
@@ -59,6 +61,9 @@ pub struct StoredTool {
     /// `max_concurrency` and `rate_limit` (`store/limits.rs` enforces them).
     #[serde(default, skip_serializing_if = "ToolLimits::is_none")]
     pub limits: ToolLimits,
+    /// Its own circuit-breaker policy, if it has one (`store/health.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<fleet_protocol::circuit::CircuitBreaker>,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.

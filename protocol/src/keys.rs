@@ -83,6 +83,23 @@ impl Keys {
         format!("{}{{tools}}:ids", self.prefix)
     }
 
+    /// A tool's endpoint health (a hash: consecutive failures, last success and failure, circuit
+    /// state); its probe slot shares the tag, so one script takes both.
+    pub fn tool_health(&self, name: &str) -> String {
+        format!("{}tool-health:{{{}}}", self.prefix, hash_tag_safe(name))
+    }
+
+    /// Held (`SET NX PX`) by the one probe an open circuit lets through per probe interval.
+    pub fn tool_probe(&self, name: &str) -> String {
+        format!("{}tool-health:{{{}}}:probe", self.prefix, hash_tag_safe(name))
+    }
+
+    /// Sorted set of tools whose circuit is open, by opening time: kept beside the health hashes
+    /// (another slot, so written after them) for the open-circuit gauge, which checks each entry.
+    pub fn open_circuits(&self) -> String {
+        format!("{}{{tool-health}}:open", self.prefix)
+    }
+
     /// A registered webhook (JSON; the secret field is encrypted).
     pub fn webhook(&self, id: &str) -> String {
         format!("{}{{webhooks}}:webhook:{id}", self.prefix)
@@ -171,6 +188,16 @@ mod tests {
         }
         assert_eq!(k.session("s1", "lock"), "t1:session:{s1}:lock", "plain ids keep their keys");
         assert_eq!(k.session("}odd{", "queue"), "t1:session:{%7Dodd%7B}:queue");
+    }
+
+    #[test]
+    fn a_tools_health_and_probe_share_one_slot_apart_from_other_tools() {
+        let k = Keys::new("t1:");
+        for name in ["weather", "a-b_c", "{odd}"] {
+            assert_eq!(hashed_part(&k.tool_health(name)), hashed_part(&k.tool_probe(name)), "{name:?}");
+        }
+        assert_eq!(k.tool_health("weather"), "t1:tool-health:{weather}");
+        assert_ne!(hashed_part(&k.tool_health("a")), hashed_part(&k.tool_health("b")));
     }
 
     #[test]

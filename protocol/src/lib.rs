@@ -4,6 +4,7 @@
 //! a 429 mean for the retry") is a plain function so that it can be unit-tested without a broker.
 
 pub mod callback;
+pub mod circuit;
 pub mod classify;
 pub mod deadletter;
 pub mod envelope;

@@ -633,10 +633,15 @@ pub fn parse_arguments(arguments: &str) -> Result<Value, String> {
 }
 
 /// What the model reads for a tool call's outcome: the result's JSON text (an error wrapped as
-/// `{"error": …}`), or, above `max_bytes`, `{"truncated": true, "bytes": <full size>, "content":
+/// `{"error": …}`, unless it is an object with a string `error` already, like `tool_unavailable`'s), or, above `max_bytes`, `{"truncated": true, "bytes": <full size>, "content":
 /// <its first bytes, cut at a UTF-8 boundary>}`. The execution record keeps the whole result.
 pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
-    let full = if outcome.ok { outcome.result.to_string() } else { json!({"error": outcome.result}).to_string() };
+    let already_an_error = outcome.result.get("error").is_some_and(Value::is_string);
+    let full = if outcome.ok || already_an_error {
+        outcome.result.to_string()
+    } else {
+        json!({"error": outcome.result}).to_string()
+    };
     if full.len() <= max_bytes {
         return full;
     }
@@ -850,6 +855,8 @@ mod tests {
         assert_eq!(tool_message_content(&small, 100), r#"{"n":1}"#);
         let failed = CallOutcome { ok: false, result: json!("HTTP 404") };
         assert_eq!(tool_message_content(&failed, 100), r#"{"error":"HTTP 404"}"#);
+        let flat = CallOutcome { ok: false, result: json!({"error": "tool_unavailable", "tool": "t"}) };
+        assert_eq!(tool_message_content(&flat, 100), r#"{"error":"tool_unavailable","tool":"t"}"#);
         let big = CallOutcome { ok: true, result: json!("é".repeat(100)) };
         let seen: Value = serde_json::from_str(&tool_message_content(&big, 10)).unwrap();
         assert_eq!(seen["truncated"], true);

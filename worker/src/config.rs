@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub registry_cache_ttl: Duration,
     /// Names this worker in claims and logs.
     pub worker_id: String,
+    /// Endpoint health: the fleet's circuit policy, which a tool's `circuit_breaker` overrides.
+    pub circuit: fleet_protocol::circuit::CircuitPolicy,
 }
 
 /// Where a provider is and the key it is called with.
@@ -147,8 +149,20 @@ impl WorkerConfig {
             history_max_bytes,
             registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,
             worker_id: format!("{host}-{}", std::process::id()),
+            circuit: circuit_policy(src)?,
         })
     }
+}
+
+/// `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: circuits never open) and `FLEET_CIRCUIT_PROBE_INTERVAL`.
+fn circuit_policy(src: &Source) -> Result<fleet_protocol::circuit::CircuitPolicy, ConfigError> {
+    use fleet_protocol::circuit::{CircuitPolicy, DEFAULT_FAILURE_THRESHOLD, DEFAULT_PROBE_INTERVAL};
+    let probe_interval = src.seconds("FLEET_CIRCUIT_PROBE_INTERVAL", DEFAULT_PROBE_INTERVAL)?;
+    if probe_interval < Duration::from_millis(100) {
+        return Err(ConfigError::new("FLEET_CIRCUIT_PROBE_INTERVAL", "must be at least 0.1 seconds"));
+    }
+    let failure_threshold = src.parse("FLEET_CIRCUIT_FAILURE_THRESHOLD", DEFAULT_FAILURE_THRESHOLD)?;
+    Ok(CircuitPolicy { failure_threshold, probe_interval })
 }
 
 #[cfg(test)]
@@ -166,6 +180,7 @@ mod tests {
         assert!(!c.allow_private_callbacks);
         assert_eq!(c.tool_result_max_bytes, 65536);
         assert_eq!((c.history_max_messages, c.history_max_bytes), (100, 256 * 1024));
+        assert_eq!(c.circuit, fleet_protocol::circuit::CircuitPolicy::default());
     }
 
     #[test]
@@ -192,6 +207,9 @@ mod tests {
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "0").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_WORKER_CONCURRENCY", "many").unwrap_err().setting, "FLEET_WORKER_CONCURRENCY");
         assert_eq!(load("FLEET_CLAIM_LEASE", "0.01").unwrap_err().setting, "FLEET_CLAIM_LEASE");
+        let setting = "FLEET_CIRCUIT_FAILURE_THRESHOLD";
+        assert_eq!(load(setting, "-1").unwrap_err().setting, setting);
+        assert_eq!(load("FLEET_CIRCUIT_PROBE_INTERVAL", "0").unwrap_err().setting, "FLEET_CIRCUIT_PROBE_INTERVAL");
         assert_eq!(load("FLEET_TOOL_RESULT_MAX_BYTES", "10").unwrap_err().setting, "FLEET_TOOL_RESULT_MAX_BYTES");
         let setting = "FLEET_SESSION_HISTORY_MAX_MESSAGES";
         assert_eq!(load(setting, "0").unwrap_err().setting, setting);

@@ -177,6 +177,8 @@ pub(crate) struct ToolInputDoc {
     pub max_concurrency: Option<u32>,
     /// Callbacks per second across the fleet; `null` removes the limit.
     pub rate_limit: Option<RateLimitDoc>,
+    /// The tool's circuit breaker (endpoint health); left out, the fleet's settings apply.
+    pub circuit_breaker: Option<CircuitBreakerDoc>,
 }
 
 /// A tool's rate limit (GCRA): `per_second` on average, up to `burst` at once. Calls over it wait
@@ -203,6 +205,35 @@ pub(crate) enum SignatureSchemeDoc {
     StandardWebhooks,
 }
 
+/// When a tool's circuit opens and how often it is probed while open.
+#[derive(ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"failure_threshold": 3, "probe_interval_seconds": 60}))]
+pub(crate) struct CircuitBreakerDoc {
+    /// Consecutive endpoint failures (5xx, 408, 429, timeouts, connection errors) that open the
+    /// circuit, 0-100000 (0: never opens); default `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: never).
+    #[schema(minimum = 0, maximum = 100000)]
+    pub failure_threshold: Option<u32>,
+    /// Seconds between probes while open (fleet-wide), 1-86400; default
+    /// `FLEET_CIRCUIT_PROBE_INTERVAL` (30).
+    #[schema(minimum = 1, maximum = 86400)]
+    pub probe_interval_seconds: Option<u64>,
+}
+
+/// A tool's endpoint health (`GET /v1/tools/{tool}` only).
+#[derive(ToSchema)]
+pub(crate) struct ToolHealthDoc {
+    /// `open`: calls are deferred and turns get `tool_unavailable`.
+    #[schema(example = "closed")]
+    pub state: String,
+    pub consecutive_failures: u64,
+    /// RFC 3339; null if never.
+    pub last_success_at: Option<String>,
+    pub last_failure_at: Option<String>,
+    /// When the circuit opened; null while closed.
+    pub opened_at: Option<String>,
+}
+
 #[derive(ToSchema)]
 pub(crate) struct Tool {
     /// `tool_` and 32 hex digits.
@@ -221,6 +252,10 @@ pub(crate) struct Tool {
     pub max_concurrency: Option<u32>,
     /// Null: no limit.
     pub rate_limit: Option<RateLimitDoc>,
+    /// The tool's own circuit breaker; null: the fleet's settings.
+    pub circuit_breaker: Option<CircuitBreakerDoc>,
+    /// Endpoint health, on `GET /v1/tools/{tool}`.
+    pub health: Option<ToolHealthDoc>,
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,

@@ -13,6 +13,7 @@ use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
 use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::limits::{self, ToolLimits};
+use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
@@ -45,6 +46,7 @@ pub(crate) struct ToolInput {
     max_concurrency: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     rate_limit: Option<Value>,
+    circuit_breaker: Option<CircuitBreaker>,
 }
 
 /// A field given, even as `null` (which `Option` alone would not tell from a field left out).
@@ -70,6 +72,7 @@ fn tool_json(t: &StoredTool) -> Value {
         "retry": t.retry,
         "max_concurrency": t.limits.max_concurrency,
         "rate_limit": t.limits.rate_limit,
+        "circuit_breaker": t.circuit_breaker,
         "created_at": rfc3339_from_millis(t.created_at_ms),
         "updated_at": rfc3339_from_millis(t.updated_at_ms),
     })
@@ -87,6 +90,9 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
         return Err(ApiError::invalid("callback_secret must be 16-1024 bytes"));
     }
     validate::retry(&input.retry)?;
+    if let Some(problem) = input.circuit_breaker.as_ref().and_then(CircuitBreaker::problem) {
+        return Err(ApiError::invalid(problem));
+    }
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
@@ -117,6 +123,7 @@ fn merged(
             signing: old.signing.clone(),
             retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
             limits: limits(&old.limits, input)?,
+            circuit_breaker: input.circuit_breaker.or(old.circuit_breaker),
         },
         None => {
             let callback_url =
@@ -139,6 +146,7 @@ fn merged(
                 signing: Default::default(),
                 retry: retry_spec::updated(&input.retry, None),
                 limits: limits(&ToolLimits::default(), input)?,
+                circuit_breaker: input.circuit_breaker,
             }
         }
     })
@@ -305,7 +313,10 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
 pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
-    Ok(Json(json!({"data": tool_json(&with_id(&state, version).await?)})))
+    let mut data = tool_json(&with_id(&state, version).await?);
+    let name = data["name"].as_str().unwrap_or_default().to_string();
+    data["health"] = crate::circuit::health_json(&state.store.tool_health(&name).await?);
+    Ok(Json(json!({"data": data})))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
@@ -366,6 +377,7 @@ mod tests {
             signing: Default::default(),
             retry: None,
             limits: ToolLimits::default(),
+            circuit_breaker: None,
         }
     }
 

@@ -1,6 +1,7 @@
-//! The life of a callback job (a tool call or a webhook delivery): claim, the tool's limits, one
-//! signed POST (or a status poll) with the claim renewed, then the outcome. A tool call made by a turn tells its
-//! turn when it succeeds, also when a redelivery finds it already done.
+//! The life of a callback job (a tool call or a webhook delivery): the tool's circuit
+//! (`circuit.rs`), claim, the tool's limits (`limits.rs`), one signed POST (or a status poll) with
+//! the claim renewed, then the outcome. A tool call made by a turn tells its turn when it
+//! succeeds, also when a redelivery finds it already done.
 
 use std::time::Instant;
 
@@ -14,7 +15,7 @@ use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
 
-use super::{claim, limits, parent, renewing, Claimed};
+use super::{circuit, claim, limits, parent, renewing, Claimed};
 use crate::callback::{self, AttemptVerdict, CallbackContext};
 use crate::process::Processor;
 use crate::settle::{trace_headers, Failure, Held, Outcome};
@@ -25,6 +26,10 @@ pub(super) type Parent<'a> = Option<(&'a TurnParent, &'a str)>;
 pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelope, parent: Parent<'_>) -> Outcome {
     let id = &envelope.execution_id;
     let kind = envelope.kind().as_str();
+    let gate = match circuit::admit(p, publisher, envelope).await {
+        Ok(gate) => gate,
+        Err(deferred) => return deferred,
+    };
     let held = match claim(p, id, |token| token).await {
         Claimed::Held(held) => held,
         Claimed::Done(result) => return already_done(p, publisher, envelope, parent, result).await,
@@ -86,6 +91,9 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
             started_ms,
         })
     };
+    if let Some(outcome) = circuit::after_attempt(p, envelope, gate, &report, &record, &held).await {
+        return outcome;
+    }
     match report.verdict {
         AttemptVerdict::Succeeded(result) => succeed(p, publisher, envelope, parent, &held, &record, result).await,
         AttemptVerdict::Retryable { retry_after } => failure(retry_after, false),

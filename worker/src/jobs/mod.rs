@@ -4,6 +4,7 @@
 
 mod callback_job;
 pub(crate) mod limits;
+pub(crate) mod circuit;
 mod parent;
 mod tool_call;
 mod turn;

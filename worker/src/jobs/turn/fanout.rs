@@ -1,5 +1,5 @@
 //! A model answer with tool calls: each call is checked (enabled, arguments parse and satisfy the
-//! tool's schema, small enough to travel) and either answered to the model as an error at once or
+//! tool's schema, small enough to travel, its tool's circuit not open) and either answered to the model as an error at once or
 //! published as a tool-call job; the turn then waits, holding no worker slot. The step is marked
 //! done only once every job it owes is confirmed by the broker.
 
@@ -10,10 +10,12 @@ use serde_json::{json, Value};
 use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
+use fleet_protocol::circuit::TOOL_UNAVAILABLE;
 use fleet_protocol::derived_execution_id;
 use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent};
 use fleet_protocol::turn::{self, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
 
+use super::super::circuit::unavailable_answer;
 use super::super::release_and_park;
 use super::{complete_step, continue_turn, emit};
 use crate::process::Processor;
@@ -42,10 +44,15 @@ pub(super) async fn fan_out(
         emit(p, &state.session_id, turn::tool_call_event(call, shown, &state.message_id)).await;
         let exec = derived_execution_id(&[turn_id, &job.round.to_string(), &call.id]);
         let planned = PendingCall { call_id: call.id.clone(), tool_name: call.name.clone(), execution_id: Some(exec) };
-        match refusal(p, state, turn_id, job.round, call, &planned, &parameters).await {
+        let refused = match refusal(p, state, turn_id, job.round, call, &planned, &parameters).await {
+            Some((code, error)) => Some((code, json!(error))),
+            None => unavailable_answer(p, &call.name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
+        };
+        match refused {
             None => pending.push(planned),
-            Some((code, error)) => {
-                let refused = CallOutcome { ok: false, result: json!(error) };
+            Some((code, result)) => {
+                let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
+                let refused = CallOutcome { ok: false, result };
                 if p.store.record_call_outcome(turn_id, &call.id, &refused).await.is_err() {
                     return release_and_park(p, held).await;
                 }
