@@ -1,12 +1,16 @@
 //! Test support for cross-process tests: `spawn_fleet()` starts real dispatcher and worker
 //! processes against the shared RabbitMQ and Redis, each test isolated by its own topology prefix
-//! and Redis key prefix; a tool owner's receiver that verifies signatures independently; and a TCP
-//! proxy that can cut a process off from the broker.
+//! and Redis key prefix; a tool owner's receiver that verifies signatures independently; a TCP
+//! proxy that can cut a process off from the broker; clusters of a test's own (a 3-node RabbitMQ,
+//! a Redis Cluster with replicas) and a steady load whose figures each failover test reports.
 
 pub mod fleet;
 pub mod llm;
+pub mod load;
 pub mod proxy;
+pub mod rabbit_cluster;
 pub mod receiver;
+pub mod redis_failover;
 pub mod redis_instance;
 pub mod schedule;
 pub mod sse;
