@@ -8,7 +8,7 @@
 #   scripts/rabbitmq-cluster.sh start            start 3 nodes, join 2 and 3 to 1 (join_cluster); print the URLs
 #   scripts/rabbitmq-cluster.sh stop             end every node (SIGTERM, SIGKILL after 30 s), remove the directory
 #   scripts/rabbitmq-cluster.sh urls             the AMQP URLs, comma-separated (what FLEET_AMQP_URL takes)
-#   scripts/rabbitmq-cluster.sh stop-node N      stop node N (1-3) gracefully
+#   scripts/rabbitmq-cluster.sh stop-node N      stop node N (1-3) gracefully (SIGTERM: the VM's orderly shutdown)
 #   scripts/rabbitmq-cluster.sh kill-node N      SIGKILL node N's Erlang VM (a crash)
 #   scripts/rabbitmq-cluster.sh start-node N     start node N again (it rejoins the cluster) and wait for it
 #   scripts/rabbitmq-cluster.sh leader QUEUE     the number (1-3) of the node leading quorum queue QUEUE
@@ -110,36 +110,47 @@ EOF
 start_node() {
   local i=$1
   alive "$i" && return 0
+  rm -f "$DIR/n$i/rabbit.pid"
   (
     node_env "$i"
     in_node_ns "$i" env "PATH=$PATH" "$RABBIT_BIN/rabbitmq-server" -detached >/dev/null 2>&1
   )
-  await_node "$i"
+  await_listener "$i"
+}
+
+# A node opens its AMQP listener last, once it has booted and rejoined its cluster: polling the
+# port costs nothing, where each CLI call starts an Erlang VM (seconds on a busy machine).
+await_listener() {
+  local i=$1 ports=(${AMQP_PORTS//,/ })
+  local port=${ports[$((i - 1))]} host
+  host=$(amqp_host "$i")
+  for _ in $(seq 1 2400); do
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  die "node $(node_name "$i") did not open its AMQP port $host:$port (log: $DIR/n$i/log)"
 }
 
 await_node() {
-  # `wait` with the pid file: one CLI call (each costs an Erlang VM start) that returns once the
-  # node's app runs.
+  # `wait` with the pid file: one CLI call that returns once the node's app runs.
   ctl "$1" wait "$DIR/n$1/rabbit.pid" --timeout 240 >/dev/null 2>&1 ||
     die "node $(node_name "$1") did not start (log: $DIR/n$1/log)"
 }
 
 stop_node() {
-  local i=$1 pid stopper
+  local i=$1 pid
   pid=$(node_pid "$i")
   alive "$i" || return 0
-  # With the pid file, `stop` returns once the VM has exited; a node that does not stop within
-  # 60 s is killed.
-  ctl "$i" stop "$DIR/n$i/rabbit.pid" >/dev/null 2>&1 &
-  stopper=$!
+  # SIGTERM is the VM's orderly shutdown (what `rabbitmqctl stop` asks for, without starting a
+  # CLI VM): the node hands its queue leaderships over and closes its client connections. A node
+  # that has not stopped after 60 s is killed.
+  kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 600); do
-    kill -0 "$pid" 2>/dev/null || break
+    kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.1
   done
-  if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+  kill -9 "$pid" 2>/dev/null || true
   wait_gone "$pid"
-  kill "$stopper" 2>/dev/null || true
-  wait "$stopper" 2>/dev/null || true
 }
 
 kill_node() {
@@ -217,6 +228,7 @@ netns_up() {
 }
 
 netns_down() {
+  ip route del unreachable "$NS_IP/32" 2>/dev/null || true
   for f in "$DIR/epmd-host.pid" "$DIR/epmd-ns.pid"; do
     [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
   done
@@ -224,13 +236,18 @@ netns_down() {
   ip netns del "$NS" 2>/dev/null || true
 }
 
+# The host side of the veth goes down, and node 3's address becomes unreachable: without that
+# route, a connection attempt would leave by the default route (which, in some sandboxes, a proxy
+# answers) instead of failing. Established connections stall, as in a real partition.
 partition() {
   [ -n "$NETNS" ] && [ "$1" = 3 ] || die "only node 3 of a cluster started with FLEET_CLUSTER_NETNS=1 can be partitioned"
   ip link set "$VETH" down
+  ip route replace unreachable "$NS_IP/32"
 }
 
 heal() {
   [ -n "$NETNS" ] && [ "$1" = 3 ] || die "only node 3 of a cluster started with FLEET_CLUSTER_NETNS=1 can be healed"
+  ip route del unreachable "$NS_IP/32" 2>/dev/null || true
   ip link set "$VETH" up
 }
 

@@ -50,6 +50,18 @@ where
     }
 }
 
+/// Runs `cleanup` and exits if the test process is sent SIGTERM (nextest's timeout), so what a
+/// guard owns outside the process (detached broker nodes, servers) ends even then; a guard's
+/// `Drop` covers the other ways a test ends.
+pub fn on_sigterm(cleanup: impl FnOnce() + Send + 'static) {
+    tokio::spawn(async move {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else { return };
+        term.recv().await;
+        tokio::task::spawn_blocking(cleanup).await.ok();
+        std::process::exit(143);
+    });
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

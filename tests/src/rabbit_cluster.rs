@@ -38,6 +38,11 @@ impl RabbitCluster {
         let amqp: Vec<String> = (0..3).map(|_| free_port().to_string()).collect();
         let dist: Vec<String> = (0..3).map(|_| free_port().to_string()).collect();
         let cluster = RabbitCluster { dir, urls: vec![], name: name.clone() };
+        let stop = cluster.command(&["stop"]);
+        crate::on_sigterm(move || {
+            let mut stop = stop;
+            let _ = stop.stdout(Stdio::null()).status();
+        });
         let mut start = cluster.command(&["start"]);
         start
             .env("FLEET_CLUSTER_NAME", &name)

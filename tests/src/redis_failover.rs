@@ -84,6 +84,13 @@ impl ReplicatedRedisCluster {
         create.args(["--cluster-replicas", "1", "--cluster-yes"]).stdin(Stdio::null());
         let out = tokio::task::spawn_blocking(move || create.output()).await.unwrap().expect("redis-cli on PATH");
         assert!(out.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        let pids: Vec<i32> = cluster.children.iter().flatten().map(|c| c.id() as i32).collect();
+        crate::on_sigterm(move || {
+            for pid in pids {
+                // SAFETY: kill(2) on a redis-server this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
         cluster.wait_healthy(Duration::from_secs(60)).await;
         cluster
     }
