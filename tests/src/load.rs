@@ -137,7 +137,7 @@ pub struct Tally {
 pub async fn tally(fleet: &Fleet, receiver: &Receiver, records: &[Enqueue], timeout: Duration) -> Tally {
     let accepted: Vec<String> =
         records.iter().filter(|r| r.accepted()).filter_map(|r| r.execution_id.clone()).collect();
-    let mut finished = last_callbacks(receiver);
+    let mut seen_late: HashMap<String, Instant> = HashMap::new();
     let mut pending = accepted.clone();
     let deadline = Instant::now() + timeout;
     let mut first_pass = true;
@@ -148,7 +148,7 @@ pub async fn tally(fleet: &Fleet, receiver: &Receiver, records: &[Enqueue], time
             if status != "succeeded" {
                 pending.push(id);
             } else if !first_pass {
-                finished.insert(id, Instant::now());
+                seen_late.insert(id, Instant::now());
             }
         }
         first_pass = false;
@@ -170,7 +170,12 @@ pub async fn tally(fleet: &Fleet, receiver: &Receiver, records: &[Enqueue], time
         .filter(|id| counts.contains_key(*id))
         .count();
     let doubled = counts.into_iter().filter(|(_, n)| *n > 1).collect();
-    finished.retain(|id, _| accepted.contains(id));
+    // Read after the statuses: a callback that landed while they were read counts too.
+    let callbacks = last_callbacks(receiver);
+    let finished = accepted
+        .iter()
+        .filter_map(|id| seen_late.get(id).or_else(|| callbacks.get(id)).map(|at| (id.clone(), *at)))
+        .collect();
     Tally {
         offered: records.len(),
         accepted: accepted.len(),
@@ -266,7 +271,7 @@ pub struct EventFigures {
     /// Of those, answered 503 `outcome_unknown` (the job may exist).
     pub unknown: usize,
     /// From the event's start until the first 202 to a request sent after the window's last
-    /// refusal (with no refusal: the first 202 sent after the start). `None`: not within the window.
+    /// refusal (with no refusal: the first 202 sent after the start). `None`: no 202 ever came.
     pub accepting_again: Option<Duration>,
     /// From the event's start until every job accepted by then (and not finished at the start)
     /// was finished. `None`: some never was.
@@ -287,7 +292,8 @@ pub fn event_figures(
     let refusals: Vec<&&Enqueue> = inside.iter().filter(|e| !e.accepted()).collect();
     let unknown = refusals.iter().filter(|e| e.code.as_deref() == Some("outcome_unknown")).count();
     let last_refusal = refusals.iter().map(|e| e.sent).max().unwrap_or(window.start);
-    let accepting_again = inside
+    // A refusal late in the window is followed by a 202 in the next one: look past the window.
+    let accepting_again = enqueues
         .iter()
         .filter(|e| e.accepted() && e.sent >= last_refusal)
         .map(|e| e.answered)
