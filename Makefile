@@ -3,7 +3,7 @@
 # (`make bench-peers` against Celery);
 # `make bench-streams` measures session streams at scale.
 SHELL := /bin/bash
-.PHONY: demo test test-rust check-monitoring check-chart check-api bench bench-peers bench-streams soak lint
+.PHONY: demo test test-rust check-monitoring check-chart check-api bench bench-peers bench-streams soak failover lint
 
 demo:
 	scripts/ensure-services.sh
@@ -13,20 +13,33 @@ demo:
 test: check-monitoring check-chart test-rust check-api
 
 # broker_restart stops the shared RabbitMQ and broker_blocked blocks it with a memory alarm, so
-# each runs alone after everything else.
+# each runs alone after everything else. The failover tests (broker_cluster, redis_failover: a
+# 3-node RabbitMQ cluster and a 6-node Redis Cluster of their own) run with `make failover`, not
+# here yet: redis_failover still hangs in one run of three (see README, Deployment).
 test-rust:
 	scripts/ensure-services.sh
 	scripts/ensure-chromium.sh
 	cargo build --workspace --all-targets
 	if cargo nextest --version >/dev/null 2>&1; then \
-	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E 'not binary(broker_restart) and not binary(broker_blocked)' && \
+	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E '$(ALONE_EXCLUDED)' && \
 	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_restart)' && \
 	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_blocked)'; \
 	else \
-	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart --skip a_publish_unconfirmed_while_the_broker_is_blocked && \
+	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart --skip a_publish_unconfirmed_while_the_broker_is_blocked \
+	    --skip a_cluster_losing_its_leader --skip a_node_cut_off_the_network --skip a_redis_master_killed && \
 	  cargo test -p fleet-tests --test broker_restart && \
 	  cargo test -p fleet-tests --test broker_blocked; \
 	fi
+
+ALONE_EXCLUDED := not binary(broker_restart) and not binary(broker_blocked) and not binary(broker_cluster) and not binary(redis_failover)
+
+# The failover figures at a larger size (CI runs 2,000 jobs each): the RabbitMQ cluster losing its
+# leader, restarted node by node and partitioned, and the Redis Cluster losing a master.
+failover:
+	scripts/ensure-services.sh
+	cargo build --workspace --all-targets
+	FLEET_CLUSTER_JOBS=$${FLEET_CLUSTER_JOBS:-10000} cargo nextest run -p fleet-tests --test broker_cluster --test-threads 1 --no-capture
+	FLEET_FAILOVER_JOBS=$${FLEET_FAILOVER_JOBS:-10000} cargo nextest run -p fleet-tests --test redis_failover --no-capture
 
 # The chaos soak at full size (CI runs it with 2000 jobs).
 soak:

@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
 # Deletes what killed test runs left on the local RabbitMQ: queues and exchanges of test topologies
-# (`fleet-t…`) and throw-away test users (`fleet-` and 10 hex digits). Only for a machine where no
+# (`fleet-t…`) and throw-away test users (`fleet-` and 10 hex digits); and ends the clusters of
+# killed failover tests. Only for a machine where no
 # test is running (CI's clean start). Idempotent; a no-op when nothing is left.
 set -uo pipefail
+# Clusters of a failover test that was killed before its guard could end them: the RabbitMQ
+# cluster's own script stops its nodes (and node 3's namespace); a Redis failover cluster's nodes
+# are ended by their pid files, only if the process still runs in that directory.
+for dir in /tmp/fleet-test-rabbit-cluster-*; do
+  [ -f "$dir/cluster.env" ] || continue
+  echo "sweep: stopping the test RabbitMQ cluster in $dir"
+  FLEET_CLUSTER_DIR="$dir" "$(dirname "$0")/rabbitmq-cluster.sh" stop
+done
+for pidfile in /tmp/fleet-test-redis-failover-*/node*/redis.pid; do
+  [ -f "$pidfile" ] || continue
+  pid=$(cat "$pidfile")
+  if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$(dirname "$pidfile")" ]; then
+    echo "sweep: ending test redis-server $pid ($(dirname "$pidfile"))"
+    kill -9 "$pid" 2>/dev/null
+  fi
+done
+rm -rf /tmp/fleet-test-redis-failover-* 2>/dev/null
 command -v rabbitmqctl >/dev/null || exit 0
 prefix=${SWEEP_TOPOLOGY_PATTERN:-'fleet-t[0-9a-f]{12}'}
 user_pattern=${SWEEP_USER_PATTERN:-'fleet-[0-9a-f]{10}'}

@@ -200,12 +200,19 @@ return 1
 "#;
 
 // The result is spliced in as text, never decoded by Lua, so its numbers keep full precision.
+// A missing claim was lost, not taken (nothing deletes one; a Redis failover can drop the newest
+// writes, since replication is asynchronous): nobody else holds it, so the result is kept (2)
+// rather than dropped with the job acked and its record left `running`.
 const COMPLETE_LUA: &str = r#"
+local done = '{"state":"done","token":' .. ARGV[1] .. ',"result":' .. ARGV[2] .. '}'
 local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
+if not raw then
+  redis.call('SET', KEYS[1], done, 'EX', ARGV[3])
+  return 2
+end
 local v = cjson.decode(raw)
 if v.state ~= 'claimed' or tonumber(v.token) ~= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], '{"state":"done","token":' .. ARGV[1] .. ',"result":' .. ARGV[2] .. '}', 'EX', ARGV[3])
+redis.call('SET', KEYS[1], done, 'EX', ARGV[3])
 return 1
 "#;
 
@@ -895,6 +902,17 @@ impl Store {
         token: u64,
         argument: impl redis::ToRedisArgs,
     ) -> Result<bool, StoreError> {
+        Ok(self.fenced_code(script, execution_id, token, argument).await? == 1)
+    }
+
+    /// `fenced`'s script's own answer (0: fenced off).
+    async fn fenced_code(
+        &self,
+        script: &Script,
+        execution_id: &str,
+        token: u64,
+        argument: impl redis::ToRedisArgs,
+    ) -> Result<i64, StoreError> {
         let r: Result<i64, _> = script
             .key(self.keys.idempotency(execution_id))
             .arg(token)
@@ -902,7 +920,7 @@ impl Store {
             .arg(IDEMPOTENCY_TTL_SECS)
             .invoke_async(&mut self.conn().await?)
             .await;
-        Ok(self.count(r)? == 1)
+        self.count(r)
     }
 
     /// Extends the lease if `token` still holds it.
@@ -910,10 +928,17 @@ impl Store {
         self.fenced(&self.renew, execution_id, token, lease.as_millis() as u64).await
     }
 
-    /// Stores the final result if `token` still holds the claim; `false` means a newer claim
-    /// fenced this writer off and nothing was written.
+    /// Stores the final result if `token` still holds the claim, or if the claim is gone (lost in
+    /// a Redis failover: nobody else holds it); `false` means a newer claim fenced this writer off
+    /// and nothing was written.
     pub async fn complete(&self, execution_id: &str, token: u64, result: &Value) -> Result<bool, StoreError> {
-        self.fenced(&self.complete, execution_id, token, result.to_string()).await
+        match self.fenced_code(&self.complete, execution_id, token, result.to_string()).await? {
+            2 => {
+                tracing::warn!(execution_id, "the claim was gone (lost in a Redis failover?); result stored anyway");
+                Ok(true)
+            }
+            code => Ok(code == 1),
+        }
     }
 
     /// Marks a claim done whoever held it: a steer's step, answered by the turn it steered into.

@@ -1,12 +1,16 @@
 //! Test support for cross-process tests: `spawn_fleet()` starts real dispatcher and worker
 //! processes against the shared RabbitMQ and Redis, each test isolated by its own topology prefix
-//! and Redis key prefix; a tool owner's receiver that verifies signatures independently; and a TCP
-//! proxy that can cut a process off from the broker.
+//! and Redis key prefix; a tool owner's receiver that verifies signatures independently; a TCP
+//! proxy that can cut a process off from the broker; clusters of a test's own (a 3-node RabbitMQ,
+//! a Redis Cluster with replicas) and a steady load whose figures each failover test reports.
 
 pub mod fleet;
 pub mod llm;
+pub mod load;
 pub mod proxy;
+pub mod rabbit_cluster;
 pub mod receiver;
+pub mod redis_failover;
 pub mod redis_instance;
 pub mod schedule;
 pub mod sse;
@@ -44,6 +48,18 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Runs `cleanup` and exits if the test process is sent SIGTERM (nextest's timeout), so what a
+/// guard owns outside the process (detached broker nodes, servers) ends even then; a guard's
+/// `Drop` covers the other ways a test ends.
+pub fn on_sigterm(cleanup: impl FnOnce() + Send + 'static) {
+    tokio::spawn(async move {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else { return };
+        term.recv().await;
+        tokio::task::spawn_blocking(cleanup).await.ok();
+        std::process::exit(143);
+    });
 }
 
 /// A free TCP port on loopback.

@@ -3,13 +3,13 @@
 //! the claim renewed, then the outcome. A tool call made by a turn tells its turn when it
 //! succeeds, also when a redelivery finds it already done.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
-use fleet_platform::store::Begin;
+use fleet_platform::store::{Begin, StoreError};
 use fleet_protocol::envelope::{Envelope, PollState, TurnParent};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -164,7 +164,7 @@ async fn succeed(
     result: Value,
 ) -> Outcome {
     let id = &envelope.execution_id;
-    match p.store.complete(id, held.token, &result).await {
+    match store_result(p, id, held, &result).await {
         Ok(true) => {}
         Ok(false) => return Outcome::Fenced,
         Err(e) => {
@@ -186,6 +186,25 @@ async fn succeed(
         }
     }
     tell_parent(p, publisher, parent, result, "success").await
+}
+
+/// Stores the result under the claim, retrying while Redis is unavailable (a failover takes
+/// seconds) for up to a third of the lease: the lease was renewed at most a third ago, so the claim
+/// still holds throughout. Giving up sooner would requeue a job whose callback has run, and its
+/// next delivery would wait the lease out and call the tool owner again.
+async fn store_result(p: &Processor, id: &str, held: &Held, result: &Value) -> Result<bool, StoreError> {
+    let deadline = Instant::now() + p.config.claim_lease / 3;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match p.store.complete(id, held.token, result).await {
+            Err(e) if Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "cannot store the result yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            stored => return stored,
+        }
+    }
 }
 
 /// A redelivery, duplicate publish or replay of a finished job: nothing runs again, but the record
