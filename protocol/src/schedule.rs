@@ -131,10 +131,11 @@ mod tests {
             first_destination(&topology, &retry, &envelope, NOW),
             (String::new(), "fleet.delay.tool_calls.2s".into())
         );
+        // A day away: the longest park queue, an hour; it is parked again on each return.
         envelope.not_before_ms = Some(NOW + 86_400_000);
         assert_eq!(
             first_destination(&topology, &retry, &envelope, NOW),
-            (String::new(), "fleet.delay.tool_calls.16s".into())
+            (String::new(), "fleet.delay.tool_calls.3600s".into())
         );
         envelope.not_before_ms = Some(NOW - 1);
         assert_eq!(first_destination(&topology, &retry, &envelope, NOW), work);
