@@ -73,15 +73,21 @@ pub fn updated(update: &Option<Option<RetrySpec>>, current: Option<&RetrySpec>) 
     }
 }
 
-/// For an optional field where `null` means something (back to the default) and absence means
-/// "leave it": absent → `None` (with `#[serde(default)]`), `null` → `Some(None)`, a value →
-/// `Some(Some(value))`.
+/// For an optional object field where `null` means something (back to the default) and absence
+/// means "leave it": absent → `None` (with `#[serde(default)]`), `null` → `Some(None)`, an object →
+/// `Some(Some(value))`. Only an object: serde would also read a struct from an array of its fields.
 pub fn explicit_null<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
 where
     D: Deserializer<'de>,
-    T: Deserialize<'de>,
+    T: serde::de::DeserializeOwned,
 {
-    Option::<T>::deserialize(deserializer).map(Some)
+    match Option::<serde_json::Value>::deserialize(deserializer)? {
+        None => Ok(Some(None)),
+        Some(v @ serde_json::Value::Object(_)) => {
+            serde_json::from_value(v).map(|t| Some(Some(t))).map_err(serde::de::Error::custom)
+        }
+        Some(other) => Err(serde::de::Error::custom(format!("expected an object or null, not {other}"))),
+    }
 }
 
 #[cfg(test)]

@@ -46,7 +46,19 @@ pub(crate) struct ToolInput {
     max_concurrency: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     rate_limit: Option<Value>,
+    #[serde(default, deserialize_with = "object_or_null")]
     circuit_breaker: Option<CircuitBreaker>,
+}
+
+/// A struct field given as a JSON object (serde would also take an array of its fields in order).
+fn object_or_null<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    match Value::deserialize(deserializer)? {
+        Value::Null => Ok(None),
+        v @ Value::Object(_) => serde_json::from_value(v).map(Some).map_err(serde::de::Error::custom),
+        other => Err(serde::de::Error::custom(format!("expected an object, not {other}"))),
+    }
 }
 
 /// A field given, even as `null` (which `Option` alone would not tell from a field left out).
