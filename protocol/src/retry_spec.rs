@@ -75,18 +75,32 @@ pub fn updated(update: &Option<Option<RetrySpec>>, current: Option<&RetrySpec>) 
 
 /// For an optional object field where `null` means something (back to the default) and absence
 /// means "leave it": absent → `None` (with `#[serde(default)]`), `null` → `Some(None)`, an object →
-/// `Some(Some(value))`. Only an object: serde would also read a struct from an array of its fields.
+/// `Some(Some(value))`.
 pub fn explicit_null<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
 where
     D: Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
+    T: Deserialize<'de>,
 {
-    match Option::<serde_json::Value>::deserialize(deserializer)? {
-        None => Ok(Some(None)),
-        Some(v @ serde_json::Value::Object(_)) => {
-            serde_json::from_value(v).map(|t| Some(Some(t))).map_err(serde::de::Error::custom)
+    Option::<ObjectOnly<T>>::deserialize(deserializer).map(|v| Some(v.map(|o| o.0)))
+}
+
+/// A struct read only from a JSON object: serde's derive would also read it from an array of its
+/// fields in order, which no client means. Errors keep their path (`retry.delays[1]: …`).
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = ObjectOnly<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectOnly)
+            }
         }
-        Some(other) => Err(serde::de::Error::custom(format!("expected an object or null, not {other}"))),
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 

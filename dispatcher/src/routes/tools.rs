@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
-use fleet_protocol::retry_spec::{self, RetrySpec};
+use fleet_protocol::retry_spec::{self, ObjectOnly, RetrySpec};
 use fleet_protocol::limits::{self, ToolLimits};
 use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::schema::ToolSchema;
@@ -50,15 +50,8 @@ pub(crate) struct ToolInput {
     circuit_breaker: Option<CircuitBreaker>,
 }
 
-/// A struct field given as a JSON object (serde would also take an array of its fields in order).
-fn object_or_null<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(
-    deserializer: D,
-) -> Result<Option<T>, D::Error> {
-    match Value::deserialize(deserializer)? {
-        Value::Null => Ok(None),
-        v @ Value::Object(_) => serde_json::from_value(v).map(Some).map_err(serde::de::Error::custom),
-        other => Err(serde::de::Error::custom(format!("expected an object, not {other}"))),
-    }
+fn object_or_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<CircuitBreaker>, D::Error> {
+    Option::<ObjectOnly<CircuitBreaker>>::deserialize(deserializer).map(|v| v.map(|o| o.0))
 }
 
 /// A field given, even as `null` (which `Option` alone would not tell from a field left out).
