@@ -39,3 +39,30 @@ async fn a_lost_claim_still_keeps_its_result_and_a_taken_one_still_fences() {
     let _: () =
         redis::cmd("DEL").arg(keys.idempotency(lost)).arg(keys.idempotency(taken)).query_async(&mut con).await.unwrap();
 }
+
+/// Redis can run a script and die before its reply is sent (a restart, a failover): the worker
+/// retries `complete`, and the retry finds the claim already `done` by this very token. That is
+/// the worker's own result, not a newer claim's: answering "fenced" made the worker ack the job and
+/// drop it, and its record stayed `running` for good.
+#[tokio::test]
+async fn a_retried_complete_whose_first_reply_was_lost_is_not_fenced() {
+    let url = std::env::var("FLEET_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let keys = Keys::new(format!("retriedcomplete{}:", std::process::id()));
+    let store =
+        Store::open(&url, keys.clone(), Duration::from_secs(2), Metrics::new("worker"), &Default::default()).unwrap();
+    let id = "exec_retried_complete";
+    let Claim::Acquired { token } = store.claim(id, "worker-a", Duration::from_secs(60)).await.unwrap() else {
+        panic!("claim")
+    };
+    let result = serde_json::json!({"ok": 1});
+    assert!(store.complete(id, token, &result).await.unwrap(), "the first complete stores the result");
+    assert!(store.complete(id, token, &result).await.unwrap(), "its retry by the same claim is not fenced");
+    assert!(!store.complete(id, token + 1, &result).await.unwrap(), "another token is still fenced off");
+    match store.claim(id, "worker-b", Duration::from_secs(60)).await.unwrap() {
+        Claim::AlreadyDone { result: stored } => assert_eq!(stored, result),
+        other => panic!("a copy must find the job done, not {other:?}"),
+    }
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL").arg(keys.idempotency(id)).query_async(&mut con).await.unwrap();
+}

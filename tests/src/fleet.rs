@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
@@ -319,11 +319,19 @@ impl Fleet {
 
     /// Waits until the execution reaches `status` and returns it.
     pub async fn wait_status(&self, execution_id: &str, status: &str, timeout: Duration) -> Value {
-        wait_for(&format!("{execution_id} to be {status}"), timeout, || async {
+        let deadline = Instant::now() + timeout;
+        loop {
             let (code, body) = self.get(&format!("/v1/executions/{execution_id}")).await;
-            (code == 200 && body["data"]["status"] == status).then(|| body["data"].clone())
-        })
-        .await
+            if code == 200 && body["data"]["status"] == status {
+                return body["data"].clone();
+            }
+            // The last answer says why: stuck queued, retrying, dead-lettered, or not found.
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {execution_id} to be {status}; last answer {code}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     // ---- the broker, directly ----
