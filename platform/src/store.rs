@@ -202,7 +202,8 @@ return 1
 // The result is spliced in as text, never decoded by Lua, so its numbers keep full precision.
 // A missing claim was lost, not taken (nothing deletes one; a Redis failover can drop the newest
 // writes, since replication is asynchronous): nobody else holds it, so the result is kept (2)
-// rather than dropped with the job acked and its record left `running`.
+// rather than dropped with the job acked and its record left `running`. A claim already done by
+// the same token is this worker's own result: a retry whose first call ran but lost its reply.
 const COMPLETE_LUA: &str = r#"
 local done = '{"state":"done","token":' .. ARGV[1] .. ',"result":' .. ARGV[2] .. '}'
 local raw = redis.call('GET', KEYS[1])
@@ -211,6 +212,7 @@ if not raw then
   return 2
 end
 local v = cjson.decode(raw)
+if v.state == 'done' and tonumber(v.token) == tonumber(ARGV[1]) then return 1 end
 if v.state ~= 'claimed' or tonumber(v.token) ~= tonumber(ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], done, 'EX', ARGV[3])
 return 1

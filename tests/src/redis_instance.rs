@@ -24,8 +24,12 @@ impl RedisInstance {
         r
     }
 
+    /// With `--requirepass` among its arguments, the URL carries that password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        match self.args.iter().position(|a| a == "--requirepass").and_then(|i| self.args.get(i + 1)) {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
     }
 
     async fn spawn(&mut self) {

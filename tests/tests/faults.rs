@@ -123,6 +123,52 @@ async fn a_redis_restart_under_load_loses_nothing() {
     assert!(requests <= accepted.len() + 2 * 32, "duplicate deliveries stay bounded: {requests}");
 }
 
+/// A reconnect that Redis refuses for a reason other than I/O (here its password, mid-rotation;
+/// equally a `-LOADING` or max-clients answer to the handshake) must not leave a process without
+/// Redis once Redis takes connections again: the client library keeps such a failed reconnect as
+/// its connection and only retries after an I/O error, which then never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reconnect_does_not_cut_the_fleet_off_redis_for_good() {
+    let redis = RedisInstance::start(&["--requirepass", "first-secret"]).await;
+    let receiver = Receiver::echo(SECRET).await;
+    let fleet =
+        spawn_fleet(FleetOptions::default().env("FLEET_REDIS_URL", &redis.url()).env("FLEET_REDIS_TIMEOUT", "0.5"))
+            .await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let before = fleet.call_tool("echo", json!({"query": "before"})).await;
+    fleet.wait_status(&before, "succeeded", Duration::from_secs(20)).await;
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("rotated").query_async(&mut admin).await.unwrap();
+    let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").arg("SKIPME").arg("yes")
+        .query_async(&mut admin).await.unwrap();
+    // The dispatcher reconnects, is refused (three tries: its client's retries), and gives up.
+    wait_for("the dispatcher's reconnects to be refused", Duration::from_secs(20), || async {
+        let (status, _) = fleet.get(&format!("/v1/executions/{before}")).await;
+        let log: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("ACL").arg("LOG").query_async(&mut admin.clone()).await.ok()?;
+        let refused: i64 = log
+            .iter()
+            .filter(|entry| matches!(entry.get("reason"), Some(redis::Value::BulkString(r)) if r == b"auth"))
+            .filter_map(|entry| match entry.get("count") { Some(redis::Value::Int(n)) => Some(*n), _ => None })
+            .sum();
+        (status == 503 && refused >= 3).then_some(())
+    })
+    .await;
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("first-secret").query_async(&mut admin).await.unwrap();
+
+    let after = wait_for("the fleet to accept jobs again", Duration::from_secs(20), || async {
+        let (status, body) =
+            fleet.post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "after"}})).await;
+        (status == 202).then(|| body["data"]["execution_id"].as_str().unwrap().to_string())
+    })
+    .await;
+    fleet.wait_status(&after, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(receiver.side_effects(&after), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_warns_when_redis_may_evict_idempotency_keys() {
     let redis = RedisInstance::start(&["--maxmemory-policy", "allkeys-lru"]).await;
