@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -22,9 +22,13 @@ use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
 mod cancel;
+mod connection;
 mod health;
 mod limits;
 mod turns;
+
+pub(crate) use connection::Conn;
+use connection::{Backend, Connector};
 pub use cancel::{Begin, CancelRequest};
 pub use health::{Admission, ToolHealth, Transition};
 pub use limits::{Pace, SlotGrant};
@@ -249,53 +253,6 @@ end
 return 1
 "#;
 
-/// A Redis connection: one server (reconnecting manager) or a Redis Cluster.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl redis::aio::ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-/// How the store reaches Redis.
-#[allow(clippy::large_enum_variant)] // one per process, behind an Arc
-enum Backend {
-    Single(ConnectionManager),
-    /// Connected on first use (and again after a failed attempt), so a process starts while the
-    /// cluster is still coming up.
-    Cluster {
-        client: redis::cluster::ClusterClient,
-        conn: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
-    },
-}
-
 /// Writes a tool only if its entry is still what the writer read (`ARGV[1]`, empty: absent), and
 /// keeps the id index in step. KEYS: entry, name index, id index (one `{tools}` slot).
 const TOOL_WRITE_LUA: &str = r#"
@@ -375,13 +332,13 @@ impl Store {
         let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
         let secure = nodes.iter().any(|n| n.starts_with("rediss://"));
         let node_urls: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-        let backend = if nodes.len() > 1 {
+        let connector = if nodes.len() > 1 {
             let mut builder =
                 redis::cluster::ClusterClient::builder(nodes).connection_timeout(timeout).response_timeout(timeout);
             if secure {
                 builder = builder.certs(tls.redis_certificates());
             }
-            Backend::Cluster { client: builder.build()?, conn: tokio::sync::OnceCell::new() }
+            Connector::Cluster { client: builder.build()? }
         } else {
             let client = if secure {
                 redis::Client::build_with_tls(url, tls.redis_certificates())?
@@ -393,10 +350,10 @@ impl Store {
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(2)
                 .set_max_delay(Duration::from_secs(2));
-            Backend::Single(ConnectionManager::new_lazy_with_config(client, config)?)
+            Connector::Single { client, config }
         };
         Ok(Store {
-            backend: std::sync::Arc::new(backend),
+            backend: std::sync::Arc::new(Backend::new(connector)),
             nodes: std::sync::Arc::new(node_urls),
             timeout,
             keys,
@@ -422,20 +379,27 @@ impl Store {
     }
 
     pub(crate) async fn conn(&self) -> Result<Conn, StoreError> {
-        match &*self.backend {
-            Backend::Single(c) => Ok(Conn::Single(c.clone())),
-            Backend::Cluster { client, conn } => {
-                let c = conn.get_or_try_init(|| client.get_async_connection()).await;
-                Ok(Conn::Cluster(self.count(c)?.clone()))
-            }
+        match self.backend.conn().await {
+            Ok(conn) => Ok(conn),
+            // Having a connection says nothing of its health: only a failure counts here.
+            Err(e) => self.count(Err(e)),
         }
     }
 
+    /// Every command's result passes here: errors are counted, and a run of them makes the next
+    /// command start over with a new connection.
     pub(crate) fn count<T>(&self, r: Result<T, redis::RedisError>) -> Result<T, StoreError> {
-        r.map_err(|e| {
-            self.metrics.redis_errors.inc();
-            StoreError::Redis(e)
-        })
+        match r {
+            Ok(v) => {
+                self.backend.succeeded();
+                Ok(v)
+            }
+            Err(e) => {
+                self.metrics.redis_errors.inc();
+                self.backend.failed(&e);
+                Err(StoreError::Redis(e))
+            }
+        }
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
