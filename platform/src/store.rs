@@ -27,9 +27,9 @@ mod health;
 mod limits;
 mod turns;
 
+pub use cancel::{Begin, CancelRequest};
 pub(crate) use connection::Conn;
 use connection::{Backend, Connector};
-pub use cancel::{Begin, CancelRequest};
 pub use health::{Admission, ToolHealth, Transition};
 pub use limits::{Pace, SlotGrant};
 pub use turns::{SessionFinish, SessionSlot};

@@ -84,7 +84,9 @@ async fn rate(store: &Store) {
     }
     // Asking again before its slot: the same slot, not a new one at the back.
     match store.pace_tool("r", "exec_5", &limit, early).await.unwrap() {
-        Pace::Wait(w) => assert!(clock.elapsed().as_millis() as i64 + w.as_millis() as i64 <= slots[3] + SLACK_MS, "{w:?}"),
+        Pace::Wait(w) => {
+            assert!(clock.elapsed().as_millis() as i64 + w.as_millis() as i64 <= slots[3] + SLACK_MS, "{w:?}")
+        }
         Pace::Now => panic!("exec_5 came back early"),
     }
     tokio::time::sleep_until((clock + Duration::from_millis(slots[0] as u64)).into()).await;

@@ -140,9 +140,17 @@ async fn a_refused_reconnect_does_not_cut_the_fleet_off_redis_for_good() {
 
     let client = redis::Client::open(redis.url()).unwrap();
     let mut admin = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("rotated").query_async(&mut admin).await.unwrap();
-    let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").arg("SKIPME").arg("yes")
-        .query_async(&mut admin).await.unwrap();
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("rotated").query_async(&mut admin).await.unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     // The dispatcher reconnects, is refused (three tries: its client's retries), and gives up.
     wait_for("the dispatcher's reconnects to be refused", Duration::from_secs(20), || async {
         let (status, _) = fleet.get(&format!("/v1/executions/{before}")).await;
@@ -151,7 +159,10 @@ async fn a_refused_reconnect_does_not_cut_the_fleet_off_redis_for_good() {
         let refused: i64 = log
             .iter()
             .filter(|entry| matches!(entry.get("reason"), Some(redis::Value::BulkString(r)) if r == b"auth"))
-            .filter_map(|entry| match entry.get("count") { Some(redis::Value::Int(n)) => Some(*n), _ => None })
+            .filter_map(|entry| match entry.get("count") {
+                Some(redis::Value::Int(n)) => Some(*n),
+                _ => None,
+            })
             .sum();
         (status == 503 && refused >= 3).then_some(())
     })

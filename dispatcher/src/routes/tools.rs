@@ -11,9 +11,9 @@ use serde_json::{json, Map, Value};
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
-use fleet_protocol::retry_spec::{self, ObjectOnly, RetrySpec};
-use fleet_protocol::limits::{self, ToolLimits};
 use fleet_protocol::circuit::CircuitBreaker;
+use fleet_protocol::limits::{self, ToolLimits};
+use fleet_protocol::retry_spec::{self, ObjectOnly, RetrySpec};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};

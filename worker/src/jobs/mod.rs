@@ -3,8 +3,8 @@
 //! and returns an `Outcome`; `settle` carries it out.
 
 mod callback_job;
-pub(crate) mod limits;
 pub(crate) mod circuit;
+pub(crate) mod limits;
 mod parent;
 mod tool_call;
 mod turn;
