@@ -32,6 +32,12 @@ pub fn redis_url() -> String {
     std::env::var("FLEET_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
 
+/// The value of one Prometheus series (`name{labels}` exactly as exposed) in a `/metrics` text; 0
+/// when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+}
+
 /// Polls `check` every 20 ms until it yields `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

@@ -8,13 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use fleet_tests::proxy::Proxy;
-use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver};
+use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions, Receiver};
 
 const SECRET: &str = "whsec_acceptance_secret_1";
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-}
 
 fn broker_proxy_url(proxy: &Proxy) -> String {
     format!("amqp://guest:guest@{}/%2f", proxy.addr)

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_tests::schedule::{self, check_waits};
-use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+use fleet_tests::{metric, spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_test_secret_0123456789";
 
@@ -295,9 +295,4 @@ async fn idempotency_key_returns_the_same_execution() {
 
 fn fleet_platform_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-/// The value of one sample line in a Prometheus text exposition (0 if absent).
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
 }

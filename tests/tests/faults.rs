@@ -10,13 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_tests::proxy::Proxy;
 use fleet_tests::redis_instance::RedisInstance;
-use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+use fleet_tests::{metric, spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_fault_tests_secret_1";
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64

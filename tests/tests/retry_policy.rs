@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob};
-use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
+use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_retry_policy_test";
 
@@ -28,10 +28,6 @@ async fn parked(fleet: &Fleet, kind: JobKind) -> u32 {
         total += fleet.queue_depth(&fleet.topology.delay_queue(kind, step)).await;
     }
     total
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

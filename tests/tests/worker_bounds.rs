@@ -9,13 +9,9 @@ use reqwest::Method;
 use serde_json::json;
 
 use fleet_protocol::envelope::JobKind;
-use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
+use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_worker_bounds_secret";
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-}
 
 /// Messages ready in every queue of the fleet's topology but the dead-letter queue.
 async fn messages_waiting(fleet: &Fleet) -> u32 {

@@ -36,6 +36,13 @@ pub(super) enum Gate {
 /// for a turn's call, answered `tool_unavailable` (the turn does not wait for the endpoint).
 pub(super) async fn admit(p: &Processor, publisher: &Publisher, envelope: &Envelope) -> Result<Gate, Outcome> {
     let Job::ToolCall(call) = &envelope.job else { return Ok(Gate::Pass) };
+    // A circuit that never opens (threshold 0: the fleet's default and no field of the tool's)
+    // costs no round trip: its state is not read. Its health is still recorded after the attempt.
+    if let Ok(policies) = super::limits::policies_of(p, &call.tool_name).await {
+        if p.config.circuit.for_tool(policies.circuit.as_ref()).failure_threshold == 0 {
+            return Ok(Gate::Pass);
+        }
+    }
     let fallback = p.config.circuit.probe_interval;
     match p.store.admit_call(&call.tool_name, &envelope.execution_id, fallback).await {
         Ok(Admission::Call) => Ok(Gate::Pass),
@@ -76,9 +83,9 @@ pub(super) async fn after_attempt(
     let signal = endpoint_signal(report.http_status, report.class);
     let policy = match signal {
         // Only a failure needs the tool's own threshold and probe interval.
-        Signal::Down => match p.store.get_tool(&call.tool_name).await {
-            Ok(Some(tool)) => p.config.circuit.for_tool(tool.circuit_breaker.as_ref()),
-            _ => p.config.circuit,
+        Signal::Down => match super::limits::policies_of(p, &call.tool_name).await {
+            Ok(policies) => p.config.circuit.for_tool(policies.circuit.as_ref()),
+            Err(_) => p.config.circuit,
         },
         Signal::Up | Signal::Unknown => p.config.circuit,
     };

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fleet_platform::store::{Pace, SlotGrant, StoreError};
+use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::limits::{RateLimit, ToolLimits};
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
@@ -64,11 +65,19 @@ pub(crate) fn early_allowance(limit: &RateLimit) -> Duration {
     EARLY_RETURN_TOLERANCE.min(Duration::from_secs_f64(limit.interval_ms() / 2000.0))
 }
 
-/// A tool's limits, cached like the registry targets (a change reaches every worker within the
+/// What a tool call's pipeline needs of its tool's registry entry before the attempt: its limits
+/// and its circuit breaker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ToolPolicies {
+    pub(crate) limits: ToolLimits,
+    pub(crate) circuit: Option<CircuitBreaker>,
+}
+
+/// A tool's policies, cached like the registry targets (a change reaches every worker within the
 /// cache's ttl).
 pub(crate) struct LimitsCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (Instant, ToolLimits)>>,
+    entries: Mutex<HashMap<String, (Instant, ToolPolicies)>>,
 }
 
 impl LimitsCache {
@@ -76,12 +85,12 @@ impl LimitsCache {
         LimitsCache { ttl, entries: Mutex::new(HashMap::new()) }
     }
 
-    fn get(&self, tool: &str) -> Option<ToolLimits> {
+    fn get(&self, tool: &str) -> Option<ToolPolicies> {
         let entries = self.entries.lock().unwrap();
         entries.get(tool).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, l)| l.clone())
     }
 
-    fn put(&self, tool: &str, limits: ToolLimits) {
+    fn put(&self, tool: &str, limits: ToolPolicies) {
         let mut entries = self.entries.lock().unwrap();
         if entries.len() > 10_000 {
             entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
@@ -90,14 +99,23 @@ impl LimitsCache {
     }
 }
 
-async fn limits_of(p: &Processor, tool: &str) -> Result<ToolLimits, StoreError> {
-    if let Some(limits) = p.limits.get(tool) {
-        return Ok(limits);
+pub(crate) async fn policies_of(p: &Processor, tool: &str) -> Result<ToolPolicies, StoreError> {
+    if let Some(policies) = p.limits.get(tool) {
+        return Ok(policies);
     }
-    // A tool no longer registered has no limits; its attempt fails on its own.
-    let limits = p.store.get_tool(tool).await?.map(|t| t.limits).unwrap_or_default();
-    p.limits.put(tool, limits.clone());
-    Ok(limits)
+    // A tool no longer registered has no policies; its attempt fails on its own.
+    let policies = p
+        .store
+        .get_tool(tool)
+        .await?
+        .map(|t| ToolPolicies { limits: t.limits, circuit: t.circuit_breaker })
+        .unwrap_or_default();
+    p.limits.put(tool, policies.clone());
+    Ok(policies)
+}
+
+async fn limits_of(p: &Processor, tool: &str) -> Result<ToolLimits, StoreError> {
+    policies_of(p, tool).await.map(|policies| policies.limits)
 }
 
 /// Lets the claimed call through its tool's limits, or defers it: `Err` is how the job ends (the
@@ -209,7 +227,10 @@ mod tests {
     #[test]
     fn cached_limits_expire() {
         let cache = LimitsCache::new(Duration::from_millis(30));
-        let limits = ToolLimits { max_concurrency: Some(2), rate_limit: None };
+        let limits = ToolPolicies {
+            limits: ToolLimits { max_concurrency: Some(2), rate_limit: None },
+            circuit: Some(CircuitBreaker { failure_threshold: Some(3), probe_interval_seconds: None }),
+        };
         cache.put("t", limits.clone());
         assert_eq!(cache.get("t"), Some(limits));
         assert_eq!(cache.get("u"), None);
