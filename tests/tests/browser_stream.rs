@@ -164,4 +164,13 @@ async fn a_browser_event_source_streams_a_turn_and_resumes_after_a_dropped_conne
     assert!(kinds[..reopened].contains(&"error"), "{kinds:?}");
     assert!(kinds[..reopened].contains(&"event") && kinds[reopened..].contains(&"event"), "{kinds:?}");
     assert!(proxy.accepted() >= 2, "the browser connected twice through the proxy");
+    // What the browser reported, in order, for the record: `open`, events as `type#id`, `error`.
+    let transcript: Vec<String> = seen
+        .iter()
+        .map(|r| match r["kind"].as_str().unwrap() {
+            "event" => format!("{}#{}", r["type"].as_str().unwrap(), r["id"].as_str().unwrap()),
+            other => other.to_string(),
+        })
+        .collect();
+    println!("the browser saw: {}", transcript.join(" "));
 }
