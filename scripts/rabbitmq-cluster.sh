@@ -7,6 +7,7 @@
 #
 #   scripts/rabbitmq-cluster.sh start            start 3 nodes, join 2 and 3 to 1 (join_cluster); print the URLs
 #   scripts/rabbitmq-cluster.sh stop             end every node (SIGTERM, SIGKILL after 30 s), remove the directory
+#   FLEET_CLUSTER_KEEP_LOGS=DIR                  on stop, keep the nodes' logs under DIR (to read after a failed run)
 #   scripts/rabbitmq-cluster.sh urls             the AMQP URLs, comma-separated (what FLEET_AMQP_URL takes)
 #   scripts/rabbitmq-cluster.sh stop-node N      stop node N (1-3) gracefully (SIGTERM: the VM's orderly shutdown)
 #   scripts/rabbitmq-cluster.sh kill-node N      SIGKILL node N's Erlang VM (a crash)
@@ -328,6 +329,10 @@ stop() {
   done
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; wait_gone "$pid"; done
   if [ -n "$NETNS" ]; then netns_down; fi
+  if [ -n "${FLEET_CLUSTER_KEEP_LOGS:-}" ]; then
+    local kept="$FLEET_CLUSTER_KEEP_LOGS/$(basename "$DIR")-$(date +%s)"
+    mkdir -p "$kept" && (cd "$DIR" && find . -path '*/log/*' -type f -exec cp --parents {} "$kept" \;) || true
+  fi
   rm -rf "$DIR"
 }
 
