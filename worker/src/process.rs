@@ -60,7 +60,8 @@ impl Processor {
         let deliveries = delivery_count(delivery.properties.headers().as_ref());
         async {
             let outcome = self.outcome(publisher, &envelope, deliveries).await;
-            self.settle(publisher, &envelope, outcome).await
+            // Boxed: settling is larger than a pipeline's wait, and only one stage lives at a time.
+            Box::pin(self.settle(publisher, &envelope, outcome)).await
         }
         .instrument(span)
         .await

@@ -23,16 +23,18 @@ use crate::settle::{trace_headers, Failure, Held, Outcome};
 /// The turn waiting for a tool call's result, and the tool's name.
 pub(super) type Parent<'a> = Option<(&'a TurnParent, &'a str)>;
 
+// Each stage but the attempt's wait is boxed: a job's future is as large as its largest stage, and
+// a worker holds a thousand of them while their callbacks wait (14.9 KB each unboxed).
 pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelope, parent: Parent<'_>) -> Outcome {
     let id = &envelope.execution_id;
     let kind = envelope.kind().as_str();
-    let gate = match circuit::admit(p, publisher, envelope).await {
+    let gate = match Box::pin(circuit::admit(p, publisher, envelope)).await {
         Ok(gate) => gate,
         Err(deferred) => return deferred,
     };
-    let held = match claim(p, id, |token| token).await {
+    let held = match Box::pin(claim(p, id, |token| token)).await {
         Claimed::Held(held) => held,
-        Claimed::Done(result) => return already_done(p, publisher, envelope, parent, result).await,
+        Claimed::Done(result) => return Box::pin(already_done(p, publisher, envelope, parent, result)).await,
         Claimed::Later(wait) => return Outcome::Parked(wait),
     };
     // The tool's limits are checked after the claim and before the attempt's first record write.
@@ -43,13 +45,13 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
     // stays queued or retrying, its attempt is not spent), and it gives its claim back before it
     // is parked, so no claim lease is held while it waits in the broker. The cost: each return of
     // a deferred call claims and releases again.
-    let admission = match limits::admit(p, envelope, &held).await {
+    let admission = match Box::pin(limits::admit(p, envelope, &held)).await {
         Ok(admission) => admission,
         Err(deferred) => return deferred,
     };
     // A poll continues the attempt its POST started.
     let started_ms = envelope.poll.as_ref().map_or_else(now_ms, |poll| poll.started_at_ms);
-    if let Err(outcome) = begin(p, publisher, envelope, parent, &held, started_ms).await {
+    if let Err(outcome) = Box::pin(begin(p, publisher, envelope, parent, &held, started_ms)).await {
         limits::release(p, admission).await;
         return outcome;
     }
@@ -63,7 +65,8 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
         secrets: &p.config.secrets_key,
         poll_limit: p.config.async_poll_limit,
     };
-    let attempt = limits::holding(p, &admission, callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref()));
+    let attempt = Box::pin(callback::attempt(&ctx, id, &envelope.job, envelope.poll.as_ref()));
+    let attempt = limits::holding(p, &admission, attempt);
     let report = renewing(p, &held, false, attempt).await.expect("callbacks are not stopped by a lost lease");
     limits::release(p, admission).await;
     let elapsed = clock.elapsed();
@@ -91,14 +94,16 @@ pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
             started_ms,
         })
     };
-    if let Some(outcome) = circuit::after_attempt(p, envelope, gate, &report, &record, &held).await {
+    if let Some(outcome) = Box::pin(circuit::after_attempt(p, envelope, gate, &report, &record, &held)).await {
         return outcome;
     }
     match report.verdict {
-        AttemptVerdict::Succeeded(result) => succeed(p, publisher, envelope, parent, &held, &record, result).await,
+        AttemptVerdict::Succeeded(result) => {
+            Box::pin(succeed(p, publisher, envelope, parent, &held, &record, result)).await
+        }
         AttemptVerdict::Retryable { retry_after } => failure(retry_after, false),
         AttemptVerdict::Permanent => failure(None, true),
-        AttemptVerdict::Accepted(poll) => poll_later(p, publisher, envelope, &held, &poll).await,
+        AttemptVerdict::Accepted(poll) => Box::pin(poll_later(p, publisher, envelope, &held, &poll)).await,
     }
 }
 

@@ -182,7 +182,7 @@ pub(crate) async fn holding<T>(p: &Processor, admission: &Admission, work: impl 
         tokio::select! {
             done = &mut work => return done,
             _ = renew.tick() => {
-                if let Ok(false) = p.store.renew_tool_slot(&slot.tool, &slot.holder, lease).await {
+                if let Ok(false) = Box::pin(p.store.renew_tool_slot(&slot.tool, &slot.holder, lease)).await {
                     tracing::warn!(tool = %slot.tool, "the tool's concurrency slot ran out during the attempt");
                 }
             }

@@ -27,7 +27,9 @@ pub(crate) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelop
     match &envelope.job {
         Job::ToolCall(call) => tool_call::run(p, publisher, envelope, call).await,
         Job::Webhook(_) => webhook::run(p, publisher, envelope).await,
-        Job::Turn(step) => turn::run(p, publisher, envelope, step).await,
+        // Boxed: a turn step's future (the model stream) is several times a callback's, and every
+        // job's future would otherwise be as large as the largest kind's while it waits.
+        Job::Turn(step) => Box::pin(turn::run(p, publisher, envelope, step)).await,
     }
 }
 
@@ -92,7 +94,8 @@ async fn renewing<T>(p: &Processor, held: &Held, stop_when_lost: bool, work: imp
         tokio::select! {
             done = &mut work => return Some(done),
             _ = renew.tick() => {
-                if let Ok(false) = p.store.renew(&held.claim_id, held.token, lease).await {
+                // Boxed: the wait it sits beside is what a thousand in-flight jobs hold.
+                if let Ok(false) = Box::pin(p.store.renew(&held.claim_id, held.token, lease)).await {
                     tracing::warn!(claim = %held.claim_id, "lease lost to another worker during the attempt");
                     if stop_when_lost {
                         return None;
