@@ -17,6 +17,10 @@
 #   scripts/rabbitmq-cluster.sh wait-synced N    wait until stopping node N would leave every quorum queue a majority
 #   scripts/rabbitmq-cluster.sh partition N      cut node N off the network (needs FLEET_CLUSTER_NETNS=1 at start)
 #   scripts/rabbitmq-cluster.sh heal N           reconnect it
+#   scripts/rabbitmq-cluster.sh suspend-member N QUEUE   suspend node N's replica of quorum queue QUEUE (its Ra
+#                                                server, `sys:suspend`): the node serves clients, but the queue
+#                                                cannot elect a leader that needs its vote
+#   scripts/rabbitmq-cluster.sh resume-member N QUEUE    resume it
 #   scripts/rabbitmq-cluster.sh ctl N ARGS…      rabbitmqctl against node N (likewise `queues N ARGS…` for rabbitmq-queues)
 #
 # Settings (read at `start`, remembered in the directory for the other commands):
@@ -209,6 +213,13 @@ wait_synced() {
   die "node $1 stayed quorum-critical (a queue would lose its majority without it)"
 }
 
+# A quorum queue's Ra server is registered under the vhost (percent-encoded) and the queue name.
+member() {
+  local call=$1 n=$2 queue=$3
+  [[ "$queue" =~ ^[A-Za-z0-9._-]+$ ]] || die "queue name $queue: only letters, digits, . _ -"
+  ctl "$n" eval "sys:$call(list_to_atom(\"%2F_$queue\"))." >/dev/null
+}
+
 # ---- the network namespace of node 3 (FLEET_CLUSTER_NETNS=1) ----
 
 netns_up() {
@@ -350,6 +361,8 @@ case "$cmd" in
   wait-synced) load_state; wait_synced "$1" ;;
   partition) load_state; partition "$1" ;;
   heal) load_state; heal "$1" ;;
+  suspend-member) load_state; member suspend "$1" "$2" ;;
+  resume-member) load_state; member resume "$1" "$2" ;;
   ctl) load_state; ctl "$@" ;;
   queues) load_state; queues "$@" ;;
   *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;

@@ -114,6 +114,16 @@ impl RabbitCluster {
         self.run(&["wait-synced", &node.to_string()]).await.map(drop)
     }
 
+    /// Suspends `node`'s replica of quorum queue `queue` (`sys:suspend` of its Ra server): the node
+    /// still serves clients, but a leader that needs its vote cannot be elected.
+    pub async fn suspend_member(&self, node: usize, queue: &str) -> Result<(), ScriptError> {
+        self.run(&["suspend-member", &node.to_string(), queue]).await.map(drop)
+    }
+
+    pub async fn resume_member(&self, node: usize, queue: &str) -> Result<(), ScriptError> {
+        self.run(&["resume-member", &node.to_string(), queue]).await.map(drop)
+    }
+
     /// Cuts node 3 off (its veth link down); only for a cluster started with `netns`.
     pub async fn partition(&self, node: usize) -> Result<(), ScriptError> {
         self.run(&["partition", &node.to_string()]).await.map(drop)
