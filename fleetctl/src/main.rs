@@ -267,7 +267,8 @@ async fn redrive(
 ) -> anyhow::Result<SweepReport> {
     let (conn, _) =
         fleet_platform::broker::connect(&config.amqp_urls, &config.tls).await.context("connecting to RabbitMQ")?;
-    let publisher = fleet_platform::broker::Publisher::open(&conn, config.publish_timeout).await?;
+    let conn = std::sync::Arc::new(conn);
+    let publisher = fleet_platform::broker::Publisher::open(conn.clone(), config.publish_timeout).await?;
     let redrive = dead_letters::Redrive { publisher: &publisher, topology: &config.topology };
     let report = dead_letters::apply(store, Some(&redrive), filter, Action::Retry, limit, Some(per_second)).await;
     let _ = conn.close(200, "done".into()).await;

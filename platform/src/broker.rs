@@ -2,8 +2,9 @@
 //! keeps one live connection (reconnecting with bounded exponential backoff) for the process.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use lapin::options::{
@@ -200,17 +201,57 @@ pub async fn declare_topology(channel: &Channel, topology: &Topology) -> Result<
 }
 
 /// Publishes on a confirm-mode channel; every publish waits for the broker's confirm (bounded).
+///
+/// A nack replaces the channel (at most once per [`CHANNEL_MIN_AGE`]): RabbitMQ 3.10 leaves a
+/// channel that first published to a quorum queue while the queue's leader was being elected
+/// nacking every later publish to it, until the old leader's node returns; a fresh channel
+/// publishes to the new leader at once.
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    inner: Arc<PublisherInner>,
+}
+
+struct PublisherInner {
+    connection: Arc<Connection>,
+    channel: ArcSwap<Channel>,
+    renewal: tokio::sync::Mutex<Renewal>,
     timeout: Duration,
 }
 
+/// The current channel's age, and the channels it replaced (closed once their publishes are
+/// all past the publish timeout, so no confirm they still await is cut short).
+struct Renewal {
+    opened_at: Instant,
+    retired: Vec<(Arc<Channel>, Instant)>,
+}
+
+/// A channel younger than this is not replaced again: a queue that really cannot take a
+/// message (no majority) costs a new channel a second at most, not one per nack.
+pub const CHANNEL_MIN_AGE: Duration = Duration::from_secs(1);
+
+/// Whether a nack on the current channel, `age` old, replaces it.
+pub fn replaces_channel_after_nack(age: Duration) -> bool {
+    age >= CHANNEL_MIN_AGE
+}
+
+/// Whether a channel retired at `retired_at` may be closed at `now`: every publish it carried
+/// has had its whole publish timeout (and a second more) to be confirmed.
+pub fn retired_channel_closable(retired_at: Instant, now: Instant, publish_timeout: Duration) -> bool {
+    now.saturating_duration_since(retired_at) > publish_timeout + Duration::from_secs(1)
+}
+
+async fn confirm_channel(connection: &Connection) -> Result<Channel, BrokerError> {
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok(channel)
+}
+
 impl Publisher {
-    pub async fn open(connection: &Connection, timeout: Duration) -> Result<Self, BrokerError> {
-        let channel = connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
-        Ok(Publisher { channel, timeout })
+    pub async fn open(connection: Arc<Connection>, timeout: Duration) -> Result<Self, BrokerError> {
+        let channel = confirm_channel(&connection).await?;
+        let renewal = tokio::sync::Mutex::new(Renewal { opened_at: Instant::now(), retired: vec![] });
+        let inner = PublisherInner { connection, channel: ArcSwap::from_pointee(channel), renewal, timeout };
+        Ok(Publisher { inner: Arc::new(inner) })
     }
 
     /// Publishes `body` as mandatory and persistent and returns once the broker confirmed it.
@@ -223,9 +264,10 @@ impl Publisher {
     ) -> Result<(), BrokerError> {
         // A timeout while the frame still waits in the client's buffer (a blocked connection) is
         // no better: the buffer is sent when the broker reads again.
-        tokio::time::timeout(self.timeout, self.send_and_confirm(exchange, routing_key, body, properties))
+        let timeout = self.inner.timeout;
+        tokio::time::timeout(timeout, self.send_and_confirm(exchange, routing_key, body, properties))
             .await
-            .map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+            .map_err(|_| BrokerError::ConfirmTimeout(timeout))?
     }
 
     /// Publishes every message back to back on this confirm channel, then waits for all their
@@ -234,11 +276,10 @@ impl Publisher {
     pub async fn publish_many(&self, messages: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
         // `join_all` polls each future once, in order, before any waits: every message's frames
         // are queued for the socket before the first confirm is awaited.
+        let timeout = self.inner.timeout;
         let sends = messages.iter().map(|m| async {
             let confirmed = self.send_and_confirm(&m.exchange, &m.routing_key, &m.body, m.properties.clone());
-            tokio::time::timeout(self.timeout, confirmed)
-                .await
-                .map_err(|_| BrokerError::ConfirmTimeout(self.timeout))?
+            tokio::time::timeout(timeout, confirmed).await.map_err(|_| BrokerError::ConfirmTimeout(timeout))?
         });
         futures::future::join_all(sends).await
     }
@@ -250,8 +291,8 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let confirm = self
-            .channel
+        let channel = self.inner.channel.load_full();
+        let confirm = channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
@@ -264,8 +305,37 @@ impl Publisher {
         match confirm.await.map_err(BrokerError::SentUnconfirmed)? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable),
-            Confirmation::Nack(_) => Err(BrokerError::Nacked),
+            Confirmation::Nack(_) => {
+                self.replace_nacking_channel(&channel).await;
+                Err(BrokerError::Nacked)
+            }
             Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+        }
+    }
+
+    /// Replaces `nacked` with a fresh confirm channel, unless another publish already did or it
+    /// is younger than [`CHANNEL_MIN_AGE`]; closes the retired channels whose publishes are over.
+    async fn replace_nacking_channel(&self, nacked: &Arc<Channel>) {
+        let mut renewal = self.inner.renewal.lock().await;
+        let now = Instant::now();
+        let current = self.inner.channel.load();
+        if Arc::ptr_eq(&current, nacked) && replaces_channel_after_nack(now - renewal.opened_at) {
+            match confirm_channel(&self.inner.connection).await {
+                Ok(fresh) => {
+                    tracing::warn!("the broker nacked a publish; publishing on a fresh channel from now on");
+                    self.inner.channel.store(Arc::new(fresh));
+                    renewal.opened_at = now;
+                    renewal.retired.push((nacked.clone(), now));
+                }
+                Err(e) => tracing::warn!(error = %e, "the broker nacked a publish and a fresh channel failed"),
+            }
+        }
+        let timeout = self.inner.timeout;
+        let (closable, kept) =
+            renewal.retired.drain(..).partition(|(_, at)| retired_channel_closable(*at, now, timeout));
+        renewal.retired = kept;
+        for (channel, _) in closable {
+            let _ = channel.close(200, "replaced after a nack".into()).await;
         }
     }
 
@@ -439,8 +509,9 @@ async fn open_live(
     let channel = connection.create_channel().await?;
     declare_topology(&channel, topology).await?;
     let _ = channel.close(200, "declared".into()).await;
-    let publisher = Publisher::open(&connection, publish_timeout).await?;
-    Ok((Live { connection: Arc::new(connection), publisher }, endpoint))
+    let connection = Arc::new(connection);
+    let publisher = Publisher::open(connection.clone(), publish_timeout).await?;
+    Ok((Live { connection, publisher }, endpoint))
 }
 
 async fn connection_lost(connection: &Connection, events: impl futures::Stream<Item = Event> + Unpin) -> String {
@@ -468,6 +539,25 @@ async fn connection_lost(connection: &Connection, events: impl futures::Stream<I
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nack_replaces_a_channel_once_it_is_a_second_old() {
+        assert!(!replaces_channel_after_nack(Duration::ZERO));
+        assert!(!replaces_channel_after_nack(Duration::from_millis(999)));
+        assert!(replaces_channel_after_nack(CHANNEL_MIN_AGE));
+        assert!(replaces_channel_after_nack(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn a_retired_channel_closes_only_after_its_publishes_timed_out() {
+        let retired = Instant::now();
+        let timeout = Duration::from_secs(5);
+        assert!(!retired_channel_closable(retired, retired, timeout));
+        assert!(!retired_channel_closable(retired, retired + Duration::from_secs(6), timeout));
+        assert!(retired_channel_closable(retired, retired + Duration::from_millis(6001), timeout));
+        // A clock read before the retirement (another task's `now`) is not past it.
+        assert!(!retired_channel_closable(retired + Duration::from_secs(1), retired, timeout));
+    }
 
     #[test]
     fn only_a_publish_that_never_left_or_came_back_unroutable_is_certainly_not_accepted() {
