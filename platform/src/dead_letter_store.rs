@@ -11,6 +11,9 @@ use fleet_protocol::deadletter::{DeadLetterRecord, ListCursor};
 
 use crate::store::{Store, StoreError};
 
+// Built once: `Script::new` hashes its source.
+static UNLOCK_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(UNLOCK_LUA));
+
 /// Index entries dropped per trimming pass, so one save stays cheap.
 const TRIM_BATCH: u64 = 500;
 
@@ -131,11 +134,8 @@ impl Store {
     }
 
     pub async fn unlock_dead_letter(&self, id: &str, holder: &str) -> Result<(), StoreError> {
-        let r: Result<i64, _> = redis::Script::new(UNLOCK_LUA)
-            .key(self.keys().dead_letter_lock(id))
-            .arg(holder)
-            .invoke_async(&mut self.conn().await?)
-            .await;
+        let r: Result<i64, _> =
+            UNLOCK_SCRIPT.key(self.keys().dead_letter_lock(id)).arg(holder).invoke_async(&mut self.conn().await?).await;
         self.count(r).map(|_| ())
     }
 

@@ -1,6 +1,8 @@
 //! Prometheus metrics (tikv's `prometheus` crate, text exposition). Every name starts with `fleet_`,
 //! carries its unit, and every label has a bounded set of values: never an id or a URL.
 
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -9,9 +11,20 @@ use prometheus::{
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
-/// All of the fleet's metrics; each process updates the ones that concern it.
+/// All of the fleet's metrics, shared: a clone (every request's state makes several) is one
+/// reference count, not one per metric.
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<MetricSet>);
+
+impl std::ops::Deref for Metrics {
+    type Target = MetricSet;
+    fn deref(&self) -> &MetricSet {
+        &self.0
+    }
+}
+
+/// The metrics themselves; each process updates the ones that concern it.
+pub struct MetricSet {
     pub registry: Registry,
     pub jobs_published: IntCounterVec,
     pub jobs_started: IntCounterVec,
@@ -83,7 +96,7 @@ impl Metrics {
             IntGauge::new("fleet_dead_letters_stored", "Dead letters held in Redis, the store of record.")
                 .expect("valid metric");
         registry.register(Box::new(dead_letters_stored.clone())).expect("unique metric");
-        Metrics {
+        Metrics(Arc::new(MetricSet {
             dead_letters_stored,
             jobs_published: counter(
                 "fleet_jobs_published_total",
@@ -174,7 +187,7 @@ impl Metrics {
                 &["event"],
             ),
             registry,
-        }
+        }))
     }
 
     /// The text exposition of every metric.

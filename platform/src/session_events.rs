@@ -9,10 +9,13 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::Script;
 use serde_json::Value;
 
 use crate::store::{Store, StoreError};
+
+// Built once: `Script::new` hashes its source.
+static PUBLISH_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(PUBLISH_LUA));
 
 /// Events each session's stream keeps (approximately: `MAXLEN ~`), and for how long after the last.
 const EVENTS_KEPT: u32 = 1000;
@@ -33,7 +36,7 @@ impl Store {
     /// Appends a streaming event to the session's bounded event stream and announces it; returns
     /// the event's id.
     pub async fn publish_event(&self, session_id: &str, event: &Value) -> Result<String, StoreError> {
-        let r: Result<String, _> = Script::new(PUBLISH_LUA)
+        let r: Result<String, _> = PUBLISH_SCRIPT
             .key(self.keys().session(session_id, "events"))
             .arg(EVENTS_KEPT)
             .arg(event.to_string())

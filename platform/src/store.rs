@@ -4,6 +4,7 @@
 //! Every Lua script touches keys of one hash slot only (one key, or keys sharing a `{hash tag}`),
 //! so every operation works on Redis Cluster as well.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
@@ -301,6 +302,17 @@ impl Registry {
     }
 }
 
+// Scripts are built once per process: `Script::new` hashes its source (SHA-1), and a Store is
+// cloned into every request's state.
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+pub(crate) static FENCED_RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(FENCED_RECORD_LUA));
+static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(SWAP_LUA));
+static TOOL_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(TOOL_WRITE_LUA));
+static TOOL_DELETE: LazyLock<Script> = LazyLock::new(|| Script::new(TOOL_DELETE_LUA));
+
 #[derive(Clone)]
 pub struct Store {
     backend: std::sync::Arc<Backend>,
@@ -309,12 +321,6 @@ pub struct Store {
     pub(crate) timeout: Duration,
     keys: Keys,
     metrics: Metrics,
-    claim: Script,
-    renew: Script,
-    complete: Script,
-    release: Script,
-    fenced_record: Script,
-    swap: Script,
     pub(crate) dead_letter_retention: Retention,
 }
 
@@ -358,12 +364,6 @@ impl Store {
             timeout,
             keys,
             metrics,
-            claim: Script::new(CLAIM_LUA),
-            renew: Script::new(RENEW_LUA),
-            complete: Script::new(COMPLETE_LUA),
-            release: Script::new(RELEASE_LUA),
-            fenced_record: Script::new(FENCED_RECORD_LUA),
-            swap: Script::new(SWAP_LUA),
             dead_letter_retention: Retention::default(),
         })
     }
@@ -491,7 +491,7 @@ impl Store {
     /// none); returns whether it was written.
     pub async fn write_tool(&self, tool: &StoredTool, previous: Option<&ToolVersion>) -> Result<bool, StoreError> {
         let json = serde_json::to_string(tool).expect("a tool serialises");
-        let r: Result<i64, _> = Script::new(TOOL_WRITE_LUA)
+        let r: Result<i64, _> = TOOL_WRITE
             .key(self.keys.tool(&tool.name))
             .key(self.keys.tools_index())
             .key(self.keys.tool_ids())
@@ -550,7 +550,7 @@ impl Store {
 
     /// Deletes the tool named `name` (only if its id is `id`, when given); returns whether it did.
     pub async fn delete_tool(&self, name: &str, id: Option<&str>) -> Result<bool, StoreError> {
-        let r: Result<i64, _> = Script::new(TOOL_DELETE_LUA)
+        let r: Result<i64, _> = TOOL_DELETE
             .key(self.keys.tool(name))
             .key(self.keys.tools_index())
             .key(self.keys.tool_ids())
@@ -758,7 +758,7 @@ impl Store {
         let attempts_key = self.keys.attempts(execution_id);
         let ttl = IDEMPOTENCY_TTL_SECS as i64;
         if let Some(token) = fence {
-            let mut invocation = self.fenced_record.key(&key);
+            let mut invocation = FENCED_RECORD.key(&key);
             invocation.key(&attempts_key).arg(token).arg(ttl).arg(attempt.unwrap_or(""));
             for (name, value) in fields {
                 invocation.arg(*name).arg(value);
@@ -836,8 +836,7 @@ impl Store {
 
     /// Claims `execution_id` for `owner` with a lease of `lease`, atomically.
     pub async fn claim(&self, execution_id: &str, owner: &str, lease: Duration) -> Result<Claim, StoreError> {
-        let r: Result<(String, String), _> = self
-            .claim
+        let r: Result<(String, String), _> = CLAIM
             .key(self.keys.idempotency(execution_id))
             .arg(owner)
             .arg(lease.as_millis() as u64)
@@ -891,14 +890,14 @@ impl Store {
 
     /// Extends the lease if `token` still holds it.
     pub async fn renew(&self, execution_id: &str, token: u64, lease: Duration) -> Result<bool, StoreError> {
-        self.fenced(&self.renew, execution_id, token, lease.as_millis() as u64).await
+        self.fenced(&RENEW, execution_id, token, lease.as_millis() as u64).await
     }
 
     /// Stores the final result if `token` still holds the claim, or if the claim is gone (lost in
     /// a Redis failover: nobody else holds it); `false` means a newer claim fenced this writer off
     /// and nothing was written.
     pub async fn complete(&self, execution_id: &str, token: u64, result: &Value) -> Result<bool, StoreError> {
-        match self.fenced_code(&self.complete, execution_id, token, result.to_string()).await? {
+        match self.fenced_code(&COMPLETE, execution_id, token, result.to_string()).await? {
             2 => {
                 tracing::warn!(execution_id, "the claim was gone (lost in a Redis failover?); result stored anyway");
                 Ok(true)
@@ -918,7 +917,7 @@ impl Store {
     /// Gives up the claim after a failed attempt so the next attempt can claim at once.
     /// `state` says why (`released`, `dead_lettered`).
     pub async fn release(&self, execution_id: &str, token: u64, state: &str) -> Result<bool, StoreError> {
-        self.fenced(&self.release, execution_id, token, state).await
+        self.fenced(&RELEASE, execution_id, token, state).await
     }
 
     // ---- client Idempotency-Key ----
@@ -971,8 +970,7 @@ impl Store {
     }
 
     async fn swap_request(&self, key: &str, expected: &str, new: Option<&str>) -> Result<bool, StoreError> {
-        let r: Result<i64, _> = self
-            .swap
+        let r: Result<i64, _> = SWAP
             .key(key)
             .arg(expected)
             .arg(new.unwrap_or(""))

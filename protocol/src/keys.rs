@@ -5,14 +5,15 @@
 //! index). The claim key (`idempotency:…`, the spec's name) shares no slot with the record, so the
 //! record carries its own fence (`field::FENCE`).
 
+/// Cloned with every store handle (into each request's state), hence a shared string.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Keys {
-    prefix: String,
+    prefix: std::sync::Arc<str>,
 }
 
 impl Keys {
     pub fn new(prefix: impl Into<String>) -> Self {
-        Keys { prefix: prefix.into() }
+        Keys { prefix: prefix.into().into() }
     }
 
     pub fn prefix(&self) -> &str {

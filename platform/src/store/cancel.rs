@@ -4,12 +4,13 @@
 //! attempt's `running` write (`begin_attempt`) and the cancel are decided by the record's scripts,
 //! so exactly one of them wins. A turn is only marked (`cancel_requested`): its next step ends it.
 
-use redis::Script;
-
 use fleet_protocol::execution::{field, ExecutionStatus};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, FENCED_RECORD};
+
+// Built once: `Script::new` hashes its source.
+static CANCEL_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(CANCEL_LUA));
 
 // KEYS: the execution record. ARGV: now (ms). Answers {verdict, detail}:
 // missing; finished + status; sent + status; cancelled + the status it had; requested + status.
@@ -59,7 +60,7 @@ pub enum Begin {
 impl Store {
     /// Cancels `execution_id` if nothing of it is being sent (see `CANCEL_LUA`).
     pub async fn request_cancel(&self, execution_id: &str, now_ms: i64) -> Result<CancelRequest, StoreError> {
-        let r: Result<(String, String), _> = Script::new(CANCEL_LUA)
+        let r: Result<(String, String), _> = CANCEL_SCRIPT
             .key(self.keys.execution(execution_id))
             .arg(now_ms)
             .invoke_async(&mut self.conn().await?)
@@ -98,8 +99,7 @@ impl Store {
         started_ms: i64,
         fence: u64,
     ) -> Result<Begin, StoreError> {
-        let r: Result<i64, _> = self
-            .fenced_record
+        let r: Result<i64, _> = FENCED_RECORD
             .key(self.keys.execution(execution_id))
             .key(self.keys.attempts(execution_id))
             .arg(fence)

@@ -7,11 +7,14 @@
 
 use std::time::Duration;
 
-use redis::Script;
-
 use fleet_protocol::circuit::{CircuitPolicy, Signal};
 
 use super::{Store, StoreError};
+
+// Built once: `Script::new` hashes its source.
+static ADMIT_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(ADMIT_LUA));
+static RECORD_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(RECORD_LUA));
+static CLOSE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(CLOSE_LUA));
 
 /// Health is forgotten after this long without a call (the circuit with it).
 const HEALTH_TTL_SECS: u64 = 30 * 24 * 60 * 60;
@@ -104,7 +107,7 @@ impl Store {
         execution_id: &str,
         fallback_interval: Duration,
     ) -> Result<Admission, StoreError> {
-        let r: Result<(String, i64), _> = Script::new(ADMIT_LUA)
+        let r: Result<(String, i64), _> = ADMIT_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
             .arg(fallback_interval.as_millis() as u64)
@@ -133,7 +136,7 @@ impl Store {
             Signal::Down => "down",
             Signal::Unknown => return Ok(Transition::Unchanged),
         };
-        let r: Result<String, _> = Script::new(RECORD_LUA)
+        let r: Result<String, _> = RECORD_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
             .arg(word)
@@ -160,7 +163,7 @@ impl Store {
     /// Closes the circuit of `tool` by hand (its consecutive failures reset); answers whether it
     /// was open.
     pub async fn close_circuit(&self, tool: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let r: Result<String, _> = Script::new(CLOSE_LUA)
+        let r: Result<String, _> = CLOSE_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
             .arg(now_ms)

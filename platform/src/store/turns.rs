@@ -4,12 +4,26 @@
 
 use std::collections::HashMap;
 
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
 
 use fleet_protocol::turn::{CallOutcome, TurnState};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use super::{Store, StoreError};
+
+// Built once: `Script::new` hashes its source.
+static TURN_FENCED_SAVE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(TURN_FENCED_SAVE_LUA));
+static SESSION_ENQUEUE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_ENQUEUE_LUA));
+static SESSION_ACQUIRE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_ACQUIRE_LUA));
+static SESSION_STEER_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_STEER_LUA));
+static SESSION_FINISH_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_FINISH_LUA));
+static SESSION_ABANDON_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_ABANDON_LUA));
 
 const SESSION_ENQUEUE_LUA: &str = r#"
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
@@ -115,7 +129,7 @@ impl Store {
         fence: u64,
     ) -> Result<bool, StoreError> {
         let json = state.map(|s| serde_json::to_string(s).expect("a turn state serialises")).unwrap_or_default();
-        let r: Result<i64, _> = Script::new(TURN_FENCED_SAVE_LUA)
+        let r: Result<i64, _> = TURN_FENCED_SAVE_SCRIPT
             .key(self.keys.turn(execution_id))
             .key(self.keys.turn_fence(execution_id))
             .arg(fence)
@@ -176,7 +190,7 @@ impl Store {
     /// Puts a turn in its session's line (at acceptance, so arrival order is the order they run),
     /// once: a republished turn already in line keeps its place.
     pub async fn session_enqueue(&self, session_id: &str, execution_id: &str) -> Result<(), StoreError> {
-        let r: Result<i64, _> = Script::new(SESSION_ENQUEUE_LUA)
+        let r: Result<i64, _> = SESSION_ENQUEUE_SCRIPT
             .key(self.keys.session(session_id, "queue"))
             .arg(execution_id)
             .arg(IDEMPOTENCY_TTL_SECS)
@@ -193,7 +207,7 @@ impl Store {
     /// Takes (or keeps) the session for `execution_id` if it is its turn. The lock is held until
     /// the turn gives it back (`session_finish`, `session_abandon`), however long its tools take.
     pub async fn session_acquire(&self, session_id: &str, execution_id: &str) -> Result<SessionSlot, StoreError> {
-        let r: Result<String, _> = Script::new(SESSION_ACQUIRE_LUA)
+        let r: Result<String, _> = SESSION_ACQUIRE_SCRIPT
             .key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
             .arg(execution_id)
@@ -214,7 +228,7 @@ impl Store {
         execution_id: &str,
         steers: &[String],
     ) -> Result<bool, StoreError> {
-        let script = Script::new(SESSION_STEER_LUA);
+        let script = &*SESSION_STEER_SCRIPT;
         let mut inv = script.prepare_invoke();
         inv.key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
@@ -237,7 +251,7 @@ impl Store {
     }
 
     pub async fn session_finish(&self, session_id: &str, execution_id: &str) -> Result<SessionFinish, StoreError> {
-        let r: Result<(String, String), _> = Script::new(SESSION_FINISH_LUA)
+        let r: Result<(String, String), _> = SESSION_FINISH_SCRIPT
             .key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
             .key(self.keys.session(session_id, "steer"))
@@ -255,7 +269,7 @@ impl Store {
     /// Takes a turn that can no longer run out of its session (see `SESSION_ABANDON_LUA`); returns
     /// the turn to wake when the session is free.
     pub async fn session_abandon(&self, session_id: &str, execution_id: &str) -> Result<Option<String>, StoreError> {
-        let r: Result<String, _> = Script::new(SESSION_ABANDON_LUA)
+        let r: Result<String, _> = SESSION_ABANDON_SCRIPT
             .key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
             .key(self.keys.session(session_id, "steer"))

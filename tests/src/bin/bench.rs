@@ -132,6 +132,13 @@ impl BenchFleet {
         cmd
     }
 
+    /// The processes a phase's CPU is charged to: the services, the bench and the dispatcher.
+    fn parts(&self) -> Vec<(&'static str, Vec<u32>)> {
+        let mut parts = services();
+        parts.push(("dispatcher", vec![self.dispatcher.id()]));
+        parts
+    }
+
     async fn add_worker(&mut self) -> anyhow::Result<u32> {
         let port = free_port();
         let mut cmd = self.command("worker");
@@ -190,6 +197,85 @@ fn rss_kib(pid: u32) -> u64 {
             })
         })
         .unwrap_or(0)
+}
+
+/// The pid listening on a local TCP port (`ss`), so a phase's CPU can be charged to the machine's
+/// broker and Redis.
+fn pid_listening_on(port: u16) -> Option<u32> {
+    let out = Command::new("ss").args(["-Hltnp", &format!("sport = :{port}")]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let at = text.find("pid=")? + 4;
+    text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// CPU time (user + system) a process has used so far, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("").split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum()).unwrap_or(0);
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Where a phase's CPU went: each part's CPU seconds between `start` and `per_job`, divided by the
+/// jobs the phase moved. On a machine whose cores are saturated this is what bounds the rate: the
+/// rate cannot pass cores / (sum of the parts' CPU per job).
+struct CpuAccount {
+    parts: Vec<(&'static str, Vec<u32>)>,
+    start: Vec<f64>,
+    started: Instant,
+}
+
+impl CpuAccount {
+    fn start(parts: Vec<(&'static str, Vec<u32>)>) -> Self {
+        let start = parts.iter().map(|(_, pids)| pids.iter().map(|p| cpu_seconds(*p)).sum()).collect();
+        CpuAccount { parts, start, started: Instant::now() }
+    }
+
+    /// A process started during the phase, charged from its birth.
+    fn add(&mut self, part: &'static str, pid: u32) {
+        match self.parts.iter_mut().position(|(name, _)| *name == part) {
+            Some(i) => self.parts[i].1.push(pid),
+            None => {
+                self.parts.push((part, vec![pid]));
+                self.start.push(0.0);
+            }
+        }
+    }
+
+    /// Each part's CPU per job in microseconds, and the machine's share of busy cores.
+    fn per_job(&self, jobs: usize) -> (Vec<(&'static str, f64)>, f64) {
+        let wall = self.started.elapsed().as_secs_f64();
+        let mut busy = 0.0;
+        let parts = self
+            .parts
+            .iter()
+            .zip(&self.start)
+            .map(|((name, pids), before)| {
+                let used = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - before;
+                busy += used;
+                (*name, used * 1e6 / jobs as f64)
+            })
+            .collect();
+        (parts, busy / wall)
+    }
+}
+
+/// The machine's broker and Redis, and this process (the raw clients, or the receivers and API
+/// clients of a fleet phase).
+fn services() -> Vec<(&'static str, Vec<u32>)> {
+    let mut parts = vec![];
+    for (name, port) in [("rabbitmq", 5672), ("redis", 6379)] {
+        parts.push((name, pid_listening_on(port).into_iter().collect()));
+    }
+    parts.push(("bench", vec![std::process::id()]));
+    parts
+}
+
+fn print_account(title: &str, (parts, cores): &(Vec<(&'static str, f64)>, f64)) {
+    let total: f64 = parts.iter().map(|(_, us)| us).sum();
+    let each: Vec<String> = parts.iter().map(|(name, us)| format!("{name} {us:.0}")).collect();
+    println!("cpu µs per job, {title}: {} = {total:.0} (cores busy {cores:.2})", each.join(" + "));
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -404,13 +490,19 @@ async fn fleet_drain(
     let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", concurrency)]).await?;
     fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
     let before = receiver.count();
+    let account = CpuAccount::start(fleet.parts());
     let enqueue_rate = fleet.enqueue_many(0..jobs, clients).await?;
+    print_account("fleet enqueue", &account.per_job(jobs));
     let started = Instant::now();
+    let mut account = CpuAccount::start(fleet.parts());
     for _ in 0..workers {
-        fleet.add_worker().await?;
+        // A worker's CPU counts from its birth: its start-up (tens of ms) is charged to the drain.
+        account.add("workers", fleet.add_worker().await?);
     }
     wait_until(Duration::from_secs(600), || receiver.count() >= before + jobs).await?;
-    Ok((fleet, enqueue_rate, jobs as f64 / started.elapsed().as_secs_f64()))
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    print_account("fleet drain", &account.per_job(jobs));
+    Ok((fleet, enqueue_rate, rate))
 }
 
 /// `make bench-peers`: the fleet's drain and Celery's, the same job to the same receiver.
@@ -495,6 +587,7 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
         "kind":"tool_call","tool_name":"bench","parameters":{"query":"benchmark payload"},"room_id":"room_1","assistant_id":"asst_1"})
     .to_string();
     let started = Instant::now();
+    let account = CpuAccount::start(services());
     let mut pending = futures::stream::FuturesUnordered::new();
     for _ in 0..jobs {
         let confirm = channel
@@ -515,17 +608,20 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
         c?;
     }
     let publish_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    print_account("raw confirmed publish", &account.per_job(jobs));
     let consume = conn.create_channel().await?;
     consume.basic_qos(prefetch as u16, BasicQosOptions::default()).await?;
     let mut consumer = consume
         .basic_consume(raw_queue.as_str().into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await?;
     let started = Instant::now();
+    let account = CpuAccount::start(services());
     for _ in 0..jobs {
         let delivery = consumer.next().await.context("raw consumer ended")??;
         delivery.ack(BasicAckOptions::default()).await?;
     }
     let drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    print_account("raw drain", &account.per_job(jobs));
     channel.queue_delete(raw_queue.as_str().into(), QueueDeleteOptions::default()).await?;
     Ok((publish_rate, drain_rate))
 }
