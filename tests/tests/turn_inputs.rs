@@ -56,7 +56,8 @@ async fn a_seed_shaped_assistant_runs_with_the_fleets_defaults_and_events_carry_
     });
     let before = fleet_platform::now_ms();
     let id = post_turn(&fleet, &body("s_seed", seed_assistant)).await;
-    let frames = read_until_done(&fleet, "s_seed", None).await;
+    // From the session's first event: the turn may be over before the stream opens.
+    let frames = read_until_done(&fleet, "s_seed", Some("0-0")).await;
     let after = fleet_platform::now_ms();
 
     let kinds: Vec<&str> = frames.iter().map(|(_, _, e, _)| e.as_str()).collect();
@@ -122,7 +123,7 @@ async fn a_provider_failing_retryably_falls_back_within_the_attempt() {
     let fleet = two_provider_fleet(&a, &b).await;
     let assistant = json!({"id": "asst_1", "model_config": {"provider": "b", "model": "m"}});
     let id = post_turn(&fleet, &body("s_fallback", assistant)).await;
-    let frames = read_until_done(&fleet, "s_fallback", None).await;
+    let frames = read_until_done(&fleet, "s_fallback", Some("0-0")).await;
     let kinds: Vec<&str> = frames.iter().map(|(_, _, e, _)| e.as_str()).collect();
     assert!(!kinds.contains(&"retry"), "the fallback answers within the same attempt: {kinds:?}");
     let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(15)).await;
