@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::free_port;
 
@@ -30,8 +31,26 @@ fn script_path() -> PathBuf {
 
 impl RabbitCluster {
     /// Starts the cluster and waits until its three nodes run as one. With `netns`, node 3 lives
-    /// in a network namespace of its own (see `partition`).
+    /// in a network namespace of its own (see `partition`). A start that fails is tried again on
+    /// fresh ports (at most three times): the ports are free when picked, not reserved, and an
+    /// Erlang node that meets a port taken meanwhile dies at boot, which is not what a test is about.
     pub async fn start(netns: bool) -> Self {
+        let mut failures = vec![];
+        for _ in 0..3 {
+            match Self::try_start(netns).await {
+                Ok(cluster) => return cluster,
+                Err(failure) => {
+                    eprintln!("rabbit cluster: a start failed, trying again on fresh ports:\n{failure}");
+                    failures.push(failure);
+                }
+            }
+        }
+        panic!("the cluster did not start three times:\n{}", failures.join("\n"));
+    }
+
+    /// One start; on failure, the script's error and the end of each node's log (the cluster is
+    /// stopped and its directory removed).
+    async fn try_start(netns: bool) -> Result<Self, String> {
         let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let dir = std::env::temp_dir().join(format!("fleet-test-rabbit-cluster-{tag}"));
         let name = format!("fleet-c{tag}");
@@ -49,15 +68,34 @@ impl RabbitCluster {
             .env("FLEET_CLUSTER_AMQP_PORTS", amqp.join(","))
             .env("FLEET_CLUSTER_DIST_PORTS", dist.join(","));
         if netns {
-            start.env("FLEET_CLUSTER_NETNS", "1");
+            start.env("FLEET_CLUSTER_NETNS", "1").env("FLEET_CLUSTER_EPMD_PORT", free_port().to_string());
         }
         let out = tokio::task::spawn_blocking(move || start.output()).await.unwrap().expect("bash");
         // From here on the guard owns whatever the script started, even if it failed half-way.
         let mut cluster = cluster;
-        assert!(out.status.success(), "scripts/rabbitmq-cluster.sh start: {}", String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("scripts/rabbitmq-cluster.sh start: {stderr}{}", cluster.log_tails(30)));
+        }
         let urls = String::from_utf8_lossy(&out.stdout).trim().to_string();
         cluster.urls = urls.split(',').map(str::to_string).collect();
-        cluster
+        Ok(cluster)
+    }
+
+    /// The last `lines` lines of every node's log files, to say why a node did not start or a
+    /// test failed.
+    fn log_tails(&self, lines: usize) -> String {
+        let mut tails = String::new();
+        for node in 1..=3 {
+            let Ok(entries) = std::fs::read_dir(self.dir.join(format!("n{node}/log"))) else { continue };
+            for path in entries.flatten().map(|e| e.path()) {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let all: Vec<&str> = text.lines().collect();
+                let tail = all[all.len().saturating_sub(lines)..].join("\n");
+                tails.push_str(&format!("\n--- {} (last {lines} lines) ---\n{tail}\n", path.display()));
+            }
+        }
+        tails
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -89,6 +127,25 @@ impl RabbitCluster {
     pub async fn leader(&self, queue: &str) -> Result<usize, ScriptError> {
         let out = self.run(&["leader", queue]).await?;
         Ok(out.parse().expect("the script prints a node number"))
+    }
+
+    /// The node leading `queue` once it has one: a queue just declared, or one whose node was
+    /// lost, may still be electing (the script then says "no leader (yet)"), and each CLI call
+    /// can time out on a busy machine.
+    pub async fn settled_leader(&self, queue: &str) -> usize {
+        crate::wait_for(&format!("a leader of {queue}"), Duration::from_secs(60), || async {
+            self.leader(queue).await.ok()
+        })
+        .await
+    }
+
+    /// The replicas of `queue` once there are `count` of them (a CLI call may fail meanwhile).
+    pub async fn settled_members(&self, queue: &str, count: usize) -> Vec<String> {
+        let what = format!("{count} replicas of {queue}");
+        crate::wait_for(&what, Duration::from_secs(60), || async {
+            self.members(queue).await.ok().filter(|m| m.len() == count)
+        })
+        .await
     }
 
     /// The nodes holding a replica of `queue`.
@@ -136,6 +193,9 @@ impl RabbitCluster {
 
 impl Drop for RabbitCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the cluster's logs at the failure:{}", self.log_tails(40));
+        }
         // Also after a panic: every node ends (SIGKILL after 30 s), the namespace goes, the
         // directory is removed.
         let _ = self.command(&["stop"]).stdout(Stdio::null()).status();
