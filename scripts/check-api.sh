@@ -20,7 +20,7 @@ if ! "$venv/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VER
   "$venv/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION"
 fi
 
-bin=target/debug/dispatcher
+bin=${CARGO_TARGET_DIR:-target}/debug/dispatcher
 [ -x "$bin" ] || cargo build -q -p fleet-dispatcher --bin dispatcher
 
 id="t$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"

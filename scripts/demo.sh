@@ -48,11 +48,12 @@ if [ $all != 1 ]; then
   exit 1
 fi
 echo "fleet ready: dispatcher http://$FLEET_HTTP_ADDR, workers on ports ${worker_ports[*]}"
+echo "operator console: http://$FLEET_HTTP_ADDR/console (log in with the token ${FLEET_API_TOKENS%%,*})"
 
 FLEET_DEMO_API="http://$FLEET_HTTP_ADDR" target/debug/fleet-demo
 
 if [ "${DEMO_KEEP:-0}" = 1 ]; then
-  echo "fleet running (token: $FLEET_API_TOKENS). Try:"
+  echo "fleet running (token: $FLEET_API_TOKENS; console: http://$FLEET_HTTP_ADDR/console). Try:"
   echo "  curl -H 'Authorization: Bearer $FLEET_API_TOKENS' http://$FLEET_HTTP_ADDR/v1/tools"
   echo "Ctrl-C stops it."
   wait

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's `chromium` when it is missing: the browser-stream test (tests/tests/browser_stream.rs)
+# Installs Debian's `chromium` when it is missing: the browser-stream test (tests/tests/fleet/browser_stream.rs)
 # drives a real headless Chromium. Does nothing when `chromium` is already on PATH.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1; then

@@ -106,6 +106,30 @@ if command -v rabbitmq-server >/dev/null && ! amqp_answers; then
   fi
   amqp_answers || { echo "ensure-services: RabbitMQ does not answer AMQP on 127.0.0.1:5672" >&2; exit 1; }
 fi
+# A broker that was started before the limit above was written (by the machine itself, say) keeps
+# the soft limit it was born with, often 1024: a parallel test run then leaves it out of sockets
+# (hundreds in CLOSE-WAIT) and it stops completing AMQP handshakes. Its running limit is what
+# counts, read from /proc; below what a test run needs, the node is restarted with the high one.
+broker_fd_limit() {
+  local pid
+  pid=$(shared_broker_pid)
+  [ -n "$pid" ] && [ -r "/proc/$pid/limits" ] || { echo 0; return; }
+  awk '/^Max open files/ {print $4}' "/proc/$pid/limits"
+}
+BROKER_MIN_FDS=${FLEET_BROKER_MIN_FDS:-8192}
+if command -v rabbitmq-server >/dev/null && [ -n "$(shared_broker_pid)" ]; then
+  limit=$(broker_fd_limit)
+  if [ "$limit" != unlimited ] && [ "$limit" -lt "$BROKER_MIN_FDS" ] 2>/dev/null; then
+    echo "ensure-services: RabbitMQ runs with $limit open files at most (a test run needs $BROKER_MIN_FDS); restarting it"
+    restart_rabbitmq
+    amqp_answers || { echo "ensure-services: RabbitMQ did not come back after the restart" >&2; exit 1; }
+    limit=$(broker_fd_limit)
+    if [ "$limit" != unlimited ] && [ "$limit" -lt "$BROKER_MIN_FDS" ] 2>/dev/null; then
+      echo "ensure-services: RabbitMQ still runs with $limit open files at most; raise its limit (rabbitmq-env.conf or systemd LimitNOFILE)" >&2
+      exit 1
+    fi
+  fi
+fi
 # A local 3-master Redis Cluster on 7000-7002 for the cluster tests (FLEET_TEST_REDIS_CLUSTER=0 skips it).
 if [ "${FLEET_TEST_REDIS_CLUSTER:-1}" != 0 ]; then
   if ! redis-cli -p 7000 cluster info 2>/dev/null | grep -q cluster_state:ok; then

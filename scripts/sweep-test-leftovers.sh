@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Deletes what killed test runs left on the local RabbitMQ: queues and exchanges of test topologies
 # (`fleet-t…`) and throw-away test users (`fleet-` and 10 hex digits); and ends the clusters of
-# killed failover tests. Only for a machine where no
+# killed failover tests and the containers of killed image tests. Only for a machine where no
 # test is running (CI's clean start). Idempotent; a no-op when nothing is left.
 set -uo pipefail
 # Clusters of a failover test that was killed before its guard could end them: the RabbitMQ
@@ -21,6 +21,15 @@ for pidfile in /tmp/fleet-test-redis-failover-*/node*/redis.pid; do
   fi
 done
 rm -rf /tmp/fleet-test-redis-failover-* 2>/dev/null
+# Containers of image tests that were killed before their guard removed them (tests/src/container.rs).
+if command -v podman >/dev/null; then
+  export CONTAINERS_CONF=${CONTAINERS_CONF:-$(cd "$(dirname "$0")/.." && pwd)/deploy/podman/containers.conf}
+  containers=$(podman ps --all --format '{{.Names}}' --filter 'name=^fleet-test-' 2>/dev/null || true)
+  if [ -n "$containers" ]; then
+    echo "sweep: removing $(echo "$containers" | wc -l) test container(s)"
+    echo "$containers" | xargs podman rm --force --time 0 >/dev/null 2>&1
+  fi
+fi
 command -v rabbitmqctl >/dev/null || exit 0
 prefix=${SWEEP_TOPOLOGY_PATTERN:-'fleet-t[0-9a-f]{12}'}
 user_pattern=${SWEEP_USER_PATTERN:-'fleet-[0-9a-f]{10}'}

@@ -48,8 +48,14 @@ fleet_llm_request_duration_seconds
 fleet_llm_tokens_total
 fleet_tool_circuit_open
 fleet_tool_circuit_events_total
+fleet_llm_budget_used_total
+fleet_llm_budget_limit
+fleet_llm_budget_parked_total
+fleet_llm_budget_wait_seconds
+fleet_llm_rate_limited_total
 "
 HISTOGRAMS="
+fleet_llm_budget_wait_seconds
 fleet_attempt_duration_seconds
 fleet_job_latency_seconds
 fleet_http_request_duration_seconds
@@ -65,6 +71,7 @@ FleetWorkerDown
 FleetBrokerDisconnected
 FleetRedisErrors
 FleetToolCircuitOpen
+FleetLlmBudgetWaitHigh
 "
 
 passed=0

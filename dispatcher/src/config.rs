@@ -14,6 +14,8 @@ use crate::scopes::{parse_token_entry, Grant};
 pub struct ApiToken {
     pub digest: [u8; 32],
     pub grant: Grant,
+    /// The tenant the token is bound to (`TOKEN@TENANT`): it creates and sees only that tenant's work.
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct DispatcherConfig {
     /// `FLEET_SECRET_ROTATION_GRACE`: how long a secret replaced with `rotate_secret` is kept
     /// (and, under Standard Webhooks, still signs).
     pub secret_rotation_grace: std::time::Duration,
+    /// `FLEET_CONSOLE_GRAFANA_URL`: the dashboard the console's overview links to, if any.
+    pub console_grafana_url: Option<String>,
 }
 
 impl DispatcherConfig {
@@ -48,20 +52,29 @@ impl DispatcherConfig {
             stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
             secret_rotation_grace: src
                 .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
+            console_grafana_url: src.get("FLEET_CONSOLE_GRAFANA_URL").map(str::to_string).filter(|u| !u.is_empty()),
         })
     }
 }
 
 /// `FLEET_API_TOKENS`: comma-separated entries, each `TOKEN` (full rights) or
-/// `TOKEN:SCOPE+SCOPE...` (only those scopes).
+/// `TOKEN:SCOPE+SCOPE...` (only those scopes), the token optionally bound to a tenant as
+/// `TOKEN@TENANT` (`@` is not a bearer token's character, so the first `@` starts the tenant).
 fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
     let mut tokens = Vec::new();
     for entry in raw.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         let (token, grant) = parse_token_entry(entry)?;
+        let (token, tenant) = match token.split_once('@') {
+            Some((token, tenant)) if fleet_protocol::tenant::is_tenant_name(tenant) => {
+                (token, Some(tenant.to_string()))
+            }
+            Some((_, tenant)) => return Err(format!("{tenant:?} is not a tenant name (1-64 of A-Z a-z 0-9 . _ -)")),
+            None => (token, None),
+        };
         if token.len() < 16 {
             return Err("every token must be at least 16 characters".into());
         }
-        tokens.push(ApiToken { digest: Sha256::digest(token.as_bytes()).into(), grant });
+        tokens.push(ApiToken { digest: Sha256::digest(token.as_bytes()).into(), grant, tenant });
     }
     if tokens.is_empty() {
         return Err("must list at least one token".into());
@@ -120,5 +133,20 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.setting, "FLEET_API_TOKENS");
         assert!(api_tokens("short:tools:read").is_err());
+        assert!(api_tokens("short@acme").is_err());
+    }
+
+    #[test]
+    fn a_token_may_be_bound_to_a_tenant_with_or_without_scopes() {
+        let tokens =
+            api_tokens("plain-token-0123456789, a-token-0123456789@acme, b-token-0123456789@beta:turns:write").unwrap();
+        assert_eq!(tokens[0].tenant, None);
+        assert_eq!((tokens[1].tenant.as_deref(), tokens[1].grant), (Some("acme"), Grant::Full));
+        assert_eq!(tokens[1].digest, <[u8; 32]>::from(Sha256::digest(b"a-token-0123456789")));
+        assert_eq!(tokens[2].tenant.as_deref(), Some("beta"));
+        assert!(tokens[2].grant.allows(crate::scopes::Scope::TurnsWrite));
+        assert!(!tokens[2].grant.allows(crate::scopes::Scope::ToolsRead));
+        assert!(api_tokens("a-token-0123456789@bad|name").is_err());
+        assert!(api_tokens("a-token-0123456789@").is_err());
     }
 }

@@ -3,7 +3,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use fleet_platform::broker::BrokerError;
 use fleet_platform::store::StoreError;
@@ -65,16 +66,35 @@ impl ApiError {
     }
 }
 
+/// Every error: `{"error": {"code", "message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// A stable machine-readable code, e.g. `invalid_request`, `insufficient_scope`.
+    code: &'static str,
+    /// What is wrong, naming the field or setting.
+    message: String,
+    /// The execution the error is about (`outcome_unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    execution_id: Option<String>,
+    /// The scope the token lacks (`insufficient_scope`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    required_scope: Option<&'static str>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({"code": self.code, "message": self.message});
-        if let Some(id) = self.execution_id {
-            error["execution_id"] = id.into();
-        }
-        if let Some(scope) = self.required_scope {
-            error["required_scope"] = scope.into();
-        }
-        let mut response = (self.status, Json(json!({"error": error}))).into_response();
+        let error = ErrorDetail {
+            code: self.code,
+            message: self.message,
+            execution_id: self.execution_id,
+            required_scope: self.required_scope,
+        };
+        let mut response = (self.status, Json(ErrorBody { error })).into_response();
         if let Some(scope) = self.required_scope {
             // RFC 6750's challenge, for clients that read the header rather than the body.
             let challenge = format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\"");

@@ -3,6 +3,7 @@
 
 pub mod circuit;
 pub mod config;
+mod console;
 pub mod error;
 mod routes;
 pub mod scopes;
@@ -16,8 +17,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use fleet_platform::broker::{self, BrokerLink};
+use fleet_platform::broker::BrokerLink;
 use fleet_platform::metrics::Metrics;
+use fleet_platform::service;
+use fleet_platform::shutdown::Lifetime;
 use fleet_platform::store::Store;
 
 pub use config::DispatcherConfig;
@@ -34,6 +37,10 @@ pub struct AppState {
     pub tool_schemas: Arc<tool_schemas::SchemaCache>,
     /// Session streams: one reader per session, shared by its listeners.
     pub streams: Arc<stream::StreamHub>,
+    /// The console's background operations (a bulk redrive), awaited at shutdown.
+    pub console_tasks: tokio_util::task::TaskTracker,
+    /// Fires when shutdown begins: a background operation stops early.
+    pub shutdown: CancellationToken,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,32 +53,26 @@ pub enum DispatcherError {
     Store(#[from] fleet_platform::store::StoreError),
 }
 
-/// Runs the dispatcher until `cancel` fires: the broker supervisor and the HTTP server, both owned
-/// and awaited here. In-flight requests finish before this returns.
-pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<(), DispatcherError> {
+impl fleet_platform::service::ServiceConfig for DispatcherConfig {
+    fn load(src: &fleet_platform::config::Source) -> Result<Self, fleet_platform::config::ConfigError> {
+        DispatcherConfig::load(src)
+    }
+    fn common(&self) -> &fleet_platform::config::CommonConfig {
+        &self.common
+    }
+}
+
+/// Runs the dispatcher until its intake is cancelled: the HTTP server stops taking requests and
+/// finishes those in flight; then the broker supervisor and the background tasks, which those
+/// requests may still need, stop. Everything spawned here is awaited here.
+pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), DispatcherError> {
     let metrics = Metrics::new("dispatcher");
-    let store = Store::open(
-        &config.common.redis_url,
-        config.common.keys.clone(),
-        config.common.redis_timeout,
-        metrics.clone(),
-        &config.common.tls,
-    )?
-    .with_dead_letter_retention(config.common.dead_letter_retention);
+    let store = service::open_store(&config.common, metrics.clone())?;
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| DispatcherError::Bind { addr: config.http_addr, source })?;
-    // The broker connection outlives the HTTP server so that requests still in flight at shutdown
-    // can finish their publishes.
-    let broker_cancel = CancellationToken::new();
-    let (link, supervisor) = broker::supervise(
-        config.common.amqp_urls.clone(),
-        config.common.tls.clone(),
-        config.common.topology.clone(),
-        config.common.publish_timeout,
-        metrics.clone(),
-        broker_cancel.clone(),
-    );
+    let background = lifetime.child();
+    let (link, supervisor) = service::supervise_broker(&config.common, metrics.clone(), background.clone());
     let supervisor = tokio::spawn(supervisor);
     let stats = tokio::spawn(stats::poll(
         link.clone(),
@@ -79,17 +80,17 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         store.clone(),
         metrics.clone(),
         config.stats_interval,
-        broker_cancel.clone(),
+        background.clone(),
     ));
     let drain = tokio::spawn(fleet_platform::dead_letters::drain(
         link.clone(),
         config.common.topology.clone(),
         store.clone(),
         metrics.clone(),
-        broker_cancel.clone(),
+        background.clone(),
     ));
     // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
-    let streams = stream::StreamHub::start(store.clone(), cancel.child_token());
+    let streams = stream::StreamHub::start(store.clone(), lifetime.intake().child_token());
     let state = AppState {
         config: Arc::new(config),
         broker: link,
@@ -97,11 +98,16 @@ pub async fn run(config: DispatcherConfig, cancel: CancellationToken) -> Result<
         metrics,
         tool_schemas: Default::default(),
         streams: streams.clone(),
+        console_tasks: tokio_util::task::TaskTracker::new(),
+        shutdown: lifetime.intake().child_token(),
     };
+    let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
-    let served = fleet_platform::ops::serve(listener, routes::router(state), cancel).await;
+    let served = fleet_platform::ops::serve(listener, routes::router(state), lifetime.intake()).await;
     streams.stopped().await;
-    broker_cancel.cancel();
+    console_tasks.close();
+    console_tasks.wait().await;
+    background.cancel();
     let _ = stats.await;
     let _ = drain.await;
     let _ = supervisor.await;

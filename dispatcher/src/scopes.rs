@@ -18,10 +18,16 @@ pub enum Scope {
     DeadLettersAdmin,
     WebhooksRead,
     WebhooksWrite,
+    AssistantsRead,
+    AssistantsWrite,
+    AuditRead,
+    UsageRead,
+    ConsoleRead,
+    ConsoleAdmin,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 12] = [
+    pub const ALL: [Scope; 18] = [
         Scope::ToolsRead,
         Scope::ToolsWrite,
         Scope::CallsWrite,
@@ -34,6 +40,12 @@ impl Scope {
         Scope::DeadLettersAdmin,
         Scope::WebhooksRead,
         Scope::WebhooksWrite,
+        Scope::AssistantsRead,
+        Scope::AssistantsWrite,
+        Scope::AuditRead,
+        Scope::UsageRead,
+        Scope::ConsoleRead,
+        Scope::ConsoleAdmin,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +62,12 @@ impl Scope {
             Scope::DeadLettersAdmin => "dead_letters:admin",
             Scope::WebhooksRead => "webhooks:read",
             Scope::WebhooksWrite => "webhooks:write",
+            Scope::AssistantsRead => "assistants:read",
+            Scope::AssistantsWrite => "assistants:write",
+            Scope::AuditRead => "audit:read",
+            Scope::UsageRead => "usage:read",
+            Scope::ConsoleRead => "console:read",
+            Scope::ConsoleAdmin => "console:admin",
         }
     }
 
@@ -57,8 +75,8 @@ impl Scope {
         Scope::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
-    fn bit(self) -> u16 {
-        1 << (self as u16)
+    fn bit(self) -> u32 {
+        1 << (self as u32)
     }
 }
 
@@ -66,7 +84,7 @@ impl Scope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grant {
     Full,
-    Scoped(u16),
+    Scoped(u32),
 }
 
 impl Grant {
@@ -83,7 +101,8 @@ impl Grant {
 }
 
 /// One `FLEET_API_TOKENS` entry: `TOKEN` (full rights) or `TOKEN:SCOPE+SCOPE...`. A bearer token
-/// has no `:` (RFC 6750's token68), so the first `:` starts the scopes.
+/// has no `:` (RFC 6750's token68), so the first `:` starts the scopes. (`TOKEN` may end in
+/// `@TENANT`, which `config::api_tokens` takes off.)
 pub fn parse_token_entry(entry: &str) -> Result<(&str, Grant), String> {
     let Some((token, list)) = entry.split_once(':') else { return Ok((entry, Grant::Full)) };
     let mut scopes = Vec::new();
@@ -98,7 +117,9 @@ pub fn parse_token_entry(entry: &str) -> Result<(&str, Grant), String> {
 }
 
 /// The scope a route requires, by method and route template (`None`: the route is not scoped,
-/// e.g. an unknown one, answered 404 anyway).
+/// e.g. an unknown one, answered 404 anyway). Seed 000's rooms are sessions: reading one (its
+/// messages, its stream) is `sessions:read`, creating or closing one `sessions:write`, and
+/// sending a message (which starts a turn) `turns:write`.
 pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
     let read = method == Method::GET || method == Method::HEAD;
     let scope = match route {
@@ -110,7 +131,10 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
             Scope::SessionsRead
         }
         "/v1/sessions/{id}" => Scope::SessionsWrite,
-        "/v1/executions/{id}" => Scope::ExecutionsRead,
+        "/v1/executions" | "/v1/executions/{id}" => Scope::ExecutionsRead,
+        "/v1/audit" => Scope::AuditRead,
+        "/v1/usage" => Scope::UsageRead,
+        "/v1/tools/{tool}/circuit/close" => Scope::ToolsWrite,
         "/v1/executions/{id}/cancel" => Scope::ExecutionsWrite,
         "/v1/dead-letters" | "/v1/dead-letters/{id}" if read => Scope::DeadLettersRead,
         "/v1/dead-letters"
@@ -120,6 +144,16 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         | "/v1/dead-letters/{id}/retry" => Scope::DeadLettersAdmin,
         "/v1/webhooks" | "/v1/webhooks/{id}" if read => Scope::WebhooksRead,
         "/v1/webhooks" | "/v1/webhooks/{id}" => Scope::WebhooksWrite,
+        "/v1/agents/assistants" | "/v1/agents/assistants/{assistant_id}" if read => Scope::AssistantsRead,
+        "/v1/agents/assistants" | "/v1/agents/assistants/{assistant_id}" => Scope::AssistantsWrite,
+        "/v1/agents/rooms/{room_id}/messages" if !read => Scope::TurnsWrite,
+        "/v1/agents/rooms"
+        | "/v1/agents/rooms/{room_id}"
+        | "/v1/agents/rooms/{room_id}/messages"
+        | "/v1/agents/rooms/{room_id}/stream"
+        | "/v1/agents/rooms/{room_id}/stream-token" => Scope::SessionsRead,
+        "/v1/agents/{assistant_id}/rooms" | "/v1/agents/rooms/{room_id}/close" => Scope::SessionsWrite,
+        "/v2/agents/{agent_key}/sessions/{session_key}/events" => Scope::TurnsWrite,
         _ => return None,
     };
     Some(scope)
@@ -159,5 +193,10 @@ mod tests {
         assert_eq!(required_scope(&Method::DELETE, "/v1/sessions/{id}"), Some(Scope::SessionsWrite));
         assert_eq!(required_scope(&Method::POST, "/v1/executions/{id}/cancel"), Some(Scope::ExecutionsWrite));
         assert_eq!(required_scope(&Method::GET, "/v1/nope"), None);
+        assert_eq!(required_scope(&Method::PUT, "/v1/agents/assistants/{assistant_id}"), Some(Scope::AssistantsWrite));
+        assert_eq!(required_scope(&Method::GET, "/v1/agents/assistants"), Some(Scope::AssistantsRead));
+        assert_eq!(required_scope(&Method::POST, "/v1/agents/rooms/{room_id}/messages"), Some(Scope::TurnsWrite));
+        assert_eq!(required_scope(&Method::GET, "/v1/agents/rooms/{room_id}/messages"), Some(Scope::SessionsRead));
+        assert_eq!(required_scope(&Method::POST, "/v1/agents/rooms/{room_id}/close"), Some(Scope::SessionsWrite));
     }
 }

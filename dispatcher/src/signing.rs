@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
 use fleet_platform::now_ms;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::signature_scheme::{check_secret, updated, SignatureScheme, Signing, SigningChange};
@@ -70,11 +68,8 @@ pub(crate) fn next_signing(
 }
 
 /// `previous_secret_expires_at` for a read: when the rotated-out secret expires, while it lasts.
-pub(crate) fn previous_secret_expires_at(signing: &Signing) -> Value {
-    match signing.previous_in_force(now_ms()) {
-        Some(previous) => Value::String(rfc3339_from_millis(previous.expires_at_ms)),
-        None => Value::Null,
-    }
+pub(crate) fn previous_secret_expires_at(signing: &Signing) -> Option<String> {
+    signing.previous_in_force(now_ms()).map(|previous| rfc3339_from_millis(previous.expires_at_ms))
 }
 
 #[cfg(test)]
@@ -126,8 +121,8 @@ mod tests {
         let stored = Stored { signing: &signing, secret_ciphertext: "v1.x" };
         let rotated =
             next_signing(&key, "tool:t", Some(stored), request(None, true, Some("new secret 123456")), GRACE).unwrap();
-        assert!(previous_secret_expires_at(&rotated).is_string());
-        assert_eq!(previous_secret_expires_at(&Signing::default()), Value::Null);
+        assert!(previous_secret_expires_at(&rotated).is_some());
+        assert_eq!(previous_secret_expires_at(&Signing::default()), None);
         let stored = Stored { signing: &signing, secret_ciphertext: "v1.x" };
         let e = next_signing(&key, "tool:t", Some(stored), request(None, true, None), GRACE).unwrap_err();
         assert!(e.message.contains("needs the new secret"), "{}", e.message);

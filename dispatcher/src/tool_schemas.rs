@@ -9,13 +9,15 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use fleet_protocol::schema::ToolSchema;
+use fleet_protocol::tools::ToolExecution;
 
 use crate::error::ApiError;
 use crate::AppState;
 
 /// A registered tool's compiled schema (`None`: its stored schema does not compile, which only a
-/// tool registered before schemas were checked can have; its calls are not checked).
-type Compiled = Arc<Option<ToolSchema>>;
+/// tool registered before schemas were checked can have; its calls are not checked), and whether
+/// its calls are the session client's to run (no callback: a direct call is refused).
+type Compiled = Arc<(Option<ToolSchema>, bool)>;
 
 /// Registered tools' compiled schemas for 2 s, so an enqueue neither reads Redis nor compiles a
 /// schema every time; after that the tool is read again, and compiled again only if it changed.
@@ -69,7 +71,12 @@ async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, Api
     let version = (tool.id.clone(), tool.updated_at_ms);
     let schema = match state.tool_schemas.compiled_from(name, &version) {
         Some(schema) => schema,
-        None => Arc::new(ToolSchema::compile(&tool.parameters).map_err(|e| tracing::warn!(tool = name, error = %e, "stored schema does not compile; calls are not checked")).ok()),
+        None => {
+            let schema = ToolSchema::compile(&tool.parameters)
+                .map_err(|e| tracing::warn!(tool = name, error = %e, "stored schema does not compile; calls are not checked"))
+                .ok();
+            Arc::new((schema, tool.execution == ToolExecution::Client))
+        }
     };
     state.tool_schemas.put(name, version, schema.clone());
     Ok(Some(schema))
@@ -85,7 +92,15 @@ pub(crate) async fn check_call(state: &AppState, name: &str, parameters: &Map<St
             format!("tool_name {name:?} is not a registered tool"),
         ));
     };
-    match schema.as_ref() {
+    let (schema, client) = schema.as_ref();
+    if *client {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "client_tool",
+            format!("tool {name:?} is run by the session's client (execution: client): a turn calls it, not POST /v1/tool-calls"),
+        ));
+    }
+    match schema {
         Some(schema) => schema.check(&Value::Object(parameters.clone())).map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -903,17 +903,50 @@ def test_compose_bind_mount_sources_exist(compose):
 def test_dockerfile():
     text = (DEPLOY_DIR / "Dockerfile").read_text()
     froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
-    assert [f[1] for f in froms] == ["builder", "runtime"]
+    assert [f[1] for f in froms] == ["builder", "prebuilt", "binaries", "debian-base", "runtime"]
+    # Docker builds the binaries and the Debian base itself; scripts/image.sh picks the prebuilt
+    # binaries and its own base through these two arguments.
+    assert [f[0] for f in froms if f[1] in ("binaries", "runtime")] == ["${BINARIES}", "${RUNTIME_BASE}"]
+    assert "ARG BINARIES=builder" in text and "ARG RUNTIME_BASE=debian-base" in text
     assert "ARG RUST_IMAGE=rust:1.95-bookworm" in text
     assert "ARG RUNTIME_IMAGE=debian:bookworm-slim" in text
     assert text.count("cargo build --release --locked -p fleet-dispatcher -p fleet-worker -p fleetctl") == 2
     for member in ("protocol", "platform", "dispatcher", "worker", "fleetctl", "tests"):
         assert f"COPY {member}/Cargo.toml" in text
-    assert "ca-certificates" in text
-    assert "--uid 10001" in text and re.search(r"^USER 10001", text, re.M)
+    assert "ca-certificates" in text and not re.search(r"apt-get install[^\n]*curl", text), "no curl"
+    assert "--uid 10001" in text and re.search(r"^USER 10001:10001$", text, re.M)
     for binary in ("dispatcher", "worker", "fleetctl"):
         assert f"/out/{binary}" in text
     assert "/usr/local/bin/" in text
+    runtime = text.split("AS runtime")[1]
+    assert not re.search(r"^RUN ", runtime, re.M), "the runtime stage builds on a base without a shell"
+    for label in ("version", "revision", "source", "created", "licenses", "title"):
+        assert f"org.opencontainers.image.{label}=" in runtime
+    # The image's health check is the chart's readiness probe: /readyz every 5 s, 3 s timeout, 3 failures.
+    values = load_yaml(CHART_DIR / "values.yaml")
+    for component in ("dispatcher", "worker"):
+        probe = values[component]["readinessProbe"]
+        assert (probe["periodSeconds"], probe["timeoutSeconds"], probe["failureThreshold"]) == (5, 3, 3)
+    assert re.search(r"HEALTHCHECK --interval=5s --timeout=3s --start-period=\d+s --retries=3 \\\n\s+"
+                     r'CMD \["/usr/local/bin/fleetctl", "probe", "--path", "/readyz"\]', runtime), runtime
+    assert 'CMD ["/usr/local/bin/dispatcher"]' in runtime
+
+
+def test_chart_default_image_is_what_make_image_builds(chart):
+    """`make image` (scripts/image.sh) tags localhost/agent-fleet:<workspace version>; the chart's
+    default image is repository agent-fleet with the tag appVersion, so the same name and tag
+    (podman's `localhost/` is the registry: image.registry=localhost for an image loaded into a node)."""
+    import tomllib
+
+    script = (REPO / "scripts" / "image.sh").read_text()
+    assert re.search(r"^tag=localhost/agent-fleet:\$version$", script, re.M)
+    version = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    assert load_yaml(CHART_DIR / "Chart.yaml")["appVersion"] == version, "appVersion is the workspace's version"
+    values = load_yaml(CHART_DIR / "values.yaml")
+    assert values["image"]["repository"] == "agent-fleet" and values["image"]["tag"] == ""
+    docs = render(chart, {"image": {"registry": "localhost"}})
+    for name in ("dispatcher", "worker"):
+        assert container(one(docs, "Deployment", name))["image"] == f"localhost/agent-fleet:{version}"
     # the workspace members named in the Dockerfile are the workspace's members
     cargo = (REPO / "Cargo.toml").read_text()
     members = re.search(r"members\s*=\s*\[([^\]]*)\]", cargo).group(1)

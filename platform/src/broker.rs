@@ -339,6 +339,12 @@ impl Publisher {
         }
     }
 
+    /// Whether the connection it publishes on is still up (a publish that failed while it is may
+    /// be tried again; once it is gone, so are the deliveries that came on it).
+    pub fn connected(&self) -> bool {
+        self.inner.connection.status().connected()
+    }
+
     /// Publishes a job envelope to the work queue of its kind.
     pub async fn publish_job(
         &self,

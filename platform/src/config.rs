@@ -55,6 +55,11 @@ impl Source {
         self.values.get(name).map(|s| s.trim()).filter(|s| !s.is_empty())
     }
 
+    /// The value as set, blank included (a setting whose empty value means something).
+    pub fn raw(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
     pub fn string(&self, name: &str, default: &str) -> String {
         self.get(name).unwrap_or(default).to_string()
     }
@@ -131,6 +136,8 @@ pub struct CommonConfig {
     pub publish_timeout: Duration,
     /// How long and how many dead letters Redis keeps.
     pub dead_letter_retention: Retention,
+    /// How long and how many entries the executions index keeps.
+    pub execution_index_retention: Retention,
     /// Trusted roots and client certificate for `rediss://`, `amqps://` and HTTPS.
     pub tls: crate::tls::ClientTls,
     /// The model providers a turn may name, and the defaults of a turn's `model_config`: the
@@ -185,12 +192,23 @@ impl CommonConfig {
             amqp_urls,
             redis_url,
             topology: Topology::new(prefix, retry.delays().to_vec()),
-            keys: Keys::new(src.string("FLEET_REDIS_KEY_PREFIX", "")),
+            keys: key_prefix(src)?,
             retry,
             log_format,
             redis_timeout: src.seconds("FLEET_REDIS_TIMEOUT", Duration::from_secs(2))?,
             publish_timeout: src.seconds("FLEET_PUBLISH_TIMEOUT", Duration::from_secs(5))?,
-            dead_letter_retention: dead_letter_retention(src)?,
+            dead_letter_retention: retention(
+                src,
+                "FLEET_DEAD_LETTER_RETENTION",
+                "FLEET_DEAD_LETTER_MAX",
+                Retention::default(),
+            )?,
+            execution_index_retention: retention(
+                src,
+                "FLEET_EXECUTION_INDEX_RETENTION",
+                "FLEET_EXECUTION_INDEX_MAX",
+                crate::store::default_index_retention(),
+            )?,
             tls: crate::tls::ClientTls::load(src)?,
             llm: LlmRouting::load(src)?,
         })
@@ -208,6 +226,9 @@ pub struct ProviderSpec {
     pub api_key_env: Option<String>,
     #[serde(default)]
     pub fallback: Option<String>,
+    /// Its fleet-wide budget (requests and tokens per minute, optionally per model).
+    #[serde(default)]
+    pub budget: Option<fleet_protocol::budget::Budget>,
 }
 
 /// Which providers and model a turn may use, and what it gets when its `model_config` is silent.
@@ -222,6 +243,8 @@ pub struct LlmRouting {
     pub providers: std::collections::BTreeMap<String, ProviderSpec>,
     /// The default provider's fallback (`FLEET_LLM_FALLBACK_PROVIDER`).
     pub default_fallback: Option<String>,
+    /// The default provider's budget (`FLEET_LLM_BUDGET`, the same object as a provider's `budget`).
+    pub default_budget: Option<fleet_protocol::budget::Budget>,
 }
 
 impl LlmRouting {
@@ -247,6 +270,10 @@ impl LlmRouting {
             default_model,
             providers,
             default_fallback: src.get("FLEET_LLM_FALLBACK_PROVIDER").map(str::to_string),
+            default_budget: match src.get("FLEET_LLM_BUDGET") {
+                None => None,
+                Some(raw) => Some(parse_budget(raw).map_err(|p| ConfigError::new("FLEET_LLM_BUDGET", p))?),
+            },
         };
         if let Some(name) = &routing.default_fallback {
             if !routing.knows(name) || *name == routing.default_provider {
@@ -266,6 +293,16 @@ impl LlmRouting {
         std::iter::once(self.default_provider.as_str()).chain(self.providers.keys().map(String::as_str)).collect()
     }
 
+    /// `provider`'s budget, if it has one that limits anything.
+    pub fn budget_of(&self, provider: &str) -> Option<&fleet_protocol::budget::Budget> {
+        let budget = if provider == self.default_provider {
+            self.default_budget.as_ref()
+        } else {
+            self.providers.get(provider)?.budget.as_ref()
+        };
+        budget.filter(|b| !b.is_none())
+    }
+
     /// The provider tried after `provider` fails with a retryable error, if any.
     pub fn fallback_of(&self, provider: &str) -> Option<&str> {
         if provider == self.default_provider {
@@ -279,6 +316,14 @@ const PROVIDER_NAME_RULE: &str = "a provider name is 1-64 letters, digits, '.', 
 
 fn is_provider_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// A budget's JSON: `{"requests_per_minute": n, "tokens_per_minute": n, "burst_seconds": n, "models": {…}}`.
+fn parse_budget(raw: &str) -> Result<fleet_protocol::budget::Budget, String> {
+    let budget: fleet_protocol::budget::Budget =
+        serde_json::from_str(raw).map_err(|e| format!("must be a JSON budget object: {e}"))?;
+    budget.check()?;
+    Ok(budget)
 }
 
 /// `FLEET_LLM_PROVIDERS`: `{"name": {"base_url": "https://…/v1", "api_key_env": "SETTING", "fallback": "other"}}`.
@@ -298,6 +343,9 @@ fn parse_providers(
         if !spec.base_url.starts_with("http://") && !spec.base_url.starts_with("https://") {
             return Err(format!("{name}.base_url must be an http(s) URL"));
         }
+        if let Some(budget) = &spec.budget {
+            budget.check().map_err(|p| format!("{name}.budget: {p}"))?;
+        }
         if let Some(fallback) = &spec.fallback {
             if fallback == name || (fallback != default_provider && !providers.contains_key(fallback)) {
                 return Err(format!("{name}.fallback must name another configured provider"));
@@ -307,16 +355,37 @@ fn parse_providers(
     Ok(providers)
 }
 
-/// `FLEET_DEAD_LETTER_RETENTION` (seconds, default 30 days) and `FLEET_DEAD_LETTER_MAX` (default 100,000).
-fn dead_letter_retention(src: &Source) -> Result<Retention, ConfigError> {
-    let default = Retention::default();
-    let age = src.seconds("FLEET_DEAD_LETTER_RETENTION", Duration::from_millis(default.max_age_ms as u64))?;
-    if age < Duration::from_secs(1) {
-        return Err(ConfigError::new("FLEET_DEAD_LETTER_RETENTION", "must be at least 1 second"));
+/// `FLEET_REDIS_KEY_PREFIX` (default `fleet:`): namespaces every key, so the fleet's claims never
+/// meet a tool owner's own `idempotency:` keys in a shared Redis. A fleet upgraded from a release
+/// whose default was empty sets it to `""` to keep its data. Braces would cut an execution's hash
+/// tag (`keys.rs`), and a control character has no place in a key.
+fn key_prefix(src: &Source) -> Result<Keys, ConfigError> {
+    // Set but empty is meant: the keys of a fleet from before the prefix had a default.
+    let prefix = src.raw("FLEET_REDIS_KEY_PREFIX").map_or(DEFAULT_KEY_PREFIX, str::trim);
+    if prefix.len() > 64 || prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
+        return Err(ConfigError::new(
+            "FLEET_REDIS_KEY_PREFIX",
+            "must be at most 64 characters, without braces or control characters",
+        ));
     }
-    let max_count: u64 = src.parse("FLEET_DEAD_LETTER_MAX", default.max_count)?;
+    Ok(Keys::new(prefix))
+}
+
+/// The key prefix when none is configured.
+pub const DEFAULT_KEY_PREFIX: &str = "fleet:";
+
+/// A retention from its two variables: `age_var` (seconds, at least 1) and `max_var` (entries, at
+/// least 1), each `default`'s when unset. `FLEET_DEAD_LETTER_RETENTION` (default 30 days) and
+/// `FLEET_DEAD_LETTER_MAX` (default 100,000); `FLEET_EXECUTION_INDEX_RETENTION` (default 7 days)
+/// and `FLEET_EXECUTION_INDEX_MAX` (entries per set, default 1,000,000).
+fn retention(src: &Source, age_var: &str, max_var: &str, default: Retention) -> Result<Retention, ConfigError> {
+    let age = src.seconds(age_var, Duration::from_millis(default.max_age_ms as u64))?;
+    if age < Duration::from_secs(1) {
+        return Err(ConfigError::new(age_var, "must be at least 1 second"));
+    }
+    let max_count: u64 = src.parse(max_var, default.max_count)?;
     if max_count == 0 {
-        return Err(ConfigError::new("FLEET_DEAD_LETTER_MAX", "must be at least 1"));
+        return Err(ConfigError::new(max_var, "must be at least 1"));
     }
     Ok(Retention { max_age_ms: age.as_millis() as i64, max_count })
 }
@@ -397,6 +466,23 @@ mod tests {
         assert_eq!(bad(r#"{"b": {"base_url": "http://x", "api_key": "sk-inline"}}"#), "FLEET_LLM_PROVIDERS");
         let fallback = LlmRouting::load(&Source::from_pairs([("FLEET_LLM_FALLBACK_PROVIDER", "nope")]));
         assert_eq!(fallback.unwrap_err().setting, "FLEET_LLM_FALLBACK_PROVIDER");
+    }
+
+    #[test]
+    fn budgets_come_with_the_provider_table() {
+        let raw = r#"{"b": {"base_url": "http://x/v1", "budget": {"requests_per_minute": 600, "models": {"m": {"tokens_per_minute": 9000}}}}}"#;
+        let routing = LlmRouting::load(&Source::from_pairs([
+            ("FLEET_LLM_PROVIDERS", raw),
+            ("FLEET_LLM_BUDGET", r#"{"tokens_per_minute": 200000}"#),
+        ]))
+        .unwrap();
+        assert_eq!(routing.budget_of("b").unwrap().requests_per_minute, Some(600));
+        assert_eq!(routing.budget_of("openai").unwrap().tokens_per_minute, Some(200_000));
+        assert!(routing.budget_of("nope").is_none());
+        let bad = |k, v| LlmRouting::load(&Source::from_pairs([(k, v)])).unwrap_err();
+        let e = bad("FLEET_LLM_PROVIDERS", r#"{"b": {"base_url": "http://x", "budget": {"requests_per_minute": 0}}}"#);
+        assert!(e.to_string().contains("b.budget: requests_per_minute must be at least 1"), "{e}");
+        assert_eq!(bad("FLEET_LLM_BUDGET", r#"{"rpm": 5}"#).setting, "FLEET_LLM_BUDGET");
     }
 
     #[test]

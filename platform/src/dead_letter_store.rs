@@ -8,11 +8,16 @@ use std::time::Duration;
 use redis::AsyncCommands;
 
 use fleet_protocol::deadletter::{DeadLetterRecord, ListCursor};
+use fleet_protocol::keys;
 
 use crate::store::{Store, StoreError};
 
 // Built once: `Script::new` hashes its source.
 static UNLOCK_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(UNLOCK_LUA));
+static ADD_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{ADD_LUA}")));
+static REMOVE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{REMOVE_LUA}")));
 
 /// Index entries dropped per trimming pass, so one save stays cheap.
 const TRIM_BATCH: u64 = 500;
@@ -23,18 +28,58 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 "#;
 
+/// Moves the counts of one facet (`reason` TAB `tool`) by `d`; a count at zero is dropped so the
+/// hash stays as small as the set of reasons and tools in use. Field names as
+/// `fleet_protocol::keys::dead_letter_count_field` builds them.
+const COUNT_LUA: &str = r#"
+local function count(counts, facet, d)
+  local tab = string.find(facet, '\t', 1, true)
+  local r, t = string.sub(facet, 1, tab - 1), string.sub(facet, tab + 1)
+  local fields = {'all', 'reason:' .. r, 'rt:' .. facet}
+  if t ~= '' then table.insert(fields, 'tool:' .. t) end
+  for _, f in ipairs(fields) do
+    if redis.call('HINCRBY', counts, f, d) <= 0 then redis.call('HDEL', counts, f) end
+  end
+end
+"#;
+
+/// Stores a dead letter (KEYS: record, index, facets, counts; ARGV: id, body, ttl, at, facet,
+/// replace): unless `replace`, only if none exists (returns 0). Indexes it and counts its facet,
+/// uncounting the facet of the record it replaces.
+const ADD_LUA: &str = r#"
+if ARGV[6] == '1' then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+elseif not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'EX', ARGV[3]) then
+  return 0
+end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+local old = redis.call('HGET', KEYS[3], ARGV[1])
+if old then count(KEYS[4], old, -1) end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+count(KEYS[4], ARGV[5], 1)
+return 1
+"#;
+
+/// Removes dead letters (KEYS: index, facets, counts, then each record; ARGV: the ids): record,
+/// index entry, facet and counts together. Returns how many records existed, per id.
+const REMOVE_LUA: &str = r#"
+local out = {}
+for i, id in ipairs(ARGV) do
+  out[i] = redis.call('DEL', KEYS[3 + i])
+  redis.call('ZREM', KEYS[1], id)
+  local facet = redis.call('HGET', KEYS[2], id)
+  if facet then
+    redis.call('HDEL', KEYS[2], id)
+    count(KEYS[3], facet, -1)
+  end
+end
+return out
+"#;
+
 impl Store {
     /// Stores (or replaces) a dead letter and indexes it at `now_ms`, then trims the index.
     pub async fn save_dead_letter(&self, id: &str, record: &DeadLetterRecord, now_ms: i64) -> Result<(), StoreError> {
-        let body = serde_json::to_string(record).expect("a record serialises");
-        let r: Result<(), _> = redis::pipe()
-            .set_ex(self.keys().dead_letter(id), body, self.retention_secs())
-            .ignore()
-            .zadd(self.keys().dead_letters_index(), id, now_ms)
-            .ignore()
-            .query_async(&mut self.conn().await?)
-            .await;
-        self.count(r)?;
+        self.add_dead_letter(id, record, now_ms, true).await?;
         self.trim_dead_letters(now_ms).await.map(|_| ())
     }
 
@@ -45,22 +90,72 @@ impl Store {
         record: &DeadLetterRecord,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let body = serde_json::to_string(record).expect("a record serialises");
-        let set: Result<Option<String>, _> = redis::cmd("SET")
-            .arg(self.keys().dead_letter(id))
-            .arg(body)
-            .arg("NX")
-            .arg("EX")
-            .arg(self.retention_secs())
-            .query_async(&mut self.conn().await?)
-            .await;
-        if self.count(set)?.is_none() {
+        if !self.add_dead_letter(id, record, now_ms, false).await? {
             return Ok(false);
         }
-        let r: Result<(), _> = self.conn().await?.zadd(self.keys().dead_letters_index(), id, now_ms).await;
-        self.count(r)?;
         self.trim_dead_letters(now_ms).await?;
         Ok(true)
+    }
+
+    /// One script: the record, its index entry and its counts (see `ADD_LUA`).
+    async fn add_dead_letter(
+        &self,
+        id: &str,
+        record: &DeadLetterRecord,
+        now_ms: i64,
+        replace: bool,
+    ) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(record).expect("a record serialises");
+        let k = self.keys();
+        let facet = keys::dead_letter_facet(record.reason.as_str(), record.tool_name.as_deref());
+        let r: Result<i64, _> = ADD_SCRIPT
+            .key(k.dead_letter(id))
+            .key(k.dead_letters_index())
+            .key(k.dead_letters_facets())
+            .key(k.dead_letters_counts())
+            .arg(id)
+            .arg(body)
+            .arg(self.retention_secs())
+            .arg(now_ms)
+            .arg(facet)
+            .arg(if replace { "1" } else { "0" })
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// Removes dead letters with their index entries and counts; per id, whether a record existed.
+    async fn remove_dead_letters(&self, ids: &[String]) -> Result<Vec<bool>, StoreError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let k = self.keys();
+        let mut script = REMOVE_SCRIPT.key(k.dead_letters_index());
+        script.key(k.dead_letters_facets()).key(k.dead_letters_counts());
+        for id in ids {
+            script.key(k.dead_letter(id)).arg(id);
+        }
+        let r: Result<Vec<i64>, _> = script.invoke_async(&mut self.conn().await?).await;
+        Ok(self.count(r)?.into_iter().map(|n| n > 0).collect())
+    }
+
+    /// How many indexed dead letters have this reason and tool (either may be any), from the
+    /// counts the scripts keep: `None` when the counts do not cover the whole index (dead letters
+    /// stored before the counts existed), so the caller must count another way.
+    pub async fn count_dead_letters_by(
+        &self,
+        reason: Option<&str>,
+        tool: Option<&str>,
+    ) -> Result<Option<u64>, StoreError> {
+        let k = self.keys();
+        let r: Result<(u64, Option<u64>, Option<u64>), _> = redis::pipe()
+            .zcard(k.dead_letters_index())
+            .hget(k.dead_letters_counts(), "all")
+            .hget(k.dead_letters_counts(), keys::dead_letter_count_field(reason, tool))
+            .query_async(&mut self.conn().await?)
+            .await;
+        let (indexed, all, n) = self.count(r)?;
+        Ok((all.unwrap_or(0) == indexed).then_some(n.unwrap_or(0)))
     }
 
     pub async fn get_dead_letter(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
@@ -94,30 +189,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(String, i64)>, StoreError> {
         let max = cursor.map(|c| c.at_ms.to_string()).unwrap_or_else(|| "+inf".into());
-        // Entries of the cursor's millisecond already returned are skipped below; fetch enough of
-        // that millisecond to get past them.
-        let mut page: Vec<(String, i64)> = Vec::new();
-        let mut offset = 0;
-        loop {
-            let r: Result<Vec<(String, i64)>, _> = redis::cmd("ZREVRANGEBYSCORE")
-                .arg(self.keys().dead_letters_index())
-                .arg(&max)
-                .arg("-inf")
-                .arg("WITHSCORES")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(limit)
-                .query_async(&mut self.conn().await?)
-                .await;
-            let batch = self.count(r)?;
-            let full = batch.len() == limit;
-            offset += batch.len();
-            page.extend(batch.into_iter().filter(|(id, at)| cursor.is_none_or(|c| c.precedes(*at, id))));
-            if page.len() >= limit || !full {
-                page.truncate(limit);
-                return Ok(page);
-            }
-        }
+        self.newest_first(&self.keys().dead_letters_index(), &max, "-inf", cursor, limit).await
     }
 
     /// Takes the per-id lock for `ttl`; `false` while another operation holds it.
@@ -141,21 +213,12 @@ impl Store {
 
     /// Removes a dead letter; `false` if there was none. Idempotent.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<bool, StoreError> {
-        let r: Result<(i64, i64), _> = redis::pipe()
-            .del(self.keys().dead_letter(id))
-            .zrem(self.keys().dead_letters_index(), id)
-            .query_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)?.0 > 0)
+        Ok(self.remove_dead_letters(&[id.to_string()]).await?.first().copied().unwrap_or(false))
     }
 
     /// Drops index entries whose record is gone (expired or removed by another process).
     pub async fn forget_dead_letters(&self, ids: &[String]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let r: Result<(), _> = self.conn().await?.zrem(self.keys().dead_letters_index(), ids).await;
-        self.count(r)
+        self.remove_dead_letters(ids).await.map(|_| ())
     }
 
     /// Applies the retention: drops (index entry and record) every dead letter older than the
@@ -178,11 +241,19 @@ impl Store {
         }
         let r: Result<Vec<String>, _> = self.conn().await?.zrange(&index, 0, n as isize - 1).await;
         let ids = self.count(r)?;
-        let keys: Vec<String> = ids.iter().map(|id| self.keys().dead_letter(id)).collect();
-        let r: Result<(), _> =
-            redis::pipe().del(keys).ignore().zrem(&index, &ids).ignore().query_async(&mut self.conn().await?).await;
-        self.count(r)?;
+        self.remove_dead_letters(&ids).await?;
         Ok(ids.len() as u64)
+    }
+
+    /// How many dead letters were made since `since_ms`.
+    pub async fn dead_letters_since(&self, since_ms: i64) -> Result<u64, StoreError> {
+        let r: Result<u64, _> = redis::cmd("ZCOUNT")
+            .arg(self.keys().dead_letters_index())
+            .arg(since_ms)
+            .arg("+inf")
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r)
     }
 
     /// How many dead letters the index holds.

@@ -39,7 +39,9 @@ pub enum Action {
     Delete,
 }
 
+/// What a bulk operation on dead letters did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SweepReport {
     /// Dead letters looked at.
     pub scanned: u64,
@@ -49,6 +51,8 @@ pub struct SweepReport {
     pub done: u64,
     /// Matched but cannot be retried (poison: there is no job to replay).
     pub not_replayable: u64,
+    /// Matched but no longer dead-lettered (replayed already, or ended otherwise): not retried.
+    pub superseded: u64,
 }
 
 /// What happened to one dead letter.
@@ -60,6 +64,9 @@ pub enum Outcome {
     Busy,
     /// Poison: there is no job to replay.
     NotReplayable,
+    /// The execution is not dead-lettered any more: it ended (`succeeded`, … : the stale dead letter
+    /// is removed, nothing is retried) or runs again (left alone).
+    Superseded(ExecutionStatus),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,18 +114,59 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
     let (Some(envelope), Some(redrive)) = (replayable(&record), redrive) else {
         return Ok(Outcome::NotReplayable);
     };
-    let fresh = Envelope { enqueued_at_ms: now_ms(), ..envelope.as_first_attempt() };
+    let round = match &envelope.job {
+        Job::Turn(step) => step.round,
+        Job::ToolCall(_) | Job::Webhook(_) => 0,
+    };
+    // The execution's next generation: every job from before the dead letter is a copy from now on.
+    let gen = match store.replay_execution(id, round).await? {
+        Some(gen) => gen,
+        None => match store.expected(id).await? {
+            // Not dead-lettered: it was replayed already, or runs or ended otherwise. Nothing is
+            // retried; a dead letter of an execution that ended is stale, and goes.
+            Some(expected) => {
+                if expected.status.is_final() {
+                    store.delete_dead_letter(id).await?;
+                }
+                return Ok(Outcome::Superseded(expected.status));
+            }
+            // The record is gone (older than its retention): it starts again as a new one.
+            None => {
+                recreate(store, id, &record, &envelope).await?;
+                envelope.gen
+            }
+        },
+    };
+    let fresh = Envelope { enqueued_at_ms: now_ms(), gen, ..envelope.as_first_attempt() };
     // A turn runs its failed step again: open it and put it back in its session's line.
-    if matches!(fresh.job, Job::Turn(_)) && !store.reopen_turn(id).await? {
+    let reopened = match &fresh.job {
+        Job::Turn(_) => store.reopen_turn(id).await?,
+        Job::ToolCall(_) | Job::Webhook(_) => true,
+    };
+    if !reopened {
         return Ok(Outcome::NotReplayable);
     }
-    let _ = store.set_status(id, ExecutionStatus::Queued, None, now_ms(), None).await;
-    if let Err(e) = redrive.publisher.publish_job(redrive.topology, &fresh, FieldTable::default()).await {
-        let _ = store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms(), None).await;
-        return Err(e.into());
-    }
+    // The operator's request is the trace this publish continues.
+    let headers = crate::telemetry::amqp_headers(&tracing::Span::current());
+    redrive.publisher.publish_job(redrive.topology, &fresh, headers).await?;
     store.delete_dead_letter(id).await?;
     Ok(Outcome::Done)
+}
+
+/// A record for a dead letter whose execution's record expired: queued, as it was accepted.
+async fn recreate(store: &Store, id: &str, record: &DeadLetterRecord, envelope: &Envelope) -> Result<(), StoreError> {
+    let kind = envelope.kind().as_str();
+    let new = crate::store::NewExecution {
+        execution_id: id,
+        kind,
+        tool_name: record.tool_name.as_deref(),
+        room_id: record.room_id.as_deref(),
+        assistant_id: record.assistant_id.as_deref(),
+        tenant: None,
+        now_ms: now_ms(),
+        run_at_ms: None,
+    };
+    store.create_execution(&new, None).await.map(|_| ())
 }
 
 /// The job a record replays, if it has one.
@@ -158,6 +206,7 @@ pub async fn apply(
             match act_on(store, redrive, &id, action).await? {
                 Outcome::Done => report.done += 1,
                 Outcome::NotReplayable => report.not_replayable += 1,
+                Outcome::Superseded(_) => report.superseded += 1,
                 Outcome::NotFound | Outcome::Busy => {}
             }
             if let (Some(p), Action::Retry) = (pause, action) {
@@ -196,32 +245,20 @@ async fn next_page(
 pub async fn list(
     store: &Store,
     filter: &DeadLetterFilter,
-    mut cursor: Option<ListCursor>,
+    cursor: Option<ListCursor>,
     limit: usize,
     budget: usize,
 ) -> Result<(Vec<DeadLetterRecord>, Option<ListCursor>), SweepError> {
-    let mut found = Vec::new();
-    let mut scanned = 0;
-    while scanned < budget {
-        let entries = store.list_dead_letters(cursor.as_ref(), SCAN_PAGE.min(budget - scanned)).await?;
-        let exhausted = entries.len() < SCAN_PAGE.min(budget - scanned);
+    let read = |cursor: Option<ListCursor>, want: usize| async move {
+        let entries = store.list_dead_letters(cursor.as_ref(), want).await?;
         let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
         let records = store.get_dead_letters(&ids).await?;
-        for ((id, at), record) in entries.into_iter().zip(records) {
-            scanned += 1;
-            cursor = Some(ListCursor { at_ms: at, id });
-            if let Some(record) = record.filter(|r| filter.matches(r)) {
-                found.push(record);
-                if found.len() == limit {
-                    return Ok((found, cursor));
-                }
-            }
-        }
-        if exhausted {
-            return Ok((found, None));
-        }
-    }
-    Ok((found, cursor))
+        let page = entries.into_iter().zip(records);
+        Ok(page
+            .map(|((id, at), record)| (ListCursor { at_ms: at, id }, record.filter(|r| filter.matches(r))))
+            .collect())
+    };
+    Ok(crate::store::scan::newest_first(cursor, limit, budget, SCAN_PAGE, read).await?)
 }
 
 /// Moves what arrives on the dead-letter queue into Redis until `cancel`: records the worker

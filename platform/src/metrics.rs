@@ -36,6 +36,12 @@ pub struct MetricSet {
     pub queue_messages: IntGaugeVec,
     pub queue_consumers: IntGaugeVec,
     pub idempotency_hits: IntCounterVec,
+    /// Copies of jobs a worker only acked (an earlier step, an ended execution, finished work) or
+    /// that carried out what an earlier delivery owed.
+    pub duplicate_deliveries: IntCounterVec,
+    /// Publishes a job owed (its retry, poll, park, a turn's calls) that the broker refused while
+    /// the delivery was held, each tried again.
+    pub outcome_publish_retries: IntCounterVec,
     pub retries_scheduled: IntCounterVec,
     pub dead_letters: IntCounterVec,
     pub amqp_reconnects: IntCounter,
@@ -58,9 +64,37 @@ pub struct MetricSet {
     /// Circuits this worker opened or closed (`opened`, `closed`), and calls it deferred or let
     /// through as probes (`deferred`, `probe`).
     pub circuit_events: IntCounterVec,
+    /// What model calls spent of their provider's budget (`unit`: `requests` sent, `tokens`
+    /// used); the `provider` label is a configured provider's name.
+    pub llm_budget_used: IntCounterVec,
+    /// A provider's configured budget per minute (`unit`: `requests`, `tokens`), so a dashboard
+    /// shows the use as a fraction of it.
+    pub llm_budget_limit: IntGaugeVec,
+    /// Turn steps parked before their model call (`reason`: `budget`, `paused` by a 429,
+    /// `unavailable` when Redis could not decide).
+    pub llm_budget_parked: IntCounterVec,
+    /// How far ahead a parked step's slot was: the wait on the provider's budget.
+    pub llm_budget_wait: HistogramVec,
+    /// 429 answers from a provider (each pauses it fleet-wide).
+    pub llm_rate_limited: IntCounterVec,
 }
 
 impl Metrics {
+    /// `fleet_jobs_finished_total` as it stands, by kind and outcome.
+    pub fn finished_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        use prometheus::core::Collector;
+        let mut out = std::collections::BTreeMap::new();
+        for family in self.jobs_finished.collect() {
+            for m in family.get_metric() {
+                let label = |name: &str| m.get_label().iter().find(|l| l.name() == name).map(|l| l.value().to_string());
+                if let (Some(kind), Some(outcome)) = (label("kind"), label("outcome")) {
+                    out.insert((kind, outcome), m.get_counter().get_value() as u64);
+                }
+            }
+        }
+        out
+    }
+
     /// Registers every metric; `process` is `dispatcher`, `worker` or `fleetctl`.
     pub fn new(process: &str) -> Self {
         let registry = Registry::new();
@@ -123,6 +157,16 @@ impl Metrics {
             jobs_in_flight: gauge("fleet_jobs_in_flight", "Jobs a worker holds right now.", &["kind"]),
             queue_messages: gauge("fleet_queue_messages", "Messages ready in each fleet queue.", &["queue"]),
             queue_consumers: gauge("fleet_queue_consumers", "Consumers on each fleet queue.", &["queue"]),
+            duplicate_deliveries: counter(
+                "fleet_duplicate_deliveries_total",
+                "Copies of jobs that were only acked (an earlier step, an ended or finished execution) or carried out what an earlier delivery owed.",
+                &["kind"],
+            ),
+            outcome_publish_retries: counter(
+                "fleet_outcome_publish_retries_total",
+                "Publishes a job owed (retry, poll, park, a turn's calls) refused by the broker and tried again while the delivery was held.",
+                &["kind"],
+            ),
             idempotency_hits: counter(
                 "fleet_idempotency_hits_total",
                 "Deliveries whose execution had already succeeded, so nothing ran again.",
@@ -185,6 +229,39 @@ impl Metrics {
                 "fleet_tool_circuit_events_total",
                 "Circuit events: opened, closed, deferred (a call held back), probe (a call let through).",
                 &["event"],
+            ),
+            llm_budget_used: counter(
+                "fleet_llm_budget_used_total",
+                "What model calls spent of their provider's budget: requests sent, tokens used.",
+                &["provider", "unit"],
+            ),
+            llm_budget_limit: gauge(
+                "fleet_llm_budget_limit",
+                "A provider's configured budget per minute (requests, tokens).",
+                &["provider", "unit"],
+            ),
+            llm_budget_parked: counter(
+                "fleet_llm_budget_parked_total",
+                "Turn steps parked before their model call: over the provider's budget, paused by its 429, or Redis unavailable.",
+                &["provider", "reason"],
+            ),
+            llm_budget_wait: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "fleet_llm_budget_wait_seconds",
+                        "How long a parked turn step waits for its slot in the provider's budget.",
+                    )
+                    .buckets(vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
+                    &["provider"],
+                )
+                .expect("valid metric");
+                registry.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            llm_rate_limited: counter(
+                "fleet_llm_rate_limited_total",
+                "429 answers from a model provider (each pauses the provider fleet-wide).",
+                &["provider"],
             ),
             registry,
         }))

@@ -21,6 +21,21 @@ static PUBLISH_SCRIPT: std::sync::LazyLock<redis::Script> =
 const EVENTS_KEPT: u32 = 1000;
 const EVENTS_TTL_SECS: u64 = 24 * 3600;
 
+/// Appends each of `ARGV[5..]` to the stream `KEYS[1]` in order and announces the session
+/// `ARGV[4]` on `ARGV[3]` once; returns their ids.
+const PUBLISH_MANY_LUA: &str = r#"
+local ids = {}
+for i = 5, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'data', ARGV[i])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return ids
+"#;
+
+static PUBLISH_MANY_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(PUBLISH_MANY_LUA));
+
 /// How often an idle subscription checks that its connection is alive (one PING per process).
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(30);
 
@@ -46,6 +61,86 @@ impl Store {
             .invoke_async(&mut self.conn().await?)
             .await;
         self.count(r)
+    }
+
+    /// Appends `events` to the session's stream in order, each its own entry with its own id, and
+    /// announces them once: one round trip for a run of tokens that arrived together.
+    pub async fn publish_events(&self, session_id: &str, events: &[Value]) -> Result<Vec<String>, StoreError> {
+        let mut invocation = PUBLISH_MANY_SCRIPT.key(self.keys().session(session_id, "events"));
+        invocation.arg(EVENTS_KEPT).arg(EVENTS_TTL_SECS).arg(self.keys().session_events_channel()).arg(session_id);
+        for event in events {
+            invocation.arg(event.to_string());
+        }
+        let r: Result<Vec<String>, _> = invocation.invoke_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// The id of the newest event in the session's stream (`0-0` if none): where a new reader starts.
+    pub async fn last_event_id(&self, session_id: &str) -> Result<String, StoreError> {
+        let r: Result<redis::Value, _> = redis::cmd("XREVRANGE")
+            .arg(self.keys().session(session_id, "events"))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(self.count(r)?).unwrap_or_default();
+        Ok(reply.ids.first().map(|e| e.id.clone()).unwrap_or_else(|| "0-0".into()))
+    }
+
+    /// Up to `count` events after `after` (a stream id). Never blocks: the connection is shared; a
+    /// reader waits for the session's notification (`crate::session_events`) instead.
+    pub async fn read_events(
+        &self,
+        session_id: &str,
+        after: &str,
+        count: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let key = self.keys().session(session_id, "events");
+        let r: Result<redis::Value, _> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(after)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let reply: Option<redis::streams::StreamReadReply> = match self.count(r)? {
+            redis::Value::Nil => None,
+            v => redis::from_redis_value(v).ok(),
+        };
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(|entry| {
+                let data = entry.get::<String>("data").unwrap_or_default();
+                (entry.id, data)
+            })
+            .collect())
+    }
+
+    /// The event the session's stream keeps under `id` (a stream id), if it still keeps it.
+    pub async fn read_event(&self, session_id: &str, id: &str) -> Result<Option<Value>, StoreError> {
+        let r: Result<redis::Value, _> = redis::cmd("XRANGE")
+            .arg(self.keys().session(session_id, "events"))
+            .arg(id)
+            .arg(id)
+            .query_async(&mut self.conn().await?)
+            .await;
+        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(self.count(r)?).unwrap_or_default();
+        Ok(reply.ids.first().and_then(|e| e.get::<String>("data")).and_then(|data| serde_json::from_str(&data).ok()))
+    }
+
+    /// Removes an event a request appended before it failed (its job was never accepted).
+    pub async fn delete_event(&self, session_id: &str, id: &str) -> Result<(), StoreError> {
+        let r: Result<i64, _> = redis::cmd("XDEL")
+            .arg(self.keys().session(session_id, "events"))
+            .arg(id)
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r).map(|_| ())
     }
 
     /// Subscribes to the announcements of appended session events, on a connection of its own

@@ -9,67 +9,47 @@ use fleet_protocol::history::{entries_to_drop, HistoryEntry, HISTORY_TTL_SECS};
 
 use crate::store::{Store, StoreError};
 
-/// Appends a turn's entries once: numbers them from the session's counter (`seq` is spliced in
-/// front of each JSON object) and refreshes the TTLs. Keys: history, seq, appended turns.
-const APPEND_LUA: &str = r#"
-if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return 0 end
-local ttl = tonumber(ARGV[2])
-local n = #ARGV - 2
-local last = redis.call('INCRBY', KEYS[2], n)
-for i = 1, n do
-  local seq = last - n + i
-  redis.call('RPUSH', KEYS[1], '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 2], 2))
-end
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
-return n
-"#;
-
 /// Drops the oldest `ARGV[2]` entries if the list still starts with `ARGV[1]` (nothing changed it
-/// since the caller read it).
+/// since the caller read it), and sets its byte count to what remains (`ARGV[3]`; a count kept
+/// before the list had one is right from then on). KEYS: history, its byte count.
 const TRIM_LUA: &str = r#"
 if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[1] then return 0 end
 redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 return 1
 "#;
 
+static TRIM: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(TRIM_LUA));
+
 impl Store {
-    /// Appends a finished turn's exchange to its session's history (once per `append_id`), then
-    /// drops the oldest whole exchanges beyond `max_messages` / `max_bytes`.
-    pub async fn history_append(
+    /// Drops the oldest whole exchanges beyond `max_messages` / `max_bytes` from the session's
+    /// history (read whole only when a finish said it is over budget).
+    pub async fn trim_history(
         &self,
         session_id: &str,
-        append_id: &str,
-        entries: &[HistoryEntry],
         max_messages: usize,
         max_bytes: usize,
     ) -> Result<(), StoreError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
         let key = self.keys().session(session_id, "history");
-        let script = Script::new(APPEND_LUA);
-        let mut inv = script.prepare_invoke();
-        inv.key(&key)
-            .key(self.keys().session(session_id, "history_seq"))
-            .key(self.keys().session(session_id, "history_turns"))
-            .arg(append_id)
-            .arg(HISTORY_TTL_SECS);
-        for e in entries {
-            inv.arg(serde_json::to_string(e).expect("an entry serialises"));
-        }
-        let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
-        self.count(r)?;
         let raw: Result<Vec<String>, _> = self.conn().await?.lrange(&key, 0, -1).await;
         let raw = self.count(raw)?;
         let sized: Vec<(String, usize)> = raw.iter().map(|s| (exchange_of(s), s.len())).collect();
         let view: Vec<(&str, usize)> = sized.iter().map(|(x, n)| (x.as_str(), *n)).collect();
         let drop = entries_to_drop(&view, max_messages, max_bytes);
-        if drop > 0 {
-            let r: Result<i64, _> =
-                Script::new(TRIM_LUA).key(&key).arg(&raw[0]).arg(drop).invoke_async(&mut self.conn().await?).await;
-            self.count(r)?;
+        if drop == 0 {
+            return Ok(());
         }
-        Ok(())
+        let remaining: usize = raw[drop..].iter().map(String::len).sum();
+        let r: Result<i64, _> = TRIM
+            .key(&key)
+            .key(self.keys().session(session_id, "history_bytes"))
+            .arg(&raw[0])
+            .arg(drop)
+            .arg(remaining)
+            .arg(HISTORY_TTL_SECS)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        self.count(r).map(|_| ())
     }
 
     /// The session's history, oldest first; reading it refreshes its TTL.
@@ -98,13 +78,19 @@ impl Store {
             .collect())
     }
 
-    /// Forgets the session's history. The sequence counter stays (it expires on its own), so a
-    /// cursor from before never names a later message.
+    /// Forgets the session's history and its message log. The sequence counters stay (they expire
+    /// on their own), so a cursor from before never names a later message.
     pub async fn history_delete(&self, session_id: &str) -> Result<(), StoreError> {
         let r: Result<(), _> = self
             .conn()
             .await?
-            .del(&[self.keys().session(session_id, "history"), self.keys().session(session_id, "history_turns")])
+            .del(&[
+                self.keys().session(session_id, "history"),
+                self.keys().session(session_id, "history_turns"),
+                self.keys().session(session_id, "history_bytes"),
+                self.keys().session(session_id, "messages"),
+                self.keys().session(session_id, "messages_ids"),
+            ])
             .await;
         self.count(r)
     }

@@ -51,8 +51,9 @@ impl opentelemetry_http::HttpClient for BlockingHttp {
     }
 }
 
-/// Installs logging and tracing for `service` (`dispatcher`, `worker`); `RUST_LOG` filters (default `info`).
-pub fn init(format: LogFormat, service: &'static str) -> Telemetry {
+/// Installs logging and tracing for `service` (`dispatcher`, `worker`); `RUST_LOG` filters (default
+/// `info`). Spans are exported trusting `tls`'s roots, like every other connection.
+pub fn init(format: LogFormat, service: &'static str, tls: &crate::tls::ClientTls) -> Telemetry {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let mut builder =
         SdkTracerProvider::builder().with_resource(Resource::builder().with_service_name(service).build());
@@ -63,8 +64,13 @@ pub fn init(format: LogFormat, service: &'static str) -> Telemetry {
     if exporting {
         // The blocking client owns a runtime of its own, which must not be built (or dropped)
         // inside the process's async runtime.
-        let client = std::thread::spawn(|| {
-            reqwest::blocking::Client::builder().no_proxy().timeout(std::time::Duration::from_secs(10)).build()
+        let roots = tls.http_config();
+        let client = std::thread::spawn(move || {
+            reqwest::blocking::Client::builder()
+                .no_proxy()
+                .use_preconfigured_tls(roots)
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
         })
         .join()
         .expect("building the OTLP client does not panic");

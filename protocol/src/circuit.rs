@@ -27,14 +27,21 @@ pub const MAX_DEFER: Duration = Duration::from_secs(30);
 /// The error code a model reads for a call of a tool whose circuit is open.
 pub const TOOL_UNAVAILABLE: &str = "tool_unavailable";
 
-/// A tool's `circuit_breaker` field: each part optional (the fleet's setting applies).
+/// A tool's `circuit_breaker` field: when its circuit opens and how often it is probed while open;
+/// each part optional (the fleet's setting applies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schema", schema(example = json!({"failure_threshold": 3, "probe_interval_seconds": 60})))]
 #[serde(deny_unknown_fields)]
 pub struct CircuitBreaker {
-    /// Consecutive endpoint failures that open the circuit; 0 means it never opens.
+    /// Consecutive endpoint failures (5xx, 408, 429, timeouts, connection errors) that open the
+    /// circuit, 0-100000 (0: never opens); default `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: never).
+    #[cfg_attr(feature = "schema", schema(minimum = 0, maximum = 100000))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_threshold: Option<u32>,
-    /// At most one probe call per this many seconds while open (fleet-wide).
+    /// Seconds between probes while open (fleet-wide), 1-86400; default
+    /// `FLEET_CIRCUIT_PROBE_INTERVAL` (30).
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 86400))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_interval_seconds: Option<u64>,
 }

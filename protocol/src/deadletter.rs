@@ -11,7 +11,10 @@ pub const RECORD_MESSAGE_TYPE: &str = "fleet.dead_letter";
 
 pub use crate::envelope::DeadLetterReason;
 
+/// A job that failed for good (or a poison message), as kept and as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schema", schema(as = DeadLetter))]
 pub struct DeadLetterRecord {
     pub execution_id: Option<String>,
     /// The job kind (`tool_call`, `webhook`); absent for poison.
@@ -26,12 +29,15 @@ pub struct DeadLetterRecord {
     pub last_attempt_at: Option<String>,
     pub reason: DeadLetterReason,
     pub dead_lettered_at: String,
+    // Always written; `default` reads records from before it was.
+    #[cfg_attr(feature = "schema", schema(required = true))]
     #[serde(default)]
     pub history: Vec<AttemptRecord>,
     /// The job as it was published, for replay. Never holds a secret (envelopes carry none).
+    #[cfg_attr(feature = "schema", schema(value_type = Option<serde_json::Map<String, Value>>))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<Value>,
-    /// For poison: the raw body (lossy UTF-8, truncated), so an operator can see what arrived.
+    /// Poison only: the raw body (lossy UTF-8, truncated), so an operator can see what arrived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_body: Option<String>,
 }
@@ -87,35 +93,31 @@ impl DeadLetterRecord {
     /// The `tool.callback.failed` event payload: the call failed for good (retries exhausted or a
     /// permanent answer).
     pub fn failed_event_payload(&self) -> Value {
-        serde_json::json!({
-            "event": crate::events::TOOL_CALLBACK_FAILED,
-            "data": {
-                "execution_id": self.execution_id,
-                "tool_name": self.tool_name,
-                "assistant_id": self.assistant_id,
-                "room_id": self.room_id,
-                "attempts": self.attempts,
-                "last_error": self.last_error,
-                "failed_at": self.last_attempt_at,
-            }
-        })
+        self.event(crate::events::TOOL_CALLBACK_FAILED, [("failed_at", &self.last_attempt_at)])
     }
 
     /// The seed's `tool.callback.dead_letter` event payload.
     pub fn event_payload(&self) -> Value {
-        serde_json::json!({
-            "event": "tool.callback.dead_letter",
-            "data": {
-                "execution_id": self.execution_id,
-                "tool_name": self.tool_name,
-                "assistant_id": self.assistant_id,
-                "room_id": self.room_id,
-                "attempts": self.attempts,
-                "last_error": self.last_error,
-                "first_attempt_at": self.first_attempt_at,
-                "last_attempt_at": self.last_attempt_at,
-            }
-        })
+        self.event(
+            crate::events::TOOL_CALLBACK_DEAD_LETTER,
+            [("first_attempt_at", &self.first_attempt_at), ("last_attempt_at", &self.last_attempt_at)],
+        )
+    }
+
+    /// What both events say about the call, and the times each names its own way.
+    fn event<const N: usize>(&self, event: &str, times: [(&str, &Option<String>); N]) -> Value {
+        let mut data = serde_json::json!({
+            "execution_id": self.execution_id,
+            "tool_name": self.tool_name,
+            "assistant_id": self.assistant_id,
+            "room_id": self.room_id,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+        });
+        for (name, at) in times {
+            data[name] = serde_json::json!(at);
+        }
+        serde_json::json!({"event": event, "data": data})
     }
 }
 
@@ -182,6 +184,24 @@ impl DeadLetterFilter {
             return Err("until");
         }
         Ok(())
+    }
+
+    /// The filter as one line (`all` when it has no field), as the audit log names a target.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.execution_ids.is_empty() {
+            parts.push(format!("execution_ids={}", self.execution_ids.join(",")));
+        }
+        let named = [("tool_name", &self.tool_name), ("since", &self.since), ("until", &self.until)];
+        parts.extend(named.into_iter().filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={v}"))));
+        if let Some(r) = self.reason {
+            parts.push(format!("reason={}", r.as_str()));
+        }
+        if parts.is_empty() {
+            "all".to_string()
+        } else {
+            parts.join(" ")
+        }
     }
 
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {

@@ -65,8 +65,24 @@ pub struct ToolCallJob {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnParent {
     pub turn_execution_id: String,
+    /// The model's id for the call (what the model is answered with); not unique: models reuse
+    /// ids across rounds, and some give none.
     pub call_id: String,
     pub round: u32,
+    /// The call's place in its round's answer: with the round, its key (`turn::call_key`).
+    /// Absent in jobs published before calls were keyed by position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+}
+
+impl TurnParent {
+    /// The key the turn keeps this call's outcome under.
+    pub fn call_key(&self) -> String {
+        match self.position {
+            Some(position) => crate::turn::call_key(self.round, position),
+            None => self.call_id.clone(),
+        }
+    }
 }
 
 /// One model step of an agent turn: the turn's state lives in Redis; the job names the step.
@@ -111,6 +127,10 @@ pub struct Envelope {
     pub execution_id: String,
     /// The 1-based attempt this delivery is.
     pub attempt: u32,
+    /// How many times an operator revived the execution from its dead letter: a copy of a job from
+    /// before a replay is a copy, whatever its attempt (`life::Step`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gen: u32,
     /// When the dispatcher accepted the job (ms since epoch): the start of end-to-end latency.
     pub enqueued_at_ms: i64,
     /// When attempt 1 started, once it has.
@@ -133,6 +153,7 @@ pub struct Envelope {
 
 /// Why a job was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DeadLetterReason {
     /// All attempts failed with retryable errors.
@@ -183,9 +204,26 @@ pub struct PollState {
     pub deadline_ms: i64,
     /// When the attempt's POST was sent: the attempt's start in its history.
     pub started_at_ms: i64,
+    /// Which poll of the attempt this is (1 for the first): part of the delivery's step.
+    #[serde(default)]
+    pub seq: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Envelope {
+    /// Which step of its execution's life this delivery stands for.
+    pub fn step(&self) -> crate::life::Step {
+        let round = match &self.job {
+            Job::Turn(step) => step.round,
+            Job::ToolCall(_) | Job::Webhook(_) => 0,
+        };
+        let poll = self.poll.as_ref().map_or(0, |p| p.seq.max(1));
+        crate::life::Step { gen: self.gen, round, attempt: self.attempt, poll }
+    }
+
     /// This job as a fresh first attempt (what a dead letter keeps for replay).
     pub fn as_first_attempt(&self) -> Envelope {
         Envelope {
@@ -204,6 +242,7 @@ impl Envelope {
             v: ENVELOPE_VERSION,
             execution_id,
             attempt: 1,
+            gen: 0,
             enqueued_at_ms: now_ms,
             first_attempt_at_ms: None,
             not_before_ms: None,
@@ -240,6 +279,14 @@ impl Envelope {
         }
         if body.len() > MAX_ENVELOPE_BYTES {
             return Err(PoisonReason::TooLarge(body.len()));
+        }
+        // A well-formed job parses once, straight into its struct; anything else is parsed again,
+        // step by step, only to say what is wrong with it.
+        if let Ok(envelope) = serde_json::from_slice::<Envelope>(body) {
+            if envelope.v == ENVELOPE_VERSION {
+                envelope.validate()?;
+                return Ok(envelope);
+            }
         }
         let value: Value = serde_json::from_slice(body).map_err(|e| PoisonReason::NotJson(e.to_string()))?;
         match value.get("v").and_then(Value::as_u64) {
@@ -346,7 +393,12 @@ mod tests {
         let old = br#"{"v":1,"execution_id":"exec_a","attempt":2,"enqueued_at_ms":1,"kind":"tool_call","tool_name":"t","parameters":{}}"#;
         assert_eq!(Envelope::decode(old, Some(CONTENT_TYPE)).unwrap().poll, None);
         let polled = Envelope {
-            poll: Some(PollState { status_url: "https://t.example/s/1".into(), deadline_ms: 9, started_at_ms: 3 }),
+            poll: Some(PollState {
+                status_url: "https://t.example/s/1".into(),
+                deadline_ms: 9,
+                started_at_ms: 3,
+                seq: 2,
+            }),
             ..sample()
         };
         assert_eq!(Envelope::decode(&polled.to_bytes(), Some(CONTENT_TYPE)).unwrap(), polled);

@@ -10,6 +10,8 @@ pub mod field {
     pub const TOOL_NAME: &str = "tool_name";
     pub const ROOM_ID: &str = "room_id";
     pub const ASSISTANT_ID: &str = "assistant_id";
+    /// Whose work it is (`tenant::resolve`).
+    pub const TENANT: &str = "tenant";
     pub const CREATED_AT_MS: &str = "created_at_ms";
     pub const UPDATED_AT_MS: &str = "updated_at_ms";
     pub const ATTEMPTS: &str = "attempts";
@@ -22,9 +24,25 @@ pub mod field {
     pub const CANCEL_REQUESTED: &str = "cancel_requested";
     /// When (ms) a scheduled call (`run_at`, `delay_seconds`) is due; absent for one that runs now.
     pub const RUN_AT_MS: &str = "run_at_ms";
+    /// The step the record expects next (`life::Step`): generation, round, attempt, poll. A delivery
+    /// of an earlier step is a copy.
+    pub const GEN: &str = "gen";
+    pub const STEP_ROUND: &str = "s_round";
+    pub const STEP_ATTEMPT: &str = "s_attempt";
+    pub const STEP_POLL: &str = "s_poll";
+    /// What the last transition still owes (`life::Owed`, JSON), empty when nothing.
+    pub const OWED: &str = "owed";
+    /// A turn waiting for its tools: the keys of the round's calls (comma-separated), so the report
+    /// that completes the round is known in the turn's own slot.
+    pub const PENDING: &str = "pending";
+    /// The round whose step a completed round of tool calls already published.
+    pub const NEXT_PUBLISHED: &str = "next_published";
+    /// A turn's latest model call's message id: the one its round's tool results stream under.
+    pub const MESSAGE_ID: &str = "message_id";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutionStatus {
     Queued,
@@ -67,6 +85,7 @@ impl ExecutionStatus {
 
 /// How one attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptOutcome {
     Success,
@@ -75,15 +94,20 @@ pub enum AttemptOutcome {
     Exhausted,
 }
 
-/// One attempt in an execution's history.
+/// One attempt in an execution's history: its number, start, duration and outcome, and the
+/// receiver's HTTP status or the error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schema", schema(as = Attempt))]
 pub struct AttemptRecord {
     pub attempt: u32,
     /// RFC 3339 start time.
     pub started_at: String,
     pub duration_ms: u64,
+    /// The receiver's answer, when it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
+    /// What went wrong (sanitised), when something did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub outcome: AttemptOutcome,

@@ -3,7 +3,7 @@
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::turn::{Message, ToolCall};
 
@@ -52,21 +52,55 @@ impl HistoryEntry {
     }
 
     /// The seed's listing shape: `id, role, content, tool_calls, created_at` (+ `tool_call_id`).
-    pub fn to_api(&self) -> Value {
-        let calls: Vec<Value> = self
-            .tool_calls
-            .iter()
-            .map(|c| json!({"id": c.id, "tool_name": c.name, "arguments": c.arguments}))
-            .collect();
-        let mut v = json!({"id": self.id, "role": self.role, "content": self.content, "created_at": self.created_at, "execution_id": self.exchange});
-        if self.role == "assistant" {
-            v["tool_calls"] = json!(calls);
+    pub fn to_api(&self) -> MessageOut {
+        let calls = self.tool_calls.iter().map(|c| MessageToolCall {
+            id: c.id.clone(),
+            tool_name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        });
+        MessageOut {
+            id: self.id.clone(),
+            role: self.role.clone(),
+            content: self.content.clone(),
+            created_at: self.created_at.clone(),
+            execution_id: self.exchange.clone(),
+            tool_calls: (self.role == "assistant").then(|| calls.collect()),
+            tool_call_id: self.tool_call_id.clone(),
         }
-        if let Some(id) = &self.tool_call_id {
-            v["tool_call_id"] = json!(id);
-        }
-        v
     }
+}
+
+/// A remembered message as the API shows it (a session's or a room's messages).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schema", schema(as = Message))]
+pub struct MessageOut {
+    /// `msg_…`.
+    pub id: String,
+    /// `user`, `system`, `assistant` or `tool`.
+    pub role: String,
+    /// Null for an assistant message that only calls tools.
+    pub content: Option<String>,
+    /// RFC 3339: when it was sent or made.
+    pub created_at: String,
+    /// The turn it belongs to: `GET /v1/executions/{id}`, `POST /v1/executions/{id}/cancel`.
+    pub execution_id: String,
+    /// The tools the assistant called (an assistant's message only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// The call a tool result answers (a tool's message only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call in an assistant's message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct MessageToolCall {
+    pub id: String,
+    pub tool_name: String,
+    /// The arguments as the model wrote them (a JSON text).
+    pub arguments: String,
 }
 
 /// The entries one finished turn adds: its own messages (`own`, in order, the first being its
@@ -95,6 +129,56 @@ pub fn exchange_entries(
         .collect()
 }
 
+/// The message log's entries of a turn's own (user) messages, as sent: their ids derive from the
+/// turn (`msg_<turn>_u<i>`), so a republished turn logs them once.
+pub fn sent_entries(turn_id: &str, messages: &[(String, String)], created_at: &str) -> Vec<HistoryEntry> {
+    let base = format!("msg_{}", turn_id.strip_prefix("exec_").unwrap_or(turn_id));
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, (role, content))| HistoryEntry {
+            seq: 0,
+            id: format!("{base}_u{i}"),
+            exchange: turn_id.to_string(),
+            role: role.clone(),
+            content: Some(content.clone()),
+            tool_calls: vec![],
+            tool_call_id: None,
+            created_at: created_at.to_string(),
+        })
+        .collect()
+}
+
+/// The message log's entry of an assistant message a model call made (`message_id` is the call's
+/// own, the id its events streamed under).
+pub fn answer_entry(turn_id: &str, message_id: &str, message: &Message, created_at: &str) -> HistoryEntry {
+    HistoryEntry {
+        seq: 0,
+        id: message_id.to_string(),
+        exchange: turn_id.to_string(),
+        role: "assistant".into(),
+        content: message.content.clone(),
+        tool_calls: message.tool_calls.clone(),
+        tool_call_id: None,
+        created_at: created_at.to_string(),
+    }
+}
+
+/// The message log's entry of a tool call's result (the call's key, `turn::call_key`, names it).
+pub fn result_entry(turn_id: &str, call_key: &str, call_id: &str, content: &str, created_at: &str) -> HistoryEntry {
+    let base = format!("msg_{}", turn_id.strip_prefix("exec_").unwrap_or(turn_id));
+    HistoryEntry {
+        seq: 0,
+        id: format!("{base}_t{call_key}"),
+        exchange: turn_id.to_string(),
+        role: "tool".into(),
+        content: Some(content.to_string()),
+        tool_calls: vec![],
+        tool_call_id: Some(call_id.to_string()),
+        created_at: created_at.to_string(),
+    }
+}
+
 /// How many entries, from the oldest, to drop so that the rest fit `max_messages` and `max_bytes`.
 /// `entries` are (exchange, stored bytes), oldest first. Only whole exchanges are dropped, so a
 /// tool result never outlives its call; an exchange larger than the budget by itself goes too.
@@ -113,12 +197,26 @@ pub fn entries_to_drop(entries: &[(&str, usize)], max_messages: usize, max_bytes
     drop
 }
 
+/// `desc` (newest first, the default) or `asc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Order {
     Asc,
     #[default]
     Desc,
+}
+
+/// A listing's `limit` (`DEFAULT_PAGE` when absent), checked: 1 to `MAX_PAGE`. The seed's
+/// message listing and seed 000's assistant and room listings share it.
+pub fn page_limit(limit: Option<&str>) -> Result<usize, String> {
+    match limit {
+        None => Ok(DEFAULT_PAGE),
+        Some(l) => match l.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => Ok(n),
+            _ => Err(format!("limit must be an integer between 1 and {MAX_PAGE}")),
+        },
+    }
 }
 
 /// A listing request, checked: the error names the parameter.
@@ -131,13 +229,7 @@ pub struct PageRequest {
 
 impl PageRequest {
     pub fn parse(limit: Option<&str>, cursor: Option<&str>, order: Option<&str>) -> Result<Self, String> {
-        let limit = match limit {
-            None => DEFAULT_PAGE,
-            Some(l) => match l.parse::<usize>() {
-                Ok(n @ 1..=MAX_PAGE) => n,
-                _ => return Err(format!("limit must be an integer between 1 and {MAX_PAGE}")),
-            },
-        };
+        let limit = page_limit(limit)?;
         let order = match order {
             None => Order::Desc,
             Some("asc") => Order::Asc,
@@ -178,6 +270,7 @@ pub fn page<'a>(entries: &'a [HistoryEntry], req: &PageRequest) -> (Vec<&'a Hist
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn entry(seq: u64) -> HistoryEntry {
         HistoryEntry {
@@ -238,8 +331,9 @@ mod tests {
         assert_eq!(e[2].to_message().tool_call_id.as_deref(), Some("call_1"));
         assert!(e.iter().all(|x| x.exchange == "exec_abc"));
         assert!(!serde_json::to_string(&e[0]).unwrap().contains("seq"), "the store numbers it");
-        assert_eq!(e[0].to_api()["role"], "user");
-        assert_eq!(e[3].to_api()["tool_calls"], json!([]));
+        assert_eq!(json!(e[0].to_api())["role"], "user");
+        assert!(json!(e[0].to_api()).get("tool_calls").is_none());
+        assert_eq!(json!(e[3].to_api())["tool_calls"], json!([]));
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! Redis key names. One optional prefix (empty in production) lets tests share a Redis safely.
+//! Redis key names. One prefix (`fleet:` unless configured) namespaces every key, so the fleet
+//! shares a Redis with a tool owner's own `idempotency:` keys, and tests share one safely.
 //!
 //! Works unchanged on Redis Cluster: keys that one Lua script or pipeline touches share a
-//! `{hash tag}` (an execution's record and its attempts; a session's keys; a registry and its
-//! index). The claim key (`idempotency:…`, the spec's name) shares no slot with the record, so the
-//! record carries its own fence (`field::FENCE`).
+//! `{hash tag}`. An execution's keys (its record, attempts, and a turn's state and tool results)
+//! take the claim key's whole name as their tag: the claim key keeps the spec's name
+//! (`idempotency:{execution_id}`, no braces, so Redis hashes all of it), and one script can claim
+//! and write the record together.
 
 /// Cloned with every store handle (into each request's state), hence a shared string.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -25,38 +27,57 @@ impl Keys {
         format!("{}idempotency:{execution_id}", self.prefix)
     }
 
-    /// The execution record (a hash): status, kind, result, timestamps.
+    /// The hash tag of an execution's keys: its claim key's whole name.
+    fn execution_tag(&self, execution_id: &str) -> String {
+        format!("{{{}idempotency:{execution_id}}}", self.prefix)
+    }
+
+    /// The execution record (a hash): status, kind, result, timestamps, the step it expects.
     pub fn execution(&self, execution_id: &str) -> String {
-        format!("{}execution:{{{execution_id}}}", self.prefix)
+        format!("{}execution:{}", self.prefix, self.execution_tag(execution_id))
     }
 
     /// The execution's attempt history (a list of JSON attempt records).
     pub fn attempts(&self, execution_id: &str) -> String {
+        format!("{}execution:{}:attempts", self.prefix, self.execution_tag(execution_id))
+    }
+
+    /// An agent turn's state (JSON), in its execution's slot.
+    pub fn turn(&self, execution_id: &str) -> String {
+        format!("{}turn:{}", self.prefix, self.execution_tag(execution_id))
+    }
+
+    /// Hash of a turn's tool-call outcomes by call key (`turn::call_key`).
+    pub fn turn_results(&self, execution_id: &str) -> String {
+        format!("{}turn:{}:results", self.prefix, self.execution_tag(execution_id))
+    }
+
+    /// Where a record was kept before it moved into its claim's slot (read, and moved, by the first
+    /// claim after an upgrade; a GET falls back to it).
+    pub fn legacy_execution(&self, execution_id: &str) -> String {
+        format!("{}execution:{{{execution_id}}}", self.prefix)
+    }
+
+    pub fn legacy_attempts(&self, execution_id: &str) -> String {
         format!("{}execution:{{{execution_id}}}:attempts", self.prefix)
     }
 
-    /// Sorted set of executions of `kind` accepted but not yet started, by acceptance time (ms).
-    pub fn waiting(&self, kind: &str) -> String {
-        format!("{}waiting:{kind}", self.prefix)
-    }
-
-    /// An agent turn's state (JSON); its tool results share the hash tag.
-    pub fn turn(&self, execution_id: &str) -> String {
+    pub fn legacy_turn(&self, execution_id: &str) -> String {
         format!("{}turn:{{{execution_id}}}", self.prefix)
     }
 
-    /// The newest step fence that wrote a turn's state (`turn::step_fence`).
-    pub fn turn_fence(&self, execution_id: &str) -> String {
-        format!("{}turn:{{{execution_id}}}:fence", self.prefix)
-    }
-
-    /// Hash of a turn's tool-call outcomes by call id.
-    pub fn turn_results(&self, execution_id: &str) -> String {
+    pub fn legacy_turn_results(&self, execution_id: &str) -> String {
         format!("{}turn:{{{execution_id}}}:results", self.prefix)
     }
 
+    /// Sorted set of job kinds, each scored with when the newest job a worker picked up of that kind
+    /// entered its work queue (ms): with the queue's depth, the oldest waiting job's age.
+    pub fn pickups(&self) -> String {
+        format!("{}pickups", self.prefix)
+    }
+
     /// A session's keys (`lock`, `queue`, `steer`, `events`, `history`, `history_seq`,
-    /// `history_turns`), sharing one hash tag. The id is percent-encoded in it: a raw `}` would end
+    /// `history_turns`, `agent`, `tenant`), sharing one hash tag. The id is percent-encoded in it: a raw `}` would end
     /// the tag early (or empty it, hashing each whole key apart), and encoding `%` too keeps two ids
     /// from ever sharing a tag.
     pub fn session(&self, session_id: &str, part: &str) -> String {
@@ -122,6 +143,53 @@ impl Keys {
         format!("{}tool-limits:{{{}}}:rate", self.prefix, hash_tag_safe(tool_name))
     }
 
+    /// A model provider's fleet-wide budget (a sorted set: each bucket's theoretical arrival
+    /// time, the pause a 429 set, and the slots reserved by steps waiting in the broker).
+    pub fn llm_budget(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:pace", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// The tokens each waiting step reserved from its provider's budget (a hash, same tag).
+    pub fn llm_budget_costs(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:costs", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// An assistant (seed 000; JSON). Assistants and their indexes share the `{assistants}` tag.
+    pub fn assistant(&self, id: &str) -> String {
+        format!("{}{{assistants}}:assistant:{id}", self.prefix)
+    }
+
+    /// Sorted set of assistants by `agents::index_member` (creation time, id), for listing.
+    pub fn assistants_index(&self) -> String {
+        format!("{}{{assistants}}:index", self.prefix)
+    }
+
+    /// Hash of assistant name → id: a name names one assistant.
+    pub fn assistant_names(&self) -> String {
+        format!("{}{{assistants}}:names", self.prefix)
+    }
+
+    /// A room (seed 000; JSON). Rooms and their indexes share the `{rooms}` tag.
+    pub fn room(&self, id: &str) -> String {
+        format!("{}{{rooms}}:room:{id}", self.prefix)
+    }
+
+    /// A sorted set of rooms by `agents::index_member`: every room (`RoomIndex::All`), or those of
+    /// one namespace or assistant, each also by status. A namespace is percent-encoded in the key
+    /// (`%` and `:`), so no namespace's keys are another's.
+    pub fn rooms_index(&self, index: &RoomIndex<'_>) -> String {
+        let status = |s: Option<&str>| s.map(|s| format!(":status:{s}")).unwrap_or_default();
+        match index {
+            RoomIndex::All { status: s } => format!("{}{{rooms}}:index:all{}", self.prefix, status(*s)),
+            RoomIndex::Namespace { namespace, status: s } => {
+                format!("{}{{rooms}}:index:ns:{}{}", self.prefix, colon_safe(namespace), status(*s))
+            }
+            RoomIndex::Assistant { assistant_id, status: s } => {
+                format!("{}{{rooms}}:index:asst:{}{}", self.prefix, colon_safe(assistant_id), status(*s))
+            }
+        }
+    }
+
     /// A client's `Idempotency-Key`, namespaced by a digest of its bearer token.
     pub fn request_key(&self, token_digest: &str, idempotency_key_digest: &str) -> String {
         format!("{}request:{token_digest}:{idempotency_key_digest}", self.prefix)
@@ -141,6 +209,89 @@ impl Keys {
     pub fn dead_letters_index(&self) -> String {
         format!("{}{{dead_letters}}:index", self.prefix)
     }
+
+    /// Hash of each indexed dead letter's facet (`reason` TAB `tool`), so a removal knows which
+    /// counters to lower.
+    pub fn dead_letters_facets(&self) -> String {
+        format!("{}{{dead_letters}}:facets", self.prefix)
+    }
+
+    /// Hash of dead-letter counts: `all`, `reason:<r>`, `tool:<t>`, `rt:<r>` TAB `<t>`; kept by the
+    /// scripts that add and remove dead letters (see [`dead_letter_count_fields`]).
+    pub fn dead_letters_counts(&self) -> String {
+        format!("{}{{dead_letters}}:counts", self.prefix)
+    }
+
+    /// One sorted set of the executions index (execution ids scored by creation time, ms): the
+    /// `all` set, or one per value of a filter dimension (`kind`, `tool`, `room`, `assistant`).
+    /// Every set shares the `{executions}` tag, so one script writes an execution's entries.
+    pub fn executions_index(&self, dimension: &str, value: &str) -> String {
+        if dimension == "all" {
+            return format!("{}{{executions}}:all", self.prefix);
+        }
+        format!("{}{{executions}}:{dimension}:{value}", self.prefix)
+    }
+
+    /// One UTC day's token usage (a hash: hourly buckets per tenant, assistant and both, and each
+    /// tenant's day total; `tenant::increments`), kept `tenant::USAGE_TTL_SECS`.
+    pub fn usage_day(&self, day: i64) -> String {
+        format!("{}{{usage:{day}}}", self.prefix)
+    }
+
+    /// The operators' audit log (a stream: who changed what, when, how many).
+    pub fn audit_log(&self) -> String {
+        format!("{}{{audit}}:log", self.prefix)
+    }
+
+    /// A console bulk operation's progress (a hash), readable by any dispatcher.
+    pub fn console_job(&self, id: &str) -> String {
+        format!("{}console-job:{id}", self.prefix)
+    }
+
+    /// A tool's circuit history (a list of JSON entries, newest first, bounded): every opening,
+    /// half-opening (probes) and closing, in its health hash's slot so the scripts that change
+    /// the circuit write it too.
+    pub fn tool_circuit_history(&self, name: &str) -> String {
+        format!("{}tool-health:{{{}}}:history", self.prefix, hash_tag_safe(name))
+    }
+
+    /// The fleet's recent activity (`activity.rs`), all under the `{activity}` tag: one hash per
+    /// ten-second bucket (`bucket` is its start in seconds) of jobs finished by kind and outcome.
+    pub fn activity_bucket(&self, bucket: i64) -> String {
+        format!("{}{{activity}}:finished:{bucket}", self.prefix)
+    }
+
+    /// Hash of worker id → the jobs it runs now, by kind (`activity::encode_running`).
+    pub fn activity_running(&self) -> String {
+        format!("{}{{activity}}:running", self.prefix)
+    }
+
+    /// Sorted set of worker ids by their last activity report (ms): a stale report is dropped.
+    pub fn activity_workers(&self) -> String {
+        format!("{}{{activity}}:workers", self.prefix)
+    }
+
+    /// A console login session (a hash: its grant, CSRF token), expiring on its own.
+    pub fn console_session(&self, id: &str) -> String {
+        format!("{}console-session:{id}", self.prefix)
+    }
+}
+
+/// Which of a room's index sets (`Keys::rooms_index`); `status` is `active` or `closed`, or none
+/// for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomIndex<'a> {
+    All { status: Option<&'a str> },
+    Namespace { namespace: &'a str, status: Option<&'a str> },
+    Assistant { assistant_id: &'a str, status: Option<&'a str> },
+}
+
+/// `s` with `%` and `:` percent-encoded, so it can stand between a key's `:` separators.
+fn colon_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(['%', ':']) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(s.replace('%', "%25").replace(':', "%3A"))
 }
 
 /// `id` with `%`, `{` and `}` percent-encoded: brace-free, so it is a whole hash tag, and distinct
@@ -161,9 +312,34 @@ fn hash_tag_safe(id: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// A dead letter's facet as the facets hash keeps it: its reason, a tab, its tool (or nothing).
+pub fn dead_letter_facet(reason: &str, tool: Option<&str>) -> String {
+    format!("{reason}\t{}", tool.unwrap_or_default())
+}
+
+/// The field of the dead-letter counts hash that counts a filter by reason and tool: `all`,
+/// `reason:<r>`, `tool:<t>` or `rt:<facet>` (the scripts that keep the counts build the same names).
+pub fn dead_letter_count_field(reason: Option<&str>, tool: Option<&str>) -> String {
+    match (reason, tool) {
+        (None, None) => "all".into(),
+        (Some(r), None) => format!("reason:{r}"),
+        (None, Some(t)) => format!("tool:{t}"),
+        (Some(r), Some(t)) => format!("rt:{}", dead_letter_facet(r, Some(t))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_letter_count_fields_name_each_filter() {
+        assert_eq!(dead_letter_count_field(None, None), "all");
+        assert_eq!(dead_letter_count_field(Some("poison"), None), "reason:poison");
+        assert_eq!(dead_letter_count_field(None, Some("t")), "tool:t");
+        assert_eq!(dead_letter_count_field(Some("poison"), Some("t")), "rt:poison\tt");
+        assert_eq!(dead_letter_facet("exhausted", None), "exhausted\t");
+    }
 
     /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.
     fn hashed_part(key: &str) -> &str {
@@ -196,7 +372,10 @@ mod tests {
         let k = Keys::new("t1:");
         for name in ["weather", "a-b_c", "{odd}"] {
             assert_eq!(hashed_part(&k.tool_health(name)), hashed_part(&k.tool_probe(name)), "{name:?}");
+            assert_eq!(hashed_part(&k.tool_health(name)), hashed_part(&k.tool_circuit_history(name)), "{name:?}");
         }
+        let activity = [k.activity_bucket(17), k.activity_running(), k.activity_workers()];
+        assert!(activity.iter().all(|key| hashed_part(key) == "activity"), "{activity:?}");
         assert_eq!(k.tool_health("weather"), "t1:tool-health:{weather}");
         assert_ne!(hashed_part(&k.tool_health("a")), hashed_part(&k.tool_health("b")));
     }
@@ -214,10 +393,44 @@ mod tests {
 
     #[test]
     fn production_keys_match_the_spec() {
-        let k = Keys::default();
-        assert_eq!(k.idempotency("exec_1"), "idempotency:exec_1");
-        assert_eq!(k.execution("exec_1"), "execution:{exec_1}");
-        assert_eq!(k.attempts("exec_1"), "execution:{exec_1}:attempts");
+        let k = Keys::new("fleet:");
+        assert_eq!(k.idempotency("exec_1"), "fleet:idempotency:exec_1");
+        assert_eq!(k.execution("exec_1"), "fleet:execution:{fleet:idempotency:exec_1}");
+        assert_eq!(k.attempts("exec_1"), "fleet:execution:{fleet:idempotency:exec_1}:attempts");
+        assert_eq!(k.legacy_execution("exec_1"), "fleet:execution:{exec_1}");
+    }
+
+    #[test]
+    fn an_executions_keys_share_its_claims_slot() {
+        for k in [Keys::default(), Keys::new("fleet:"), Keys::new("t9:")] {
+            let claim = k.idempotency("exec_1");
+            assert!(!claim.contains(['{', '}']), "the claim key is hashed whole: {claim}");
+            for key in [k.execution("exec_1"), k.attempts("exec_1"), k.turn("exec_1"), k.turn_results("exec_1")] {
+                assert_eq!(hashed_part(&key), claim, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn registries_of_the_seeds_resources_keep_to_one_slot_each() {
+        let k = Keys::new("t1:");
+        for key in [k.assistant("asst_1"), k.assistants_index(), k.assistant_names()] {
+            assert_eq!(hashed_part(&key), "assistants", "{key}");
+        }
+        let indexes = [
+            RoomIndex::All { status: None },
+            RoomIndex::All { status: Some("active") },
+            RoomIndex::Namespace { namespace: "user_123", status: Some("closed") },
+            RoomIndex::Assistant { assistant_id: "asst_1", status: None },
+        ];
+        for key in indexes.iter().map(|i| k.rooms_index(i)).chain([k.room("room_1")]) {
+            assert_eq!(hashed_part(&key), "rooms", "{key}");
+        }
+        assert_eq!(k.rooms_index(&indexes[2]), "t1:{rooms}:index:ns:user_123:status:closed");
+        // A namespace that looks like a status suffix gets a key of its own.
+        let tricky = k.rooms_index(&RoomIndex::Namespace { namespace: "u:status:closed", status: None });
+        assert_ne!(tricky, k.rooms_index(&RoomIndex::Namespace { namespace: "u", status: Some("closed") }));
+        assert_eq!(tricky, "t1:{rooms}:index:ns:u%3Astatus%3Aclosed");
     }
 
     #[test]

@@ -3,9 +3,14 @@
 //! This crate never does I/O. Every decision here ("which queue does attempt 4 go to", "what does
 //! a 429 mean for the retry") is a plain function so that it can be unit-tested without a broker.
 
+pub mod activity;
+pub mod agent_session;
+pub mod agents;
+pub mod budget;
 pub mod callback;
 pub mod circuit;
 pub mod classify;
+pub mod compaction;
 pub mod deadletter;
 pub mod envelope;
 pub mod events;
@@ -13,6 +18,7 @@ pub mod execution;
 pub mod history;
 pub mod idempotency;
 pub mod keys;
+pub mod life;
 pub mod limits;
 pub mod retry;
 pub mod retry_spec;
@@ -25,6 +31,7 @@ pub mod signing;
 pub mod ssrf;
 pub mod standard_webhooks;
 pub mod stream_token;
+pub mod tenant;
 pub mod timefmt;
 pub mod tools;
 pub mod topology;

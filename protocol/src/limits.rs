@@ -27,10 +27,17 @@ impl ToolLimits {
     }
 }
 
-/// `per_second` calls on average, up to `burst` at once.
+/// A tool's rate limit (GCRA): `per_second` on average, up to `burst` at once. Calls over it wait
+/// in the broker without spending an attempt. (The API reads it with [`parse_rate_limit`].)
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
 pub struct RateLimit {
+    /// Greater than 0 (from 1/86400, one a day, to 100000).
+    #[cfg_attr(feature = "schema", schema(minimum = 0.000011575, maximum = 100000, example = 5))]
     pub per_second: f64,
+    /// 1-100000; left out or null: 1.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<u32>, minimum = 1, maximum = 100000, example = 1))]
     pub burst: u32,
 }
 

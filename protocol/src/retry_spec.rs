@@ -15,12 +15,20 @@ pub const MAX_ATTEMPTS: u32 = 20;
 /// its window is still deduplicated.
 pub const MAX_WINDOW: Duration = Duration::from_secs(72 * 3600);
 
-/// `retry` as given: `attempts` in all (the first immediately), `delays[i]` whole seconds
-/// before attempt `i + 2`. The delays may come in any order.
+/// A tool's or webhook's own retry schedule (`null` or absent: the fleet's default, 6 attempts at
+/// 0, 1, 2, 4, 8, 16 s). Waits are held by the broker; the window may be at most 72 h.
+/// (`delays[i]` is the wait before attempt `i + 2`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schema", schema(example = json!({"attempts": 8, "delays": [5, 300, 1800, 7200, 18000, 36000, 36000]})))]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
+    /// Attempts in all, 1-20 (the first runs at once).
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 20))]
     pub attempts: u32,
+    /// Whole seconds (≥ 1) before each attempt after the first: exactly `attempts - 1` entries,
+    /// any order, adding up to at most 259200 (72 h).
+    #[cfg_attr(feature = "schema", schema(max_items = 19))]
     #[serde(default)]
     pub delays: Vec<u64>,
 }

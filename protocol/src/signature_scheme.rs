@@ -17,8 +17,11 @@ use crate::callback::{REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use crate::standard_webhooks::{self, KeyError};
 use crate::timefmt::rfc3339_from_millis;
 
-/// How a registration's requests are signed.
+/// How a registration's requests are signed. `interactor`: `X-Interactor-Signature: sha256=<hex>`
+/// over the body. `standard-webhooks`: `webhook-id`, `webhook-timestamp`,
+/// `webhook-signature: v1,<base64>` (Standard Webhooks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum SignatureScheme {
     /// The seed's `X-Interactor-Signature`.

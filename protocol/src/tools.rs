@@ -13,6 +13,25 @@ pub fn is_tool_id(s: &str) -> bool {
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
+/// Who runs a tool's calls: the fleet (`callback`) or the session's client (`client`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ToolExecution {
+    /// The fleet: a signed POST to the tool's `callback_url` (the seed's tool callback).
+    #[default]
+    Callback,
+    /// The client of the session (seed 001's client tools): the turn lists the call as pending and
+    /// waits, holding no worker, until the client submits its `tool_output`.
+    Client,
+}
+
+impl ToolExecution {
+    pub fn is_callback(&self) -> bool {
+        *self == ToolExecution::Callback
+    }
+}
+
 /// What `/v1/tools/{tool}` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolRef<'a> {

@@ -1,7 +1,9 @@
 //! `spawn_fleet()`: real `dispatcher` and `worker` processes for one test, isolated from every
 //! other test by a unique topology prefix and Redis key prefix, torn down (processes, queues and
-//! keys) when the `Fleet` drops.
+//! keys) when the `Fleet` drops. With `FleetOptions::image` the processes are containers of the
+//! fleet's image instead, with the same environment.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,6 +33,12 @@ pub struct FleetOptions {
     pub worker_amqp_url: Option<String>,
     /// Write each process's stderr to a file readable through `Fleet::logs` (else it is inherited).
     pub capture_logs: bool,
+    /// Run the dispatcher and workers as containers of this image (podman, the host's network;
+    /// see `container::run_command`) instead of host processes.
+    pub image: Option<String>,
+    /// Leave `FLEET_REDIS_KEY_PREFIX` unset: the fleet's keys take the default prefix (`fleet:`),
+    /// as a deployment's do. Only one test may: the prefix is shared.
+    pub default_key_prefix: bool,
 }
 
 impl Default for FleetOptions {
@@ -42,6 +50,8 @@ impl Default for FleetOptions {
             dispatcher_amqp_url: None,
             worker_amqp_url: None,
             capture_logs: false,
+            image: None,
+            default_key_prefix: false,
         }
     }
 }
@@ -60,6 +70,8 @@ impl FleetOptions {
 struct WorkerProcess {
     child: Child,
     port: u16,
+    /// The container it runs in (`FleetOptions::image`).
+    container: Option<String>,
 }
 
 pub struct Fleet {
@@ -71,7 +83,10 @@ pub struct Fleet {
     pub http: reqwest::Client,
     options: FleetOptions,
     dispatcher: Option<Child>,
+    dispatcher_container: Option<String>,
     workers: Vec<Option<WorkerProcess>>,
+    /// Every container started, removed when the fleet drops.
+    containers: Vec<String>,
 }
 
 /// The path of one of the workspace's binaries (`dispatcher`, `worker`), built beside the tests.
@@ -97,12 +112,18 @@ pub async fn spawn_fleet(options: FleetOptions) -> Fleet {
         token: format!("test-token-{id}"),
         api: format!("http://127.0.0.1:{port}"),
         topology: Topology::new(format!("fleet-{id}"), delays),
-        key_prefix: format!("{id}:"),
+        key_prefix: if options.default_key_prefix {
+            fleet_platform::config::DEFAULT_KEY_PREFIX.to_string()
+        } else {
+            format!("{id}:")
+        },
         http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
         id,
         options: options.clone(),
         dispatcher: None,
+        dispatcher_container: None,
         workers: vec![],
+        containers: vec![],
     };
     if options.dispatcher {
         fleet.start_dispatcher(options.dispatcher_amqp_url.as_deref()).await;
@@ -129,26 +150,52 @@ impl Fleet {
         all
     }
 
-    fn command(&self, bin: &str) -> Command {
-        let mut cmd = Command::new(binary(bin));
+    /// The names of the containers this fleet runs start with this (see `container::remove_all`).
+    pub fn container_prefix(&self) -> String {
+        format!("fleet-test-{}-", self.id)
+    }
+
+    /// The command that starts `bin` with the fleet's environment, the options' `env` and then
+    /// `own` (later settings win); with `FleetOptions::image`, in a container whose name comes
+    /// back too.
+    fn command(&self, bin: &str, own: &[(&str, String)]) -> (Command, Option<String>) {
+        let mut env: BTreeMap<String, String> = [
+            ("FLEET_AMQP_URL", amqp_url()),
+            ("FLEET_REDIS_URL", redis_url()),
+            ("FLEET_TOPOLOGY_PREFIX", self.topology.prefix().to_string()),
+            ("FLEET_REDIS_KEY_PREFIX", self.key_prefix.clone()),
+            ("FLEET_API_TOKENS", self.token.clone()),
+            ("FLEET_SECRETS_KEY", TEST_SECRETS_KEY.to_string()),
+            ("FLEET_ALLOW_PRIVATE_CALLBACKS", "true".to_string()),
+            ("RUST_LOG", std::env::var("FLEET_TEST_LOG").unwrap_or_else(|_| "warn,fleet_worker=info".into())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if self.options.default_key_prefix {
+            env.remove("FLEET_REDIS_KEY_PREFIX");
+        }
+        env.extend(self.options.env.iter().cloned());
+        env.extend(own.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let (mut cmd, container) = match &self.options.image {
+            None => {
+                let mut cmd = Command::new(binary(bin));
+                cmd.envs(&env);
+                (cmd, None)
+            }
+            Some(image) => {
+                let name =
+                    format!("{}{bin}-{}", self.container_prefix(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
+                (crate::container::run_command(image, &name, bin, &env), Some(name))
+            }
+        };
         if self.options.capture_logs {
             std::fs::create_dir_all(self.log_dir()).unwrap();
             let path = self.log_dir().join(format!("{bin}-{}.log", uuid::Uuid::new_v4().simple()));
             cmd.stderr(std::fs::File::create(path).unwrap());
         }
-        cmd.env("FLEET_AMQP_URL", amqp_url())
-            .env("FLEET_REDIS_URL", redis_url())
-            .env("FLEET_TOPOLOGY_PREFIX", self.topology.prefix())
-            .env("FLEET_REDIS_KEY_PREFIX", &self.key_prefix)
-            .env("FLEET_API_TOKENS", &self.token)
-            .env("FLEET_SECRETS_KEY", TEST_SECRETS_KEY)
-            .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")
-            .env("RUST_LOG", std::env::var("FLEET_TEST_LOG").unwrap_or_else(|_| "warn,fleet_worker=info".into()))
-            .stdin(Stdio::null());
-        for (k, v) in &self.options.env {
-            cmd.env(k, v);
-        }
-        cmd
+        cmd.stdin(Stdio::null());
+        (cmd, container)
     }
 
     async fn wait_ready(&self, url: &str, what: &str) {
@@ -165,12 +212,12 @@ impl Fleet {
     /// and waits until it is ready; after `stop_dispatcher`, this is a restart.
     pub async fn start_dispatcher(&mut self, amqp_url: Option<&str>) {
         assert!(self.dispatcher.is_none(), "a dispatcher is already running");
-        let mut cmd = self.command("dispatcher");
-        cmd.env("FLEET_HTTP_ADDR", self.api.trim_start_matches("http://"));
-        if let Some(url) = amqp_url {
-            cmd.env("FLEET_AMQP_URL", url);
-        }
+        let mut own = vec![("FLEET_HTTP_ADDR", self.api.trim_start_matches("http://").to_string())];
+        own.extend(amqp_url.map(|url| ("FLEET_AMQP_URL", url.to_string())));
+        let (mut cmd, container) = self.command("dispatcher", &own);
+        self.containers.extend(container.clone());
         self.dispatcher = Some(cmd.spawn().expect("start dispatcher"));
+        self.dispatcher_container = container;
         self.wait_ready(&format!("{}/readyz", self.api), "dispatcher").await;
     }
 
@@ -185,13 +232,12 @@ impl Fleet {
     /// Starts one more worker and waits only until its HTTP surface answers (it may not consume).
     pub async fn spawn_worker_alive(&mut self) -> usize {
         let port = free_port();
-        let mut cmd = self.command("worker");
-        cmd.env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"));
-        if let Some(url) = &self.options.worker_amqp_url {
-            cmd.env("FLEET_AMQP_URL", url);
-        }
+        let mut own = vec![("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"))];
+        own.extend(self.options.worker_amqp_url.clone().map(|url| ("FLEET_AMQP_URL", url)));
+        let (mut cmd, container) = self.command("worker", &own);
+        self.containers.extend(container.clone());
         let child = cmd.spawn().expect("start worker");
-        self.workers.push(Some(WorkerProcess { child, port }));
+        self.workers.push(Some(WorkerProcess { child, port, container }));
         let url = format!("http://127.0.0.1:{port}/metrics");
         self.wait_ready(&url, "worker HTTP").await;
         self.workers.len() - 1
@@ -206,15 +252,21 @@ impl Fleet {
 
     /// Sends `signal` to the dispatcher and waits for its exit code.
     pub async fn stop_dispatcher(&mut self, signal: i32, timeout: Duration) -> Option<i32> {
+        match &self.dispatcher_container {
+            Some(name) => signal_container(name, signal),
+            // SAFETY: kill(2) on a child process id this test owns.
+            None => {
+                assert_eq!(unsafe { libc::kill(self.dispatcher_pid().expect("dispatcher running") as i32, signal) }, 0)
+            }
+        }
         let child = self.dispatcher.as_mut().expect("dispatcher running");
-        // SAFETY: kill(2) on a child process id this test owns.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
         let status = wait_for("dispatcher exit", timeout, || {
             let s = child.try_wait().ok().flatten();
             async move { s }
         })
         .await;
         self.dispatcher = None;
+        self.dispatcher_container = None;
         status.code()
     }
 
@@ -223,6 +275,7 @@ impl Fleet {
         self.dispatcher.as_ref().map(Child::id)
     }
 
+    /// Worker `index`'s process id (of `podman run` with `FleetOptions::image`).
     pub fn worker_pid(&self, index: usize) -> u32 {
         self.workers[index].as_ref().expect("worker running").child.id()
     }
@@ -231,8 +284,22 @@ impl Fleet {
         self.workers[index].as_ref().expect("worker running").port
     }
 
-    /// Sends `signal` (e.g. `libc::SIGKILL`) to worker `index`.
+    /// The container worker `index` runs in (`FleetOptions::image`).
+    pub fn worker_container(&self, index: usize) -> Option<&str> {
+        self.workers[index].as_ref().expect("worker running").container.as_deref()
+    }
+
+    /// The container the dispatcher runs in (`FleetOptions::image`).
+    pub fn dispatcher_container(&self) -> Option<&str> {
+        self.dispatcher_container.as_deref()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGKILL`) to worker `index` (to its container's process with
+    /// `FleetOptions::image`).
     pub fn signal_worker(&self, index: usize, signal: i32) {
+        if let Some(name) = self.worker_container(index) {
+            return signal_container(name, signal);
+        }
         let pid = self.worker_pid(index) as i32;
         // SAFETY: kill(2) on a child process id this test owns.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
@@ -241,6 +308,7 @@ impl Fleet {
     /// SIGKILLs worker `index` and reaps it.
     pub fn kill_worker(&mut self, index: usize) {
         if let Some(mut w) = self.workers[index].take() {
+            crate::container::remove(w.container.as_slice());
             let _ = w.child.kill();
             let _ = w.child.wait();
         }
@@ -332,6 +400,19 @@ impl Fleet {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    // ---- Redis, directly ----
+
+    /// A connection to the shared Redis, not through any proxy the fleet's processes may use.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// The fleet's keys matching `pattern` (after its key prefix), e.g. `*exec_123*`.
+    pub async fn redis_keys(&self, pattern: &str) -> Vec<String> {
+        let mut con = self.redis().await;
+        redis::cmd("KEYS").arg(format!("{}{pattern}", self.key_prefix)).query_async(&mut con).await.unwrap()
     }
 
     // ---- the broker, directly ----
@@ -478,8 +559,15 @@ impl DeadLetterTap {
     }
 }
 
+/// `podman kill --signal`: the container's process gets `signal` as a runtime would send it.
+fn signal_container(name: &str, signal: i32) {
+    crate::container::podman_out(&["kill", "--signal", &signal.to_string(), name]);
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
+        // Containers first: killing `podman run` leaves its container running.
+        crate::container::remove(&self.containers);
         if let Some(mut d) = self.dispatcher.take() {
             let _ = d.kill();
             let _ = d.wait();

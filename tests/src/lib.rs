@@ -2,18 +2,24 @@
 //! processes against the shared RabbitMQ and Redis, each test isolated by its own topology prefix
 //! and Redis key prefix; a tool owner's receiver that verifies signatures independently; a TCP
 //! proxy that can cut a process off from the broker; clusters of a test's own (a 3-node RabbitMQ,
-//! a Redis Cluster with replicas) and a steady load whose figures each failover test reports.
+//! a Redis Cluster with replicas), a steady load whose figures each failover test reports, and the
+//! fleet's container image run by podman (`FleetOptions::image`, `container`).
 
+pub mod cdp;
+pub mod container;
 pub mod fleet;
 pub mod llm;
 pub mod load;
 pub mod proxy;
+pub mod quota;
 pub mod rabbit_cluster;
 pub mod receiver;
 pub mod redis_failover;
 pub mod redis_instance;
 pub mod schedule;
+pub mod seed;
 pub mod sse;
+pub mod tap;
 pub mod tls;
 pub mod turn;
 
@@ -69,6 +75,29 @@ pub fn on_sigterm(cleanup: impl FnOnce() + Send + 'static) {
 }
 
 /// A free TCP port on loopback.
+/// Logs in to the console at `api` with `token` as a browser would: fetches the login form (its
+/// CSRF token and cookie), then posts it with both. `tls` sends `X-Forwarded-Proto: https`.
+pub async fn console_login(http: &reqwest::Client, api: &str, token: &str, tls: bool) -> reqwest::Response {
+    let proto = if tls { "https" } else { "http" };
+    let form = http.get(format!("{api}/console/login")).header("x-forwarded-proto", proto).send().await.unwrap();
+    let cookie = form
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or_default()
+        .to_string();
+    let page = form.text().await.unwrap();
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+    http.post(format!("{api}/console/login"))
+        .header("x-forwarded-proto", proto)
+        .header("cookie", cookie)
+        .form(&[("token", token), ("csrf", csrf)])
+        .send()
+        .await
+        .unwrap()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -88,6 +117,12 @@ pub fn independent_hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     let opad: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
     let inner = Sha256::new().chain_update(&ipad).chain_update(message).finalize();
     Sha256::new().chain_update(&opad).chain_update(inner).finalize().into()
+}
+
+/// How the audit log names a token: the first 12 hex digits of its SHA-256 digest.
+pub fn token_digest_prefix(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))[..12].to_string()
 }
 
 #[cfg(test)]

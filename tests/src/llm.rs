@@ -18,10 +18,16 @@ use serde_json::{json, Value};
 pub enum LlmReply {
     /// Streamed text, one chunk per token, `delay` between chunks.
     Text { tokens: Vec<String>, delay: Duration },
-    /// Streamed tool calls: (id, name, arguments JSON); arguments arrive in two fragments.
+    /// Streamed tool calls: (id, name, arguments JSON); arguments arrive in two fragments. An empty
+    /// id is not sent.
     ToolCalls(Vec<(String, String, String)>),
     /// An error status.
     Status(u16),
+    /// An error status with this body.
+    StatusBody(u16, String),
+    /// An error status whose body never ends: 64 KiB at a time until the client hangs up (the
+    /// bytes written are counted, `MockLlm::error_bytes_sent`).
+    EndlessError(u16),
     /// A non-streamed `chat.completion` with this text.
     Whole(String),
     /// An event stream written byte for byte as given, one network write per piece, 30 ms apart
@@ -31,6 +37,8 @@ pub enum LlmReply {
     Runaway,
     /// `reply`, after the model thought for the given time.
     After(Duration, Box<LlmReply>),
+    /// `reply` with these response headers (`Retry-After`, `x-ratelimit-*`).
+    Headers(Vec<(String, String)>, Box<LlmReply>),
 }
 
 impl LlmReply {
@@ -40,6 +48,10 @@ impl LlmReply {
     /// This reply, sent after `delay`.
     pub fn after(self, delay: Duration) -> Self {
         LlmReply::After(delay, Box::new(self))
+    }
+    /// This reply with a response header.
+    pub fn header(self, name: &str, value: &str) -> Self {
+        LlmReply::Headers(vec![(name.to_string(), value.to_string())], Box::new(self))
     }
 }
 
@@ -71,6 +83,7 @@ type Script = Arc<dyn Fn(&Value, usize) -> LlmReply + Send + Sync>;
 struct Inner {
     script: Script,
     requests: Mutex<Vec<LlmRequest>>,
+    error_bytes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone)]
@@ -87,7 +100,11 @@ impl MockLlm {
 
     /// Starts the server on `addr`.
     pub async fn start_on(addr: &str, script: impl Fn(&Value, usize) -> LlmReply + Send + Sync + 'static) -> Self {
-        let inner = Arc::new(Inner { script: Arc::new(script), requests: Mutex::new(vec![]) });
+        let inner = Arc::new(Inner {
+            script: Arc::new(script),
+            requests: Mutex::new(vec![]),
+            error_bytes: std::sync::atomic::AtomicU64::new(0),
+        });
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app =
@@ -103,6 +120,11 @@ impl MockLlm {
 
     pub fn requests(&self) -> Vec<LlmRequest> {
         self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// Bytes of `EndlessError` bodies written so far (a client that stops reading holds this still).
+    pub fn error_bytes_sent(&self) -> u64 {
+        self.inner.error_bytes.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -122,10 +144,31 @@ async fn complete(
         all.len() - 1
     };
     let mut reply = (inner.script)(&body, index);
-    while let LlmReply::After(delay, then) = reply {
-        tokio::time::sleep(delay).await;
-        reply = *then;
+    let mut extra = vec![];
+    let reply = loop {
+        reply = match reply {
+            LlmReply::After(delay, then) => {
+                tokio::time::sleep(delay).await;
+                *then
+            }
+            LlmReply::Headers(headers, then) => {
+                extra.extend(headers);
+                *then
+            }
+            other => break other,
+        }
+    };
+    let mut response = answer(inner, index, reply);
+    for (name, value) in extra {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            axum::http::HeaderValue::from_str(&value).unwrap(),
+        );
     }
+    response
+}
+
+fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
     let finish = {
         let inner = inner.clone();
         move || inner.requests.lock().unwrap()[index].ended = Some(Instant::now())
@@ -136,6 +179,9 @@ async fn complete(
     if let LlmReply::Runaway = &reply {
         return runaway_stream();
     }
+    if let LlmReply::EndlessError(code) = &reply {
+        return endless_error(*code, inner.clone());
+    }
     let chunk = |delta: Value, finish_reason: Value| json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]});
     let frames: Vec<(Duration, String)> = match reply {
         LlmReply::Status(code) => {
@@ -143,11 +189,21 @@ async fn complete(
             return (StatusCode::from_u16(code).unwrap(), Json(json!({"error": {"message": "scripted failure"}})))
                 .into_response();
         }
+        LlmReply::StatusBody(code, body) => {
+            finish();
+            return (StatusCode::from_u16(code).unwrap(), body).into_response();
+        }
         LlmReply::Whole(text) => {
             finish();
             return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})).into_response();
         }
-        LlmReply::Raw(_) | LlmReply::Runaway | LlmReply::After(..) => unreachable!("answered above"),
+        LlmReply::Raw(_)
+        | LlmReply::Runaway
+        | LlmReply::EndlessError(_)
+        | LlmReply::After(..)
+        | LlmReply::Headers(..) => {
+            unreachable!("answered above")
+        }
         LlmReply::Text { tokens, delay } => {
             let mut f =
                 vec![(Duration::ZERO, chunk(json!({"role": "assistant", "content": ""}), Value::Null).to_string())];
@@ -160,7 +216,13 @@ async fn complete(
                 vec![(Duration::ZERO, chunk(json!({"role": "assistant", "content": null}), Value::Null).to_string())];
             for (i, (id, name, args)) in calls.iter().enumerate() {
                 let (a, b) = args.split_at(args.len() / 2);
-                f.push((Duration::ZERO, chunk(json!({"tool_calls": [{"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": a}}]}), Value::Null).to_string()));
+                let mut first =
+                    json!({"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": a}});
+                // Some OpenAI-compatible servers send no id at all: an empty id is left out.
+                if id.is_empty() {
+                    first.as_object_mut().unwrap().remove("id");
+                }
+                f.push((Duration::ZERO, chunk(json!({"tool_calls": [first]}), Value::Null).to_string()));
                 f.push((
                     Duration::ZERO,
                     chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": b}}]}), Value::Null).to_string(),
@@ -212,6 +274,16 @@ fn raw_stream(pieces: Vec<Vec<u8>>, finish: impl FnOnce() + Send + 'static) -> R
         }
     });
     ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(stream)).into_response()
+}
+
+fn endless_error(code: u16, inner: Arc<Inner>) -> Response {
+    let piece = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+    let stream = futures::stream::unfold((piece, inner), |(piece, inner)| async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        inner.error_bytes.fetch_add(piece.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        Some((Ok::<_, std::io::Error>(piece.clone()), (piece, inner)))
+    });
+    (StatusCode::from_u16(code).unwrap(), Body::from_stream(stream)).into_response()
 }
 
 fn runaway_stream() -> Response {

@@ -1,6 +1,7 @@
 //! One tool-callback attempt: look up the tool, sign the seed's body afresh, POST it (or, while a
 //! 202 is being polled, GET its status URL), and say what the answer means.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -69,9 +70,8 @@ pub struct CallbackContext<'a> {
 
 /// A signed request ready to send.
 struct Prepared {
-    url: String,
-    secret: String,
-    signing: SigningKeys,
+    /// Where to send and how to sign: the cached target itself, not a copy of it.
+    target: Arc<Target>,
     body: Vec<u8>,
     /// The signing time (the body's `timestamp` says the same).
     signed_at_ms: i64,
@@ -100,14 +100,15 @@ pub async fn attempt(
 }
 
 async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str) -> AttemptReport {
-    let signed = prepared.signing.headers(execution_id, prepared.signed_at_ms, &prepared.body, &prepared.secret);
+    let signed =
+        prepared.target.signing.headers(execution_id, prepared.signed_at_ms, &prepared.body, &prepared.target.secret);
     let signature = match signed {
         Ok(headers) => headers,
         Err(why) => return AttemptReport::permanent(why),
     };
     let mut request = ctx
         .client
-        .post(&prepared.url)
+        .post(&prepared.target.url)
         .timeout(prepared.timeout)
         .header(reqwest::header::CONTENT_TYPE, "application/json");
     for (name, value) in signature {
@@ -115,7 +116,7 @@ async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str)
     }
     let request = request.body(prepared.body);
     match traced_send(ctx, request, "POST").await {
-        Ok(response) => judge(&response, &prepared.url, prepared.poll_accepted, &ctx.poll_deadline(None)),
+        Ok(response) => judge(&response, &prepared.target.url, prepared.poll_accepted, &ctx.poll_deadline(None)),
         Err(failure) => AttemptReport::transport(failure),
     }
 }
@@ -142,6 +143,44 @@ async fn traced_send(
     ctx.client.send(request).instrument(span).await
 }
 
+/// The registry entry a job names: a permanent failure once it is gone, a retryable one while the
+/// registry cannot say.
+fn registered<T>(
+    found: Result<Option<T>, fleet_platform::store::StoreError>,
+    what: &str,
+    name: &str,
+) -> Result<T, AttemptReport> {
+    match found {
+        Ok(Some(entry)) => Ok(entry),
+        Ok(None) => Err(AttemptReport::permanent(format!("{what} {name:?} is no longer registered"))),
+        Err(e) => Err(registry_unavailable(e)),
+    }
+}
+
+/// A registry entry's stored keys: its secret's ciphertext and its signing state; `what` names
+/// the secret in an error (`callback`, `webhook`).
+struct Keys<'a> {
+    ciphertext: &'a str,
+    signing: &'a fleet_protocol::signature_scheme::Signing,
+    what: &'a str,
+}
+
+/// Where and how to send for `owner`: its secret decrypted and its signing keys at `at_ms`.
+fn target(
+    ctx: &CallbackContext<'_>,
+    owner: &str,
+    url: String,
+    keys: Keys<'_>,
+    at_ms: i64,
+) -> Result<Target, AttemptReport> {
+    let secret = ctx
+        .secrets
+        .decrypt(owner, keys.ciphertext)
+        .map_err(|e| AttemptReport::permanent(format!("{} secret cannot be used: {e}", keys.what)))?;
+    let signing = SigningKeys::load(ctx.secrets, owner, keys.signing, at_ms);
+    Ok(Target { url, secret, signing })
+}
+
 /// Looks up the target and its secret, and builds the body signed at this attempt's time.
 async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Result<Prepared, AttemptReport> {
     let signed_at_ms = now_ms();
@@ -152,22 +191,9 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             let target = match ctx.targets.get(&owner) {
                 Some(t) => t,
                 None => {
-                    let tool = match ctx.store.get_tool(&call.tool_name).await {
-                        Ok(Some(tool)) => tool,
-                        Ok(None) => {
-                            return Err(AttemptReport::permanent(format!(
-                                "tool {:?} is no longer registered",
-                                call.tool_name
-                            )))
-                        }
-                        Err(e) => return Err(registry_unavailable(e)),
-                    };
-                    let secret = ctx
-                        .secrets
-                        .decrypt(&owner, &tool.secret_ciphertext)
-                        .map_err(|e| AttemptReport::permanent(format!("callback secret cannot be used: {e}")))?;
-                    let signing = SigningKeys::load(ctx.secrets, &owner, &tool.signing, signed_at_ms);
-                    ctx.targets.put(&owner, Target { url: tool.callback_url, secret, signing })
+                    let tool = registered(ctx.store.get_tool(&call.tool_name).await, "tool", &call.tool_name)?;
+                    let keys = Keys { ciphertext: &tool.secret_ciphertext, signing: &tool.signing, what: "callback" };
+                    ctx.targets.put(&owner, target(ctx, &owner, tool.callback_url, keys, signed_at_ms)?)
                 }
             };
             let body = CallbackBody {
@@ -179,39 +205,17 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 timestamp: &timestamp,
             }
             .to_bytes();
-            Ok(Prepared {
-                url: target.url.clone(),
-                secret: target.secret.clone(),
-                signing: target.signing.clone(),
-                body,
-                signed_at_ms,
-                timeout: ctx.callback_timeout,
-                poll_accepted: true,
-            })
+            Ok(Prepared { target, body, signed_at_ms, timeout: ctx.callback_timeout, poll_accepted: true })
         }
         Job::Turn(_) => Err(AttemptReport::permanent("a turn step is not a callback".into())),
         Job::Webhook(hook) => {
-            let stored = match ctx.store.get_webhook(&hook.webhook_id).await {
-                Ok(Some(h)) => h,
-                Ok(None) => {
-                    return Err(AttemptReport::permanent(format!(
-                        "webhook {:?} is no longer registered",
-                        hook.webhook_id
-                    )))
-                }
-                Err(e) => return Err(registry_unavailable(e)),
-            };
+            let stored = registered(ctx.store.get_webhook(&hook.webhook_id).await, "webhook", &hook.webhook_id)?;
             let owner = format!("webhook:{}", stored.id);
-            let secret = ctx
-                .secrets
-                .decrypt(&owner, &stored.secret_ciphertext)
-                .map_err(|e| AttemptReport::permanent(format!("webhook secret cannot be used: {e}")))?;
-            let signing = SigningKeys::load(ctx.secrets, &owner, &stored.signing, signed_at_ms);
+            let keys = Keys { ciphertext: &stored.secret_ciphertext, signing: &stored.signing, what: "webhook" };
+            let target = target(ctx, &owner, stored.url, keys, signed_at_ms)?;
             let body = serde_json::to_vec(&hook.payload).expect("a payload serialises");
             Ok(Prepared {
-                url: stored.url,
-                secret,
-                signing,
+                target: Arc::new(target),
                 body,
                 signed_at_ms,
                 timeout: Duration::from_secs(WEBHOOK_TIMEOUT_SECS),
@@ -249,7 +253,12 @@ fn judge(response: &ReadResponse, callback_url: &str, poll_accepted: bool, windo
             };
             match resolve_status_url(callback_url, &reference) {
                 Ok(status_url) => report(
-                    AttemptVerdict::Accepted(PollState { status_url, started_at_ms: window.0, deadline_ms: window.1 }),
+                    AttemptVerdict::Accepted(PollState {
+                        status_url,
+                        started_at_ms: window.0,
+                        deadline_ms: window.1,
+                        seq: 0,
+                    }),
                     None,
                 ),
                 Err(why) => report(AttemptVerdict::Permanent, Some(why)),
@@ -266,7 +275,7 @@ async fn poll_once(
     execution_id: &str,
     prepared: &Prepared,
 ) -> AttemptReport {
-    let signature = match prepared.signing.headers(execution_id, now_ms(), b"", &prepared.secret) {
+    let signature = match prepared.target.signing.headers(execution_id, now_ms(), b"", &prepared.target.secret) {
         Ok(headers) => headers,
         Err(why) => return AttemptReport::permanent(why),
     };
@@ -324,16 +333,14 @@ fn answer(class_of: ResponseClass, response: &ReadResponse, what: &str) -> Attem
     }
 }
 
-/// The tool result: `result` of a JSON body; an empty body is `null`; a body that is not JSON is
-/// its text (the seed's table makes any 200/201 a success).
+/// The tool result: `result` of the seed's `{"result": …}` body. The seed's table makes any
+/// 200/201 a success, but only that field is the tool's result: any other answer (empty, text, an
+/// object without `result`, such as a receiver's own bookkeeping) is a success with no result,
+/// never mistaken for one.
 fn result_of(body: &[u8]) -> Value {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Value::Null;
-    }
     match serde_json::from_slice(body) {
-        Ok(Value::Object(mut map)) if map.contains_key("result") => map.remove("result").unwrap_or(Value::Null),
-        Ok(other) => other,
-        Err(_) => Value::String(String::from_utf8_lossy(body).into_owned()),
+        Ok(Value::Object(mut map)) => map.remove("result").unwrap_or(Value::Null),
+        _ => Value::Null,
     }
 }
 
@@ -365,9 +372,10 @@ mod tests {
     #[test]
     fn results_come_from_the_result_field_or_the_body_text() {
         assert_eq!(result_of(br#"{"result": {"n": 1}}"#), json!({"n": 1}));
-        assert_eq!(result_of(br#"{"other": 2}"#), json!({"other": 2}));
-        assert_eq!(result_of(b""), Value::Null);
-        assert_eq!(result_of(b"OK"), json!("OK"));
+        assert_eq!(result_of(br#"{"result": null}"#), Value::Null);
+        for not_a_result in [&br#"{"state":"claimed","token":3}"#[..], b"", b"OK", b"[1]"] {
+            assert_eq!(result_of(not_a_result), Value::Null, "{}", String::from_utf8_lossy(not_a_result));
+        }
     }
 
     #[test]
@@ -375,13 +383,14 @@ mod tests {
         let window = (1_000, 301_000);
         let judge =
             |status, body, location| judge(&response(status, body, location), "http://t.example/a/b", true, &window);
-        assert_eq!(judge(200, "OK", None).verdict, AttemptVerdict::Succeeded(json!("OK")));
+        assert_eq!(judge(200, "OK", None).verdict, AttemptVerdict::Succeeded(Value::Null));
         assert_eq!(judge(201, r#"{"result":1}"#, None).verdict, AttemptVerdict::Succeeded(json!(1)));
         let accepted = |status_url: &str| {
             AttemptVerdict::Accepted(PollState {
                 status_url: status_url.into(),
                 started_at_ms: 1_000,
                 deadline_ms: 301_000,
+                seq: 0,
             })
         };
         assert_eq!(judge(202, r#"{"status_url":"/s/1"}"#, None).verdict, accepted("http://t.example/s/1"));
@@ -400,7 +409,8 @@ mod tests {
 
     #[test]
     fn a_poll_answer_is_pending_until_the_deadline() {
-        let poll = PollState { status_url: "http://t.example/s".into(), started_at_ms: 0, deadline_ms: 300_000 };
+        let poll =
+            PollState { status_url: "http://t.example/s".into(), started_at_ms: 0, deadline_ms: 300_000, seq: 1 };
         let pending = response(202, r#"{"status":"pending"}"#, None);
         assert_eq!(poll_answer(&pending, &poll, 299_999).verdict, AttemptVerdict::Accepted(poll.clone()));
         let late = poll_answer(&pending, &poll, 300_000);

@@ -33,8 +33,14 @@ pub struct WorkerConfig {
     pub llm_max_tokens: u32,
     /// The most bytes of one model response a worker holds before failing the attempt.
     pub llm_max_response_bytes: usize,
+    /// The models the fleet is configured with (`FLEET_LLM_DEFAULT_MODEL` and `FLEET_LLM_MODELS`):
+    /// the `model` label's values, any other model counting as `other`.
+    pub llm_models: Vec<String>,
     /// Model rounds a turn may take.
     pub max_rounds: u32,
+    /// `FLEET_TENANT_DAILY_TOKENS`: tokens (prompt and completion) each listed tenant may use per
+    /// UTC day; a turn over its tenant's cap ends with `budget_exceeded` before its model call.
+    pub tenant_daily_tokens: std::collections::BTreeMap<String, u64>,
     /// How long a session stays held by its turn without the turn touching it.
     /// Deliveries after which a job is dead-lettered without running (`FLEET_MAX_DELIVERIES`).
     pub max_deliveries: u64,
@@ -120,6 +126,7 @@ impl WorkerConfig {
         }
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         let common = CommonConfig::load(src)?;
+        let llm_models = configured_models(src, &common.llm.default_model)?;
         let llm_base_url = match src.get("FLEET_LLM_BASE_URL") {
             Some(u) if u.starts_with("http://") || u.starts_with("https://") => Some(u.to_string()),
             Some(_) => return Err(ConfigError::new("FLEET_LLM_BASE_URL", "must be an http(s) URL")),
@@ -142,7 +149,12 @@ impl WorkerConfig {
             llm_timeout: src.seconds("FLEET_LLM_TIMEOUT", Duration::from_secs(120))?,
             llm_max_tokens: src.parse("FLEET_LLM_MAX_TOKENS", 4096)?,
             llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
+            llm_models,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
+            tenant_daily_tokens: fleet_protocol::tenant::parse_daily_caps(
+                src.get("FLEET_TENANT_DAILY_TOKENS").unwrap_or(""),
+            )
+            .map_err(|why| ConfigError::new("FLEET_TENANT_DAILY_TOKENS", why))?,
             max_deliveries,
             tool_result_max_bytes,
             history_max_messages,
@@ -163,6 +175,24 @@ fn circuit_policy(src: &Source) -> Result<fleet_protocol::circuit::CircuitPolicy
     }
     let failure_threshold = src.parse("FLEET_CIRCUIT_FAILURE_THRESHOLD", DEFAULT_FAILURE_THRESHOLD)?;
     Ok(CircuitPolicy { failure_threshold, probe_interval })
+}
+
+/// `FLEET_LLM_MODELS`: the models besides the default worth a `model` label of their own
+/// (comma-separated, at most 50: each is a series).
+fn configured_models(src: &Source, default_model: &str) -> Result<Vec<String>, ConfigError> {
+    let mut models = vec![default_model.to_string()];
+    for model in src.string("FLEET_LLM_MODELS", "").split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        if model.len() > 256 || model.chars().any(char::is_control) {
+            return Err(ConfigError::new("FLEET_LLM_MODELS", format!("{model:?} is not a model name")));
+        }
+        if !models.iter().any(|m| m == model) {
+            models.push(model.to_string());
+        }
+    }
+    if models.len() > 51 {
+        return Err(ConfigError::new("FLEET_LLM_MODELS", "names more than 50 models"));
+    }
+    Ok(models)
 }
 
 #[cfg(test)]

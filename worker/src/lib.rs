@@ -1,15 +1,19 @@
 //! The worker: consumes jobs with manual acks and a concurrency limit, claims each in Redis before
 //! any side effect, sends signed callbacks, and retries through broker-held delay queues.
 
+mod activity;
 mod arguments;
 pub mod callback;
 pub mod config;
+mod context;
+mod delivery;
 pub mod health;
 pub mod http;
 mod jobs;
 pub mod llm;
 mod notify;
-pub mod process;
+mod outcome;
+mod publish;
 pub mod registry;
 mod retry_policy;
 mod settle;
@@ -21,20 +25,23 @@ use std::time::Duration;
 use std::convert::Infallible;
 
 use futures::{FutureExt, StreamExt};
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use fleet_platform::acks::BatchAcks;
 use fleet_platform::broker::{self, BrokerLink, Live};
 use fleet_platform::metrics::Metrics;
+use fleet_platform::service;
+use fleet_platform::shutdown::Lifetime;
 use fleet_platform::store::Store;
 use fleet_protocol::callback::MAX_RESPONSE_BYTES;
 use fleet_protocol::envelope::JobKind;
 
 pub use config::WorkerConfig;
-use process::Processor;
+use context::Shared;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -44,35 +51,44 @@ pub enum WorkerError {
     Store(#[from] fleet_platform::store::StoreError),
 }
 
-/// Runs a worker until `cancel` fires, then stops taking jobs, finishes what it holds within the
-/// grace period, and returns the rest to the queue (by closing its channels unacked).
-pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), WorkerError> {
+impl fleet_platform::service::ServiceConfig for WorkerConfig {
+    fn load(src: &fleet_platform::config::Source) -> Result<Self, fleet_platform::config::ConfigError> {
+        WorkerConfig::load(src)
+    }
+    fn common(&self) -> &fleet_platform::config::CommonConfig {
+        &self.common
+    }
+}
+
+/// Each provider's configured budget per minute, so its use can be read as a fraction of it.
+fn report_budgets(metrics: &Metrics, routing: &fleet_platform::config::LlmRouting) {
+    for provider in routing.names() {
+        let Some(budget) = routing.budget_of(provider) else { continue };
+        let limits = [("requests", budget.requests_per_minute.map(u64::from)), ("tokens", budget.tokens_per_minute)];
+        for (unit, per_minute) in limits {
+            if let Some(n) = per_minute {
+                metrics.llm_budget_limit.with_label_values(&[provider, unit]).set(n.min(i64::MAX as u64) as i64);
+            }
+        }
+    }
+}
+
+/// Runs a worker until its intake is cancelled, then stops taking jobs, finishes what it holds
+/// within the grace period, and returns the rest to the queue (by closing its channels unacked);
+/// only then do the broker supervisor and the HTTP surface, which those jobs need, stop.
+pub async fn run(config: WorkerConfig, lifetime: Lifetime) -> Result<(), WorkerError> {
     let metrics = Metrics::new("worker");
-    let store = Store::open(
-        &config.common.redis_url,
-        config.common.keys.clone(),
-        config.common.redis_timeout,
-        metrics.clone(),
-        &config.common.tls,
-    )?
-    .with_dead_letter_retention(config.common.dead_letter_retention);
+    report_budgets(&metrics, &config.common.llm);
+    let store = service::open_store(&config.common, metrics.clone())?;
     let listener = fleet_platform::ops::bind(config.http_addr)
         .await
         .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
     warn_if_keys_may_be_evicted(&store).await;
 
-    let broker_cancel = CancellationToken::new();
-    let (link, supervisor) = broker::supervise(
-        config.common.amqp_urls.clone(),
-        config.common.tls.clone(),
-        config.common.topology.clone(),
-        config.common.publish_timeout,
-        metrics.clone(),
-        broker_cancel.clone(),
-    );
+    let background = lifetime.child();
+    let (link, supervisor) = service::supervise_broker(&config.common, metrics.clone(), background.clone());
     let supervisor = tokio::spawn(supervisor);
     let consumers = health::Consumers::new();
-    let ops_cancel = CancellationToken::new();
     let ops = tokio::spawn(fleet_platform::ops::serve(
         listener,
         fleet_platform::ops::router(
@@ -85,26 +101,38 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> Result<(), 
                 config.liveness_grace,
             )),
         ),
-        ops_cancel.clone(),
+        background.clone(),
     ));
     tracing::info!(addr = %config.http_addr, concurrency = config.concurrency, worker_id = %config.worker_id, "worker started");
 
-    let processor = Arc::new(Processor {
+    // Beside the jobs until they have drained: what finished during the drain is reported too.
+    let activity = tokio::spawn(activity::report(
+        store.clone(),
+        metrics.clone(),
+        config.worker_id.as_str().into(),
+        background.clone(),
+    ));
+    let shared = Arc::new(Shared {
         client: fleet_platform_client(&config),
         llm: llm::LlmClients::new(&config),
         targets: registry::TargetCache::new(config.registry_cache_ttl),
-        limits: jobs::limits::LimitsCache::new(config.registry_cache_ttl),
+        tools: context::TtlCache::new(config.registry_cache_ttl),
+        subscribers: context::TtlCache::new(config.registry_cache_ttl),
+        pickups: context::Pickups::default(),
+        health_writes: context::Throttle::new(Duration::from_secs(1)),
         config: config.clone(),
         store,
         metrics,
     });
-    consume(processor, link, consumers, &config, cancel).await;
+    let intake = lifetime.intake();
+    let pickups = tokio::spawn(write_pickups(shared.clone(), intake.child_token()));
+    consume(shared, link, consumers, &config, intake).await;
+    let _ = pickups.await;
 
-    broker_cancel.cancel();
+    background.cancel();
+    let _ = activity.await;
     let _ = supervisor.await;
-    ops_cancel.cancel();
     let _ = ops.await;
-    tracing::info!("worker stopped");
     Ok(())
 }
 
@@ -124,7 +152,7 @@ fn fleet_platform_client(config: &WorkerConfig) -> http::CallbackClient {
 /// running job, whatever its kind and whichever subscription delivered it, taken before the job
 /// task is spawned and released once its delivery is settled.
 async fn consume(
-    processor: Arc<Processor>,
+    shared: Arc<Shared>,
     mut link: BrokerLink,
     consumers: Arc<health::Consumers>,
     config: &WorkerConfig,
@@ -135,7 +163,7 @@ async fn consume(
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut closers: JoinSet<()> = JoinSet::new();
     'connections: while let Some(live) = link.wait_live(&cancel).await {
-        let (lane, mut deliveries) = match open_consumers(&live, config).await {
+        let (lane, mut deliveries) = match open_consumers(&live, config, &mut closers).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start consuming; retrying");
@@ -171,7 +199,8 @@ async fn consume(
                 acquired = permits.clone().acquire_owned(), if permit.is_none() => permit = acquired.ok(),
                 delivery = deliveries.next(), if permit.is_some() => match next_step(delivery) {
                     Step::Run(delivery) => {
-                        let job = processor.clone().handle(delivery, live.publisher.clone());
+                        lane.acks.delivered(delivery.delivery_tag);
+                        let job = delivery::handle(shared.clone(), delivery, live.publisher.clone(), lane.acks.clone());
                         let held = (permit.take(), lane.hold());
                         tasks.spawn(async move {
                             job.await;
@@ -193,6 +222,23 @@ async fn consume(
     // Every job has settled (or was aborted): the retired channels close now, returning whatever
     // they still hold unacked.
     while closers.join_next().await.is_some() {}
+}
+
+/// Writes the newest pickup per job kind to Redis once a second (the oldest-job-age gauge reads it
+/// beside the work queue's depth), until `cancel`.
+async fn write_pickups(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = cancel.cancelled() => return,
+        }
+        for (kind, entered_ms) in shared.pickups.take_unwritten() {
+            if let Err(e) = shared.store.note_pickup(kind, entered_ms).await {
+                tracing::debug!(error = %e, "pickup time not written");
+            }
+        }
+    }
 }
 
 /// What one item of the merged consumer stream asks for.
@@ -220,14 +266,21 @@ type Deliveries = futures::stream::SelectAll<
     futures::stream::BoxStream<'static, Option<Result<lapin::message::Delivery, lapin::Error>>>,
 >;
 
-/// One subscription: a channel, its consumers, and a count of the jobs it delivered that have not
-/// settled yet (each job holds a clone of `holds`; the channel may close once all are dropped).
+/// One subscription: a channel, its consumers, its batched acks, and a count of the jobs it
+/// delivered that have not settled yet (each job holds a clone of `holds`; the channel may close
+/// once all are dropped and their acks are sent). Dropping it stops its ack sender.
 struct Lane {
     channel: lapin::Channel,
     tags: Vec<String>,
+    acks: Arc<BatchAcks>,
+    acks_stop: tokio_util::sync::DropGuard,
     holds: mpsc::Sender<Infallible>,
     settled: mpsc::Receiver<Infallible>,
 }
+
+/// How long a settled delivery's ack may wait for the deliveries before it on its channel to
+/// settle too (then it is sent alone): short beside a job, so prefetch slots are not held.
+const ACK_LINGER: Duration = Duration::from_millis(5);
 
 impl Lane {
     fn hold(&self) -> mpsc::Sender<Infallible> {
@@ -238,24 +291,33 @@ impl Lane {
     /// started go back to the queue now, running ones settle on this channel, and only then does
     /// it close (closing it earlier would requeue deliveries whose jobs keep running).
     async fn retire(self, deliveries: &mut Deliveries, closers: &mut JoinSet<()>) {
-        let Lane { channel, tags, holds, mut settled } = self;
+        let Lane { channel, tags, acks, acks_stop, holds, mut settled } = self;
         for tag in &tags {
             let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
         }
         while let Some(Some(item)) = deliveries.next().now_or_never() {
             if let Some(Ok(delivery)) = item {
-                let _ = delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                acks.delivered(delivery.delivery_tag);
+                let _ = acks.requeue(delivery.delivery_tag).await;
             }
         }
         drop(holds);
         closers.spawn(async move {
             while settled.recv().await.is_some() {}
+            // Every job settled: their acks go out before the channel closes (closing first would
+            // return settled deliveries to the queue).
+            let _ = acks.send(Duration::ZERO).await;
+            drop(acks_stop);
             let _ = channel.close(200, "retired".into()).await;
         });
     }
 }
 
-async fn open_consumers(live: &Live, config: &WorkerConfig) -> Result<(Lane, Deliveries), broker::BrokerError> {
+async fn open_consumers(
+    live: &Live,
+    config: &WorkerConfig,
+    closers: &mut JoinSet<()>,
+) -> Result<(Lane, Deliveries), broker::BrokerError> {
     let channel = live.connection.create_channel().await?;
     // Redeclared on every subscribe: a queue deleted under the worker comes back.
     broker::declare_topology(&channel, &config.common.topology).await?;
@@ -277,7 +339,13 @@ async fn open_consumers(live: &Live, config: &WorkerConfig) -> Result<(Lane, Del
         tags.push(tag);
     }
     let (holds, settled) = mpsc::channel(1);
-    Ok((Lane { channel, tags, holds, settled }, futures::stream::select_all(consumers)))
+    let acks = BatchAcks::new(channel.clone(), ACK_LINGER);
+    let stop = CancellationToken::new();
+    // Owned by the closers: it ends when the lane is dropped or retired (its guard cancels it),
+    // after one last send.
+    closers.spawn(acks.clone().run(stop.clone()));
+    let lane = Lane { channel, tags, acks, acks_stop: stop.drop_guard(), holds, settled };
+    Ok((lane, futures::stream::select_all(consumers)))
 }
 
 /// Lets held jobs finish within `grace`; the rest are aborted and their deliveries, never acked,

@@ -9,7 +9,9 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use eventsource_stream::{EventStreamError, Eventsource};
+use fleet_protocol::budget::ProviderLimits;
 use fleet_protocol::classify::{classify_status, ResponseClass};
+use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::turn::{classify_stream_data, Completion, CompletionBuilder, StreamItem};
 
 /// Why a model call failed.
@@ -129,18 +131,35 @@ impl LlmClient {
         LlmClient { http, base_url: base_url.map(|u| u.trim_end_matches('/').to_string()), api_key, max_response_bytes }
     }
 
-    /// Calls the model, handing every content token to `on_token` as it streams in.
+    /// Calls the model, handing every content token to `on_token` as it streams in; with the
+    /// call's outcome, what the provider's answer said about its limits (any status).
     pub async fn complete<F, Fut>(
         &self,
         req: ChatRequest<'_>,
         traceparent: Vec<(String, String)>,
+        on_token: F,
+    ) -> (Result<Completion, LlmError>, ProviderLimits)
+    where
+        F: FnMut(String) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut limits = ProviderLimits::default();
+        let result = self.read(req, traceparent, on_token, &mut limits).await;
+        (result, limits)
+    }
+
+    async fn read<F, Fut>(
+        &self,
+        req: ChatRequest<'_>,
+        traceparent: Vec<(String, String)>,
         mut on_token: F,
+        limits: &mut ProviderLimits,
     ) -> Result<Completion, LlmError>
     where
         F: FnMut(String) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let response = self.send(req, traceparent).await?;
+        let response = self.send(req, traceparent, limits).await?;
         let streamed = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -165,10 +184,11 @@ impl LlmClient {
                     }
                 }
                 StreamItem::Error(error) if error.is_retryable() => {
-                    return Err(LlmError::Retryable { status: None, retry_after: None, message: error.describe() })
+                    let message = sanitize_error(&error.describe());
+                    return Err(LlmError::Retryable { status: None, retry_after: None, message });
                 }
                 StreamItem::Error(error) => {
-                    return Err(LlmError::Permanent { status: None, message: error.describe() })
+                    return Err(LlmError::Permanent { status: None, message: sanitize_error(&error.describe()) })
                 }
                 StreamItem::Ignored => {}
             }
@@ -188,6 +208,7 @@ impl LlmClient {
         &self,
         req: ChatRequest<'_>,
         traceparent: Vec<(String, String)>,
+        limits: &mut ProviderLimits,
     ) -> Result<reqwest::Response, LlmError> {
         let Some(base) = &self.base_url else {
             return Err(LlmError::Permanent { status: None, message: "no LLM configured (FLEET_LLM_BASE_URL)".into() });
@@ -214,24 +235,18 @@ impl LlmClient {
         }
         let response = request.send().await.map_err(network)?;
         let status = response.status().as_u16();
+        *limits = ProviderLimits::from_headers(|name| response.headers().get(name).and_then(|v| v.to_str().ok()));
         let retry_after =
             response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
         match classify_status(status, retry_after.as_deref(), fleet_platform::now_ms() / 1000) {
             ResponseClass::Success | ResponseClass::Accepted => Ok(response),
             ResponseClass::Retryable { retry_after } => {
-                let text = response.text().await.unwrap_or_default();
-                Err(LlmError::Retryable {
-                    status: Some(status),
-                    retry_after,
-                    message: format!("LLM answered HTTP {status}: {}", excerpt(&text)),
-                })
+                let message = error_message(status, response).await;
+                Err(LlmError::Retryable { status: Some(status), retry_after, message })
             }
             ResponseClass::Permanent => {
-                let text = response.text().await.unwrap_or_default();
-                Err(LlmError::Permanent {
-                    status: Some(status),
-                    message: format!("LLM answered HTTP {status}: {}", excerpt(&text)),
-                })
+                let message = error_message(status, response).await;
+                Err(LlmError::Permanent { status: Some(status), message })
             }
         }
     }
@@ -277,7 +292,7 @@ impl LlmClient {
             EventStreamError::Utf8(e) => format!("LLM stream is not UTF-8: {e}"),
             EventStreamError::Parser(e) => format!("LLM stream is not a valid event stream: {e}"),
         };
-        LlmError::Retryable { status: None, retry_after: None, message }
+        LlmError::Retryable { status: None, retry_after: None, message: sanitize_error(&message) }
     }
 }
 
@@ -291,9 +306,25 @@ fn network(e: reqwest::Error) -> LlmError {
         message.push_str(&format!(": {cause}"));
         source = cause.source();
     }
-    LlmError::Retryable { status: None, retry_after: None, message }
+    LlmError::Retryable { status: None, retry_after: None, message: sanitize_error(&message) }
 }
 
-fn excerpt(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).take(200).collect()
+/// The most of an error answer's body the worker reads: enough for the provider's message, and a
+/// body that never ends (or is huge) costs nothing more.
+pub const ERROR_BODY_LIMIT: usize = 16 * 1024;
+
+/// What a non-success answer says, from the first [`ERROR_BODY_LIMIT`] bytes of its body, sanitised
+/// (a provider's error may echo a URL with a key in it, or a stack trace).
+async fn error_message(status: u16, response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(Ok(chunk)) = chunks.next().await {
+        let room = ERROR_BODY_LIMIT - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= ERROR_BODY_LIMIT {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    sanitize_error(&format!("LLM answered HTTP {status}: {}", text.chars().take(300).collect::<String>()))
 }

@@ -1,64 +1,64 @@
 //! Signed event deliveries to subscribed webhooks: one webhook job per subscriber, with ids
-//! derived from the event's source so emitting again after a crash delivers once.
+//! derived from the event's source so emitting again after a crash delivers once. A subscriber's
+//! record is created only if absent (a second emission leaves a live delivery as it is), and the
+//! deliveries go out with one confirm wait.
 
 use serde_json::Value;
 
-use fleet_platform::broker::Publisher;
+use fleet_platform::broker::Outgoing;
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
 use fleet_protocol::deadletter::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, Job, JobKind, WebhookJob};
 use fleet_protocol::events;
 
-use crate::process::Processor;
-use crate::settle::trace_headers;
+use crate::context::Cx;
+use crate::publish::trace_headers;
 
-impl Processor {
-    /// Publishes (confirmed) a signed delivery of `payload` to every subscriber of `event`.
-    pub(crate) async fn notify(
-        &self,
-        publisher: &Publisher,
-        source: &str,
-        event: &str,
-        payload: Value,
-    ) -> Result<(), String> {
-        for hook in self.store.subscribers(event).await.map_err(|e| e.to_string())? {
-            let id = fleet_protocol::derived_execution_id(&[source, event, &hook.id]);
-            let job = Job::Webhook(WebhookJob {
-                webhook_id: hook.id.clone(),
-                event: event.to_string(),
-                payload: payload.clone(),
-            });
-            let envelope = Envelope::new(id.clone(), job, now_ms());
-            let _ = self
-                .store
-                .create_execution(&NewExecution {
-                    execution_id: &id,
-                    kind: JobKind::Webhook.as_str(),
-                    tool_name: None,
-                    room_id: None,
-                    assistant_id: None,
-                    now_ms: now_ms(),
-                    run_at_ms: None,
-                })
-                .await;
-            publisher
-                .publish_job(&self.config.common.topology, &envelope, trace_headers())
-                .await
-                .map_err(|e| e.to_string())?;
-            self.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
-        }
-        Ok(())
+/// Publishes (confirmed) a signed delivery of `payload` to every subscriber of `event`.
+pub(crate) async fn notify(cx: &Cx<'_>, source: &str, event: &str, payload: Value) -> Result<(), String> {
+    let hooks = cx.subscribers_of(event).await.map_err(|e| e.to_string())?;
+    if hooks.is_empty() {
+        return Ok(());
     }
+    let topology = &cx.config.common.topology;
+    let mut messages = Vec::with_capacity(hooks.len());
+    for hook in hooks.iter() {
+        let id = fleet_protocol::derived_execution_id(&[source, event, &hook.id]);
+        let job = Job::Webhook(WebhookJob {
+            webhook_id: hook.id.clone(),
+            event: event.to_string(),
+            payload: payload.clone(),
+        });
+        let envelope = Envelope::new(id.clone(), job, now_ms());
+        let record = NewExecution {
+            execution_id: &id,
+            kind: JobKind::Webhook.as_str(),
+            tool_name: None,
+            room_id: None,
+            assistant_id: None,
+            tenant: None,
+            now_ms: now_ms(),
+            run_at_ms: None,
+        };
+        cx.store.create_execution(&record, None).await.map_err(|e| e.to_string())?;
+        messages.push(Outgoing::job(
+            topology.jobs_exchange(),
+            JobKind::Webhook.as_str().into(),
+            &envelope,
+            trace_headers(),
+        ));
+    }
+    for result in cx.publisher.publish_many(&messages).await {
+        result.map_err(|e| e.to_string())?;
+        cx.metrics.jobs_published.with_label_values(&[JobKind::Webhook.as_str()]).inc();
+    }
+    Ok(())
+}
 
-    /// `tool.callback.failed` and `tool.callback.dead_letter` for a tool call that failed for good.
-    pub(crate) async fn emit_failure_events(
-        &self,
-        publisher: &Publisher,
-        dead: &DeadLetterRecord,
-    ) -> Result<(), String> {
-        let source = dead.execution_id.clone().unwrap_or_default();
-        self.notify(publisher, &source, events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()).await?;
-        self.notify(publisher, &source, events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()).await
-    }
+/// `tool.callback.failed` and `tool.callback.dead_letter` for a tool call that failed for good.
+pub(crate) async fn emit_failure_events(cx: &Cx<'_>, dead: &DeadLetterRecord) -> Result<(), String> {
+    let source = dead.execution_id.clone().unwrap_or_default();
+    notify(cx, &source, events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()).await?;
+    notify(cx, &source, events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()).await
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::retry::{RetryDecision, RetryPolicy, RetrySchedule};
 
-use crate::process::Processor;
+use crate::context::Cx;
 
 /// The schedule a job's registry entry names, as far as the worker could read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,27 +43,25 @@ pub(crate) fn decide(
     }
 }
 
-impl Processor {
-    /// The retry decision for `envelope`'s failed attempt, under the schedule its registry entry names.
-    pub(crate) async fn retry_decision(&self, envelope: &Envelope, retry_after: Option<Duration>) -> RetryDecision {
-        let found = self.schedule_for(&envelope.job).await;
-        decide(&self.config.common.retry, &found, envelope.attempt, retry_after)
-    }
+/// The retry decision for `envelope`'s failed attempt, under the schedule its registry entry names.
+pub(crate) async fn decision(cx: &Cx<'_>, envelope: &Envelope, retry_after: Option<Duration>) -> RetryDecision {
+    let found = schedule_for(cx, &envelope.job).await;
+    decide(&cx.config.common.retry, &found, envelope.attempt, retry_after)
+}
 
-    /// Reads the schedule of the job's tool or webhook (only after a failure, so not on the hot path).
-    async fn schedule_for(&self, job: &Job) -> ScheduleFound {
-        let read = match job {
-            Job::ToolCall(call) => self.store.get_tool(&call.tool_name).await.map(|t| t.and_then(|t| t.retry)),
-            Job::Webhook(hook) => self.store.get_webhook(&hook.webhook_id).await.map(|h| h.and_then(|h| h.retry)),
-            Job::Turn(_) => return ScheduleFound::Default,
-        };
-        match read {
-            Ok(Some(spec)) => ScheduleFound::Own(spec.schedule()),
-            Ok(None) => ScheduleFound::Default,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the retry schedule; the default's, without dead-lettering");
-                ScheduleFound::Unknown
-            }
+/// Reads the schedule of the job's tool or webhook (only after a failure, so not on the hot path).
+async fn schedule_for(cx: &Cx<'_>, job: &Job) -> ScheduleFound {
+    let read = match job {
+        Job::ToolCall(call) => cx.store.get_tool(&call.tool_name).await.map(|t| t.and_then(|t| t.retry)),
+        Job::Webhook(hook) => cx.store.get_webhook(&hook.webhook_id).await.map(|h| h.and_then(|h| h.retry)),
+        Job::Turn(_) => return ScheduleFound::Default,
+    };
+    match read {
+        Ok(Some(spec)) => ScheduleFound::Own(spec.schedule()),
+        Ok(None) => ScheduleFound::Default,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the retry schedule; the default's, without dead-lettering");
+            ScheduleFound::Unknown
         }
     }
 }

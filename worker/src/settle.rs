@@ -1,298 +1,259 @@
-//! How a job's delivery ends: every job kind returns an `Outcome`, and `Processor::settle` carries
-//! it out — the one retry path (record, release, delay queue) and the one dead-letter path
-//! (record, aftermath for the job's turn or session, durable dead letter, status) — before the
-//! delivery is acked or requeued.
+//! How a job's delivery ends: every job kind returns an `Outcome`, and `settle` carries it out
+//! before the delivery is acked. A transition is written first (the record's next step and what
+//! it owes: the next delivery's publish, or the dead letter), then what it owes is done, then
+//! retired: a worker that dies in between leaves the owed work to the next copy of the job. A
+//! publish the broker refuses is tried again while the delivery is held, so a job keeps its
+//! schedule however long the broker refuses (never re-run at once, never dead-lettered for it).
 
 use std::time::Duration;
 
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
-use fleet_platform::broker::{BrokerError, Publisher};
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
-use fleet_platform::telemetry;
+use fleet_platform::store::{ClaimAfter, Fence, Transition};
 use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
-use fleet_protocol::envelope::{Envelope, Verdict, CONTENT_TYPE};
-use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::envelope::{Envelope, PollState, Verdict, CONTENT_TYPE};
+use fleet_protocol::execution::{AttemptOutcome, ExecutionStatus};
+use fleet_protocol::life::Owed;
 use fleet_protocol::retry::RetryDecision;
 
-use crate::process::Processor;
+use crate::context::Cx;
+use crate::outcome::{DeadLetter, Failure, Held, Outcome, Settle};
+use crate::publish::{park, publish_holding, publish_next, retire, retrying_redis, trace_headers};
 
-/// The claim a job's work runs under: which claim key, its token, and the fence its record and
-/// state writes carry (the token itself, or the turn's `step_fence`).
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub claim_id: String,
-    pub token: u64,
-    pub fence: u64,
+pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
+    let kind = envelope.kind().as_str();
+    match outcome {
+        Outcome::Done(finished) => {
+            cx.finished(kind, finished.label());
+            if finished == crate::outcome::Finished::Success {
+                observe_latency(cx, envelope, "success");
+            }
+            Settle::Ack
+        }
+        Outcome::Copy => {
+            cx.finished(kind, "copy");
+            Settle::Ack
+        }
+        Outcome::Failed(failure) => after_failure(cx, envelope, failure).await,
+        Outcome::DeadLetter(dead) => dead_letter(cx, envelope, dead).await,
+        Outcome::Fenced => {
+            tracing::warn!("a newer claim fenced this worker off; its writes are dropped");
+            cx.finished(kind, "fenced");
+            Settle::Ack
+        }
+        Outcome::Parked(remaining) => {
+            cx.finished(kind, "deferred");
+            park(cx, envelope, remaining).await
+        }
+        Outcome::Poll(poll, held) => poll_later(cx, envelope, &poll, held).await,
+        Outcome::Requeue => Settle::Requeue,
+        Outcome::Abandon => Settle::Abandon,
+        // Resolved by `jobs::run`; a stage that returns it directly settles what the copy carried.
+        Outcome::Owed(owed, result) => {
+            Box::pin(settle(cx, envelope, crate::jobs::carry(cx, envelope, owed, result).await)).await
+        }
+    }
 }
 
-/// An attempt that failed: `settle` decides between another attempt and the dead letter.
-pub(crate) struct Failure {
-    pub record: AttemptRecord,
-    pub error: String,
-    pub retry_after: Option<Duration>,
-    pub permanent: bool,
-    pub held: Held,
-    /// When the attempt started (ms), for `first_attempt_at`.
-    pub started_ms: i64,
+async fn after_failure(cx: &Cx<'_>, envelope: &Envelope, mut failure: Failure) -> Settle {
+    let decision = if failure.permanent {
+        RetryDecision::Exhausted
+    } else {
+        // The tool's or webhook's own schedule, else the fleet's default.
+        crate::retry_policy::decision(cx, envelope, failure.retry_after).await
+    };
+    match decision {
+        RetryDecision::Retry { next_attempt, wait, step } => {
+            retry_later(cx, envelope, failure, next_attempt, wait, step).await
+        }
+        RetryDecision::Exhausted => {
+            let (reason, outcome) = if failure.permanent {
+                (DeadLetterReason::Permanent, AttemptOutcome::Permanent)
+            } else {
+                (DeadLetterReason::Exhausted, AttemptOutcome::Exhausted)
+            };
+            failure.record.outcome = outcome;
+            let dead = DeadLetter {
+                reason,
+                error: failure.error,
+                record: Some(failure.record),
+                held: Some(failure.held),
+                code: None,
+            };
+            dead_letter(cx, envelope, dead).await
+        }
+    }
 }
 
-/// How a job's delivery ends.
-pub(crate) enum Outcome {
-    /// Its work is done (or was already): ack. The label is the `jobs_finished` outcome.
-    Done(&'static str),
-    Failed(Failure),
-    /// Give up on the job. `record` is the last attempt, not yet recorded; `code` names the
-    /// failure in a turn's `error` event.
-    DeadLetter {
-        reason: DeadLetterReason,
-        error: String,
-        record: Option<AttemptRecord>,
-        held: Option<Held>,
-        code: Option<&'static str>,
-    },
-    /// A newer claim owns the job: nothing more is written or scheduled.
-    Fenced,
-    /// Hold the job in a delay queue without spending an attempt.
-    Parked(Duration),
-    /// Return it to its queue now (a write it depends on failed).
-    Requeue,
+/// Attempt n+1, held by the broker: recorded as owed with the attempt and the claim given back in
+/// one write, then published to its delay queue, then retired; the delivery is acked after.
+async fn retry_later(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    mut failure: Failure,
+    next_attempt: u32,
+    wait: Duration,
+    step: usize,
+) -> Settle {
+    crate::jobs::before_retry(cx, envelope, &failure.error).await;
+    failure.record.outcome = AttemptOutcome::Retry;
+    let next = Envelope {
+        attempt: next_attempt,
+        first_attempt_at_ms: Some(envelope.first_attempt_at_ms.unwrap_or(failure.started_ms)),
+        not_before_ms: Some(now_ms() + wait.as_millis() as i64),
+        poll: None,
+        ..envelope.clone()
+    };
+    let owed = Owed::Next { envelope: Box::new(next.clone()) };
+    let transition = Transition::new(ClaimAfter::Release("released"))
+        .status(ExecutionStatus::Retrying)
+        .step(next.step())
+        .owe(&owed)
+        .attempt(&failure.record);
+    if let Err(settle) = write(cx, envelope, failure.held, &transition).await {
+        return settle;
+    }
+    let queue = cx.config.common.topology.delay_queue(envelope.kind(), step);
+    if let Err(settle) =
+        publish_holding(cx, envelope, || cx.publisher.publish_delayed(&queue, &next, trace_headers())).await
+    {
+        return settle;
+    }
+    retire(cx, envelope, &owed).await;
+    let attempt = next_attempt.to_string();
+    cx.metrics.retries_scheduled.with_label_values(&[envelope.kind().as_str(), &attempt]).inc();
+    cx.finished(envelope.kind().as_str(), "retry");
+    Settle::Ack
 }
 
-/// What happens to the delivery itself.
-pub(crate) enum Settle {
-    Ack,
-    Requeue,
+/// A 202 (or a poll still pending): the attempt goes on in the broker, not in a sleeping task. Its
+/// next poll is owed, the claim given back as `polling`; no attempt is spent.
+async fn poll_later(cx: &Cx<'_>, envelope: &Envelope, poll: &PollState, held: Held) -> Settle {
+    let interval = cx.config.async_poll_interval;
+    let seq = envelope.step().poll + 1;
+    let next = Envelope {
+        first_attempt_at_ms: Some(envelope.first_attempt_at_ms.unwrap_or(poll.started_at_ms)),
+        not_before_ms: Some(now_ms() + interval.as_millis() as i64),
+        poll: Some(PollState { seq, ..poll.clone() }),
+        ..envelope.clone()
+    };
+    let owed = Owed::Next { envelope: Box::new(next.clone()) };
+    let transition = Transition::new(ClaimAfter::Release("polling")).step(next.step()).owe(&owed);
+    if let Err(settle) = write(cx, envelope, held, &transition).await {
+        return settle;
+    }
+    if let Err(settle) = publish_next(cx, &next).await {
+        return settle;
+    }
+    retire(cx, envelope, &owed).await;
+    cx.finished(envelope.kind().as_str(), "polling");
+    Settle::Ack
 }
 
-impl Processor {
-    pub(crate) async fn settle(&self, publisher: &Publisher, envelope: &Envelope, outcome: Outcome) -> Settle {
-        match outcome {
-            Outcome::Done(label) => {
-                self.finished(envelope, label);
-                if label == "success" {
-                    self.observe_latency(envelope, "success");
-                }
-                Settle::Ack
-            }
-            Outcome::Failed(failure) => self.after_failure(publisher, envelope, failure).await,
-            Outcome::DeadLetter { reason, error, record, held, code } => {
-                self.dead_letter(publisher, envelope, Verdict { reason, error }, record, held, code).await
-            }
-            Outcome::Fenced => {
-                tracing::warn!(execution_id = %envelope.execution_id, "a newer claim fenced this worker off; its writes are dropped");
-                self.finished(envelope, "fenced");
-                Settle::Ack
-            }
-            Outcome::Parked(remaining) => {
-                self.finished(envelope, "deferred");
-                self.park(publisher, envelope, remaining).await
-            }
-            Outcome::Requeue => Settle::Requeue,
+/// The one way a job becomes a dead letter: decided (its last attempt recorded and the dead letter
+/// owed, in one write), its aftermath (failure events, the parent turn told, a turn's session
+/// freed), the dead letter made durable, then its status. Cut short anywhere, the job is parked
+/// and its next delivery, a copy of an earlier step now, carries the owed dead letter out.
+async fn dead_letter(cx: &Cx<'_>, envelope: &Envelope, dead: DeadLetter) -> Settle {
+    let id = &envelope.execution_id;
+    let verdict = Verdict { reason: dead.reason, error: dead.error.clone() };
+    let owed = Owed::Settle { verdict };
+    if let Some(held) = dead.held {
+        let mut decided = Transition::new(ClaimAfter::Keep).step(envelope.step().next_attempt()).owe(&owed);
+        if let Some(record) = &dead.record {
+            decided = decided.attempt(record);
+        }
+        if let Err(settle) = write(cx, envelope, held, &decided).await {
+            return settle;
         }
     }
+    let history = match cx.store.get_execution(id).await {
+        Ok(Some(view)) => view.attempts,
+        _ => dead.record.into_iter().collect(),
+    };
+    let record = DeadLetterRecord::for_job(envelope, dead.reason, &dead.error, history, now_ms());
+    if let Err(e) = crate::jobs::aftermath(cx, envelope, &record, dead.code).await {
+        tracing::warn!(error = %e, "the dead letter's aftermath failed; it is carried out again later");
+        return park(cx, envelope, cx.soon()).await;
+    }
+    match publish_dead_letter(cx, id, &record, envelope.kind().as_str()).await {
+        Settle::Ack => {}
+        Settle::Requeue | Settle::Abandon => return park(cx, envelope, cx.soon()).await,
+    }
+    let ended =
+        Transition::new(ClaimAfter::Release("dead_lettered")).status(ExecutionStatus::DeadLettered).owe_nothing();
+    if let Err(e) = cx.store.transition(id, Fence::Owed(&owed), cx.config.claim_lease, &ended).await {
+        tracing::warn!(error = %e, "dead letter stored; its status is written by the next copy");
+        return park(cx, envelope, cx.soon()).await;
+    }
+    cx.finished(envelope.kind().as_str(), dead_letter_label(dead.reason));
+    observe_latency(cx, envelope, "dead_letter");
+    Settle::Ack
+}
 
-    async fn after_failure(&self, publisher: &Publisher, envelope: &Envelope, mut failure: Failure) -> Settle {
-        let decision = if failure.permanent {
-            RetryDecision::Exhausted
-        } else {
-            // The tool's or webhook's own schedule, else the fleet's default.
-            self.retry_decision(envelope, failure.retry_after).await
-        };
-        match decision {
-            RetryDecision::Retry { next_attempt, wait, step } => {
-                self.retry_later(publisher, envelope, failure, next_attempt, wait, step).await
-            }
-            RetryDecision::Exhausted => {
-                let (reason, outcome) = if failure.permanent {
-                    (DeadLetterReason::Permanent, AttemptOutcome::Permanent)
-                } else {
-                    (DeadLetterReason::Exhausted, AttemptOutcome::Exhausted)
-                };
-                failure.record.outcome = outcome;
-                let verdict = Verdict { reason, error: failure.error };
-                self.dead_letter(publisher, envelope, verdict, Some(failure.record), Some(failure.held), None).await
-            }
+/// Writes `transition` under `held`, trying again while Redis is unavailable (a failover takes
+/// seconds) for up to a third of the lease, which was renewed at most a third ago: giving up
+/// sooner would requeue a job whose attempt ran, and run it again. `Err` is how the delivery ends.
+async fn write(cx: &Cx<'_>, envelope: &Envelope, held: Held, transition: &Transition<'_>) -> Result<(), Settle> {
+    let id = &envelope.execution_id;
+    let lease = cx.config.claim_lease;
+    let written =
+        retrying_redis(lease / 3, || cx.store.transition(id, Fence::Token(held.token), lease, transition)).await;
+    match written {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::warn!("a newer claim fenced this worker off; its writes are dropped");
+            cx.finished(envelope.kind().as_str(), "fenced");
+            Err(Settle::Ack)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot record how the step ended; requeued");
+            Err(Settle::Requeue)
         }
     }
+}
 
-    /// Attempt n+1, held by the broker: the attempt is recorded and the claim released first, so
-    /// the next attempt can claim at once; the delivery is acked once the retry is confirmed.
-    async fn retry_later(
-        &self,
-        publisher: &Publisher,
-        envelope: &Envelope,
-        mut failure: Failure,
-        next_attempt: u32,
-        wait: Duration,
-        step: usize,
-    ) -> Settle {
-        let id = &envelope.execution_id;
-        crate::jobs::before_retry(self, envelope, &failure.error).await;
-        failure.record.outcome = AttemptOutcome::Retry;
-        let held = &failure.held;
-        let recorded = self
-            .store
-            .record_attempt(id, &failure.record, ExecutionStatus::Retrying, None, now_ms(), Some(held.fence))
-            .await;
-        if let Ok(false) = recorded {
-            return self.settle_fenced(envelope);
+/// Makes the dead letter durable; only then may the job be acked. Redis is its store of record;
+/// the dead-letter queue gets a copy too, marked as stored (operators' tap; the dispatcher's
+/// drain acks it). With Redis down, the queue's confirmed copy is what makes it durable, and the
+/// drain stores it once Redis is back.
+pub(crate) async fn publish_dead_letter(cx: &Cx<'_>, id: &str, record: &DeadLetterRecord, kind: &str) -> Settle {
+    let stored = match cx.store.save_dead_letter(id, record, now_ms()).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(dead_letter_id = %id, error = %e, "dead letter not stored in Redis; queued for the drain");
+            false
         }
-        if !self.release(held, "released").await {
-            return self.settle_fenced(envelope);
+    };
+    let body = serde_json::to_vec(record).expect("a record serialises");
+    let mut headers = trace_headers();
+    headers.insert("x-fleet-dead-letter-reason".into(), long_string(record.reason.as_str()));
+    headers.insert(dead_letters::STORED_HEADER.into(), AMQPValue::Boolean(stored));
+    let properties = BasicProperties::default()
+        .with_content_type(CONTENT_TYPE.into())
+        .with_delivery_mode(2)
+        .with_message_id(ShortString::from(id))
+        .with_type(RECORD_MESSAGE_TYPE.into())
+        .with_headers(headers);
+    let exchange = cx.config.common.topology.dead_letter_exchange();
+    match cx.publisher.publish(&exchange, "", &body, properties).await {
+        Err(e) if !stored => {
+            tracing::warn!(dead_letter_id = %id, error = %e, "cannot publish dead letter");
+            return Settle::Requeue;
         }
-        let next = Envelope {
-            attempt: next_attempt,
-            first_attempt_at_ms: Some(envelope.first_attempt_at_ms.unwrap_or(failure.started_ms)),
-            not_before_ms: Some(now_ms() + wait.as_millis() as i64),
-            poll: None,
-            ..envelope.clone()
-        };
-        let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
-        match publisher.publish_delayed(&queue, &next, trace_headers()).await {
-            Ok(()) => {
-                let attempt = next_attempt.to_string();
-                self.metrics.retries_scheduled.with_label_values(&[envelope.kind().as_str(), &attempt]).inc();
-                self.finished(envelope, "retry");
-                Settle::Ack
-            }
-            Err(e) => {
-                tracing::warn!(execution_id = %id, error = %e, "cannot schedule the retry; requeued");
-                Settle::Requeue
-            }
-        }
+        Err(e) => tracing::debug!(dead_letter_id = %id, error = %e, "dead letter stored; its queue copy failed"),
+        Ok(()) => {}
     }
+    cx.metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
+    Settle::Ack
+}
 
-    /// The one way a job becomes a dead letter: its last attempt recorded, its aftermath (failure
-    /// events, the parent turn told, a turn's session freed), the dead letter made durable, then
-    /// its status. If the aftermath fails, the job comes back carrying its verdict and only settles.
-    async fn dead_letter(
-        &self,
-        publisher: &Publisher,
-        envelope: &Envelope,
-        verdict: Verdict,
-        record: Option<AttemptRecord>,
-        held: Option<Held>,
-        code: Option<&'static str>,
-    ) -> Settle {
-        let id = &envelope.execution_id;
-        let fence = held.as_ref().map(|h| h.fence);
-        if let Some(record) = &record {
-            let recorded = self.store.record_attempt(id, record, ExecutionStatus::Running, None, now_ms(), fence).await;
-            if let Ok(false) = recorded {
-                return self.settle_fenced(envelope);
-            }
-        }
-        let history = match self.store.get_execution(id).await {
-            Ok(Some(view)) => view.attempts,
-            _ => record.into_iter().collect(),
-        };
-        let dead = DeadLetterRecord::for_job(envelope, verdict.reason, &verdict.error, history, now_ms());
-        if let Err(e) = crate::jobs::aftermath(self, publisher, envelope, &dead, code).await {
-            tracing::warn!(execution_id = %id, error = %e, "the dead letter's aftermath failed; it settles again later");
-            return self.park_decided(publisher, envelope, verdict).await;
-        }
-        if let Settle::Requeue = self.publish_dead_letter(publisher, id, &dead, envelope.kind().as_str()).await {
-            return self.park_decided(publisher, envelope, verdict).await;
-        }
-        let _ = self.store.set_status(id, ExecutionStatus::DeadLettered, None, now_ms(), fence).await;
-        if let Some(held) = &held {
-            // Not `done`: a replay of the dead letter claims the job again.
-            let _ = self.release(held, "dead_lettered").await;
-        }
-        self.finished(envelope, dead_letter_label(verdict.reason));
-        self.observe_latency(envelope, "dead_letter");
-        Settle::Ack
-    }
-
-    /// Parks the job with its verdict, so its next delivery carries the dead letter out again
-    /// without running anything; requeued if even that fails.
-    async fn park_decided(&self, publisher: &Publisher, envelope: &Envelope, verdict: Verdict) -> Settle {
-        let decided = Envelope { settle: Some(verdict), ..envelope.clone() };
-        self.park(publisher, &decided, self.config.common.retry.delays()[0]).await
-    }
-
-    fn settle_fenced(&self, envelope: &Envelope) -> Settle {
-        tracing::warn!(execution_id = %envelope.execution_id, "a newer claim fenced this worker off; its writes are dropped");
-        self.finished(envelope, "fenced");
-        Settle::Ack
-    }
-
-    /// Gives the claim back; `false` means a newer claim fenced this one off. A Redis error counts
-    /// as released: the lease expires by itself.
-    pub(crate) async fn release(&self, held: &Held, state: &str) -> bool {
-        !matches!(self.store.release(&held.claim_id, held.token, state).await, Ok(false))
-    }
-
-    pub(crate) fn finished(&self, envelope: &Envelope, outcome: &str) {
-        self.metrics.jobs_finished.with_label_values(&[envelope.kind().as_str(), outcome]).inc();
-    }
-
-    pub(crate) fn observe_latency(&self, envelope: &Envelope, outcome: &str) {
-        let secs = (now_ms() - envelope.enqueued_at_ms).max(0) as f64 / 1000.0;
-        self.metrics.job_latency.with_label_values(&[envelope.kind().as_str(), outcome]).observe(secs);
-    }
-
-    /// Holds a job in the delay queue that fits `remaining` without spending an attempt: the
-    /// longest of the ladder (retry delays and park queues, 250 ms to 1 h) that does not overshoot;
-    /// on return it is parked again until its `not_before_ms` is due.
-    pub(crate) async fn park(&self, publisher: &Publisher, envelope: &Envelope, remaining: Duration) -> Settle {
-        let retry = &self.config.common.retry;
-        let step = retry.park_step(remaining);
-        let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
-        let queue = self.config.common.topology.delay_queue(envelope.kind(), step);
-        match publisher.publish_delayed(&queue, &held, trace_headers()).await {
-            Ok(()) => Settle::Ack,
-            Err(e) => {
-                tracing::warn!(execution_id = %envelope.execution_id, error = %e, "cannot park job; requeued");
-                Settle::Requeue
-            }
-        }
-    }
-
-    /// Makes the dead letter durable; only then may the job be acked. Redis is its store of record;
-    /// the dead-letter queue gets a copy too, marked as stored (operators' tap; the dispatcher's
-    /// drain acks it). With Redis down, the queue's confirmed copy is what makes it durable, and the
-    /// drain stores it once Redis is back.
-    pub(crate) async fn publish_dead_letter(
-        &self,
-        publisher: &Publisher,
-        id: &str,
-        record: &DeadLetterRecord,
-        kind: &str,
-    ) -> Settle {
-        let stored = match self.store.save_dead_letter(id, record, now_ms()).await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(dead_letter_id = %id, error = %e, "dead letter not stored in Redis; queued for the drain");
-                false
-            }
-        };
-        let body = serde_json::to_vec(record).expect("a record serialises");
-        let mut headers = FieldTable::default();
-        headers.insert("x-fleet-dead-letter-reason".into(), long_string(record.reason.as_str()));
-        headers.insert(dead_letters::STORED_HEADER.into(), AMQPValue::Boolean(stored));
-        let properties = BasicProperties::default()
-            .with_content_type(CONTENT_TYPE.into())
-            .with_delivery_mode(2)
-            .with_message_id(ShortString::from(id))
-            .with_type(RECORD_MESSAGE_TYPE.into())
-            .with_headers(headers);
-        let published: Result<(), BrokerError> =
-            publisher.publish(&self.config.common.topology.dead_letter_exchange(), "", &body, properties).await;
-        match published {
-            Err(e) if !stored => {
-                tracing::warn!(dead_letter_id = %id, error = %e, "cannot publish dead letter; requeued");
-                return Settle::Requeue;
-            }
-            Err(e) => tracing::debug!(dead_letter_id = %id, error = %e, "dead letter stored; its queue copy failed"),
-            Ok(()) => {}
-        }
-        self.metrics.dead_letters.with_label_values(&[kind, record.reason.as_str()]).inc();
-        Settle::Ack
-    }
+fn observe_latency(cx: &Cx<'_>, envelope: &Envelope, outcome: &str) {
+    let secs = (now_ms() - envelope.enqueued_at_ms).max(0) as f64 / 1000.0;
+    cx.metrics.job_latency.with_label_values(&[envelope.kind().as_str(), outcome]).observe(secs);
 }
 
 /// The `jobs_finished` outcome of a dead letter.
@@ -307,11 +268,6 @@ fn dead_letter_label(reason: DeadLetterReason) -> &'static str {
 
 fn long_string(text: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(text.as_bytes().to_vec()))
-}
-
-/// AMQP headers carrying the current span's trace context, so a retry continues the trace.
-pub(crate) fn trace_headers() -> FieldTable {
-    telemetry::amqp_headers(&tracing::Span::current())
 }
 
 #[cfg(test)]

@@ -17,6 +17,68 @@ use crate::AppState;
 #[derive(Clone)]
 pub(crate) struct Caller(pub(crate) String);
 
+/// Whose work a request may create or see: the tenant its token is bound to, if any, and the
+/// token's name (`token-` and the first 8 hex digits of its digest), the tenant of an unbound
+/// token's work when the request names none. A request admitted by a stream token has none.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tenancy {
+    pub(crate) bound: Option<String>,
+    pub(crate) name: String,
+}
+
+impl Tenancy {
+    /// The tenant of new work that names `requested` (`tenant::resolve`); 422 when refused.
+    pub(crate) fn resolve(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        fleet_protocol::tenant::resolve(self.bound.as_deref(), requested, &self.name).map_err(ApiError::invalid)
+    }
+}
+
+impl Tenancy {
+    /// Whether the caller may see work of `owner`: an unbound token sees every tenant's.
+    pub(crate) fn sees(&self, owner: Option<&str>) -> bool {
+        self.bound.is_none() || self.bound.as_deref() == owner
+    }
+}
+
+/// The caller's tenancy; a request admitted without a bearer token (a stream token, which opens
+/// only the session it was made for) is treated as unbound.
+pub(crate) fn tenancy_of(ext: Option<axum::Extension<Tenancy>>) -> Tenancy {
+    ext.map(|t| t.0).unwrap_or_default()
+}
+
+/// A tenant-bound caller's request about `session`: 404 when another tenant's turns made it
+/// (as if it did not exist). An unbound caller costs no read.
+pub(crate) async fn check_session(state: &AppState, tenancy: &Tenancy, session: &str) -> Result<(), ApiError> {
+    if tenancy.bound.is_none() {
+        return Ok(());
+    }
+    let owner = state.store.session_tenant(session).await?;
+    if owner.is_some() && !tenancy.sees(owner.as_deref()) {
+        return Err(ApiError::not_found(format!("no session {session:?}")));
+    }
+    Ok(())
+}
+
+/// Binds `session` to `tenant`, the tenant of a turn about to be made in it, unless another holds
+/// it; a tenant-bound caller may not make turns in another tenant's session (404).
+pub(crate) async fn claim_session(
+    state: &AppState,
+    tenancy: &Tenancy,
+    session: &str,
+    tenant: &str,
+) -> Result<(), ApiError> {
+    let owner = state.store.session_tenant_claim(session, tenant).await?;
+    if !tenancy.sees(Some(&owner)) {
+        return Err(ApiError::not_found(format!("no session {session:?}")));
+    }
+    Ok(())
+}
+
+/// The name of the token with `digest`: not secret, stable, and not the token.
+pub(crate) fn token_name(digest: &[u8; 32]) -> String {
+    format!("token-{}", hex::encode(&digest[..4]))
+}
+
 pub(crate) async fn require_token(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let token = request
         .headers()
@@ -41,6 +103,7 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
         return refused.into_response();
     }
     request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
+    request.extensions_mut().insert(Tenancy { bound: known.tenant.clone(), name: token_name(&digest) });
     next.run(request).await
 }
 
@@ -90,6 +153,40 @@ impl<S: Send + Sync> FromRequest<S> for Body {
             )),
             Err(rejection) => Err(ApiError::malformed(format!("cannot read request body: {rejection}"))),
         }
+    }
+}
+
+/// The opening every JSON route shares: the `Content-Type` check, the body read within its size
+/// limit, and the parse (400 for what is not JSON, 422 naming the field). `raw` keeps the bytes
+/// for a route that digests them.
+pub(crate) struct JsonInput<T> {
+    pub(crate) value: T,
+    pub(crate) raw: Bytes,
+}
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonInput<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        require_json(req.headers())?;
+        let Body(raw) = Body::from_request(req, state).await?;
+        let value = crate::validate::parse_body(&raw)?;
+        Ok(Self { value, raw })
+    }
+}
+
+/// A request's `Idempotency-Key`, checked and namespaced by the caller's token.
+pub(crate) struct RequestKey(pub(crate) Option<String>);
+
+impl axum::extract::FromRequestParts<AppState> for RequestKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(v) = parts.headers.get("idempotency-key") else { return Ok(Self(None)) };
+        let caller = parts.extensions.get::<Caller>().ok_or_else(ApiError::unauthorized)?;
+        let k = v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be visible ASCII"))?;
+        crate::validate::idempotency_key(k)?;
+        Ok(Self(Some(state.store.keys().request_key(&caller.0, &hex::encode(Sha256::digest(k.as_bytes()))))))
     }
 }
 

@@ -2,33 +2,39 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
 use fleet_platform::dead_letters;
-use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, ListCursor};
+use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, DeadLetterRecord, ListCursor};
 use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, ApiQuery, Body};
+use crate::routes::audit;
+use crate::routes::common::{page_limit, tenancy_of, ApiQuery, Body, Caller, Tenancy};
+use crate::routes::submit::AcceptedJob;
+use crate::routes::wire::{Data, Listed};
 use crate::{validate, AppState};
 
 #[utoipa::path(get, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
     params(("id" = String, Path, description = "The dead letter's execution id")),
-    responses((status = 200, description = "The dead letter", body = crate::routes::docs::DeadLetterResponse),
+    responses((status = 200, description = "The dead letter", body = Data<DeadLetterRecord>),
         (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_dead_letter(
     State(state): State<AppState>,
+    tenancy: Option<Extension<Tenancy>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Data<DeadLetterRecord>>, ApiError> {
+    visible(&state, &tenancy_of(tenancy), &id).await?;
     let record = state
         .store
         .get_dead_letter(&id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no dead letter for {id:?}")))?;
-    Ok(Json(json!({"data": record})))
+    Ok(Data::json(record))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -39,7 +45,7 @@ pub(crate) struct DeadLetterQuery {
     #[param(minimum = 1, maximum = 200)]
     limit: Option<usize>,
     tool_name: Option<String>,
-    #[param(value_type = Option<crate::routes::docs::DeadLetterReasonDoc>)]
+    #[param(value_type = Option<fleet_protocol::envelope::DeadLetterReason>)]
     reason: Option<DeadLetterReason>,
     /// RFC 3339.
     since: Option<String>,
@@ -52,11 +58,12 @@ pub(crate) struct DeadLetterQuery {
 /// with a `next_cursor` when few match, and only `next_cursor: null` means the end.
 #[utoipa::path(get, path = "/v1/dead-letters", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
     params(DeadLetterQuery),
-    responses((status = 200, description = "Dead letters, newest first", body = crate::routes::docs::DeadLetterList), crate::routes::docs::CommonErrors))]
+    responses((status = 200, description = "Dead letters, newest first", body = Listed<DeadLetterRecord>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_dead_letters(
     State(state): State<AppState>,
+    tenancy: Option<Extension<Tenancy>>,
     ApiQuery(q): ApiQuery<DeadLetterQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Listed<DeadLetterRecord>>, ApiError> {
     let limit = page_limit(q.limit)?;
     let filter = DeadLetterFilter {
         execution_ids: vec![],
@@ -74,7 +81,63 @@ pub(crate) async fn list_dead_letters(
     };
     let (records, next) =
         dead_letters::list(&state.store, &filter, cursor, limit, LIST_SCAN_BUDGET).await.map_err(dead_letter_error)?;
-    Ok(Json(json!({"data": records, "next_cursor": next.map(|c| c.to_string())})))
+    let records = only_visible(&state, &tenancy_of(tenancy), records).await?;
+    Ok(Listed::json(records, next.map(|c| c.to_string())))
+}
+
+/// A tenant-bound caller's request about dead letter `id`: 404 unless its execution is the
+/// caller's tenant's (one whose record is gone is no tenant's). An unbound caller costs no read.
+async fn visible(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<(), ApiError> {
+    if tenancy.bound.is_none() {
+        return Ok(());
+    }
+    let owner = state.store.execution_tenants(&[id]).await?.pop().flatten();
+    if !tenancy.sees(owner.as_deref()) || owner.is_none() {
+        return Err(ApiError::not_found(format!("no dead letter for {id:?}")));
+    }
+    Ok(())
+}
+
+/// The records a tenant-bound caller may see (a page may so come back short, as it may anyway).
+async fn only_visible(
+    state: &AppState,
+    tenancy: &Tenancy,
+    records: Vec<DeadLetterRecord>,
+) -> Result<Vec<DeadLetterRecord>, ApiError> {
+    if tenancy.bound.is_none() {
+        return Ok(records);
+    }
+    let ids: Vec<&str> = records.iter().map(|r| r.execution_id.as_deref().unwrap_or("")).collect();
+    let owners = state.store.execution_tenants(&ids).await?;
+    Ok(records
+        .into_iter()
+        .zip(owners)
+        .filter(|(_, o)| o.is_some() && tenancy.sees(o.as_deref()))
+        .map(|(r, _)| r)
+        .collect())
+}
+
+/// A tenant-bound caller's bulk operation acts only on the dead letters it names, and of those
+/// only on its tenant's (the others are as if they did not exist).
+async fn bulk_scope(state: &AppState, tenancy: &Tenancy, filter: &mut DeadLetterFilter) -> Result<(), ApiError> {
+    if tenancy.bound.is_none() {
+        return Ok(());
+    }
+    if filter.execution_ids.is_empty() {
+        return Err(ApiError::invalid("a tenant-bound token names the dead letters it acts on (execution_ids)"));
+    }
+    let ids: Vec<&str> = filter.execution_ids.iter().map(String::as_str).collect();
+    let owners = state.store.execution_tenants(&ids).await?;
+    let mine: Vec<String> = filter
+        .execution_ids
+        .iter()
+        .zip(owners)
+        .filter(|(_, o)| o.is_some() && tenancy.sees(o.as_deref()))
+        .map(|(id, _)| id.clone())
+        .collect();
+    // None of them the caller's: a filter that matches nothing (an id no dead letter has).
+    filter.execution_ids = if mine.is_empty() { vec![String::new()] } else { mine };
+    Ok(())
 }
 
 /// Index entries one listing request looks at, at most.
@@ -135,23 +198,46 @@ fn busy(id: &str) -> ApiError {
 
 #[utoipa::path(post, path = "/v1/dead-letters/{id}/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
     params(("id" = String, Path, description = "The dead letter's execution id")),
-    responses((status = 202, description = "Back on the work queue", body = crate::routes::docs::AcceptedResponse),
+    responses((status = 202, description = "Back on the work queue", body = Data<AcceptedJob>),
+        (status = 200, description = "The execution ended after the dead letter was made: nothing retried, the stale dead letter removed", body = Data<AcceptedJob>),
         (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody),
-        (status = 409, description = "Poison (`not_replayable`) or busy (`dead_letter_busy`)", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
+        (status = 409, description = "Poison (`not_replayable`), replayed already (`execution_live`) or busy (`dead_letter_busy`)", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letter(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    tenancy: Option<Extension<Tenancy>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    match act_on(&state, &id, dead_letters::Action::Retry).await? {
-        dead_letters::Outcome::Done => Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"data": {"execution_id": id, "status": ExecutionStatus::Queued.as_str()}})),
-        )
-            .into_response()),
+) -> Result<(StatusCode, Json<Data<AcceptedJob>>), ApiError> {
+    visible(&state, &tenancy_of(tenancy), &id).await?;
+    let outcome = act_on(&state, &id, dead_letters::Action::Retry).await?;
+    if matches!(outcome, dead_letters::Outcome::Done)
+        || matches!(outcome, dead_letters::Outcome::Superseded(s) if s.is_final())
+    {
+        let stale = json!({"stale": !matches!(outcome, dead_letters::Outcome::Done)});
+        audit::record_api(&state, caller.as_deref(), "dead_letter.retry", &id, 1, Some(&stale)).await;
+    }
+    match outcome {
+        dead_letters::Outcome::Done => {
+            Ok((StatusCode::ACCEPTED, Data::json(AcceptedJob::new(id, ExecutionStatus::Queued))))
+        }
         dead_letters::Outcome::NotReplayable => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_replayable",
             format!("dead letter {id:?} is a poison message: there is no job to retry"),
+        )),
+        dead_letters::Outcome::Superseded(status) if status.is_final() => Ok((
+            StatusCode::OK,
+            Data::json(AcceptedJob {
+                note: Some(
+                    "the execution ended after this dead letter was made; nothing was retried and the stale dead letter is removed",
+                ),
+                ..AcceptedJob::new(id, status)
+            }),
+        )),
+        dead_letters::Outcome::Superseded(status) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "execution_live",
+            format!("execution {id:?} is {} again (replayed already): it is not retried twice", status.as_str()),
         )),
         dead_letters::Outcome::Busy => Err(busy(&id)),
         dead_letters::Outcome::NotFound => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
@@ -165,43 +251,46 @@ pub(crate) async fn retry_dead_letter(
         (status = 409, description = "Another request is acting on it (`dead_letter_busy`)", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_dead_letter(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    tenancy: Option<Extension<Tenancy>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    visible(&state, &tenancy_of(tenancy), &id).await?;
     match act_on(&state, &id, dead_letters::Action::Delete).await? {
-        dead_letters::Outcome::Done => Ok(StatusCode::NO_CONTENT),
+        dead_letters::Outcome::Done => {
+            audit::record_api(&state, caller.as_deref(), "dead_letter.delete", &id, 1, None).await;
+            Ok(StatusCode::NO_CONTENT)
+        }
         dead_letters::Outcome::Busy => Err(busy(&id)),
         _ => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
     }
 }
 
-#[derive(Deserialize, Default)]
+/// Which dead letters a bulk operation acts on (all filters optional; an empty body matches all).
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BulkRequest {
-    #[serde(flatten)]
-    filter: BulkFilter,
-    limit: Option<u64>,
-    rate_per_second: Option<f64>,
-}
-
-#[derive(Deserialize, Default)]
-struct BulkFilter {
+pub(crate) struct BulkRequest {
     #[serde(default)]
     execution_ids: Vec<String>,
     tool_name: Option<String>,
     reason: Option<DeadLetterReason>,
+    /// RFC 3339.
     since: Option<String>,
     until: Option<String>,
+    /// At most this many.
+    limit: Option<u64>,
+    /// Retries per second (0 < r <= 10000; default 50).
+    rate_per_second: Option<f64>,
 }
 
 fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f64>), ApiError> {
     let req: BulkRequest = if body.is_empty() { BulkRequest::default() } else { validate::parse_body(body)? };
-    let f = req.filter;
     let filter = DeadLetterFilter {
-        execution_ids: f.execution_ids,
-        tool_name: f.tool_name,
-        reason: f.reason,
-        since: f.since,
-        until: f.until,
+        execution_ids: req.execution_ids,
+        tool_name: req.tool_name,
+        reason: req.reason,
+        since: req.since,
+        until: req.until,
     };
     filter.validate().map_err(|field| ApiError::invalid(format!("{field} must be an RFC 3339 timestamp")))?;
     // The document says int64: a larger limit is refused rather than read as "no limit".
@@ -216,25 +305,58 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 
 /// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
 #[utoipa::path(post, path = "/v1/dead-letters/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
-    request_body(content = crate::routes::docs::BulkRequestDoc, description = "Which dead letters (an empty body: all)"),
-    responses((status = 200, description = "What was retried", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
+    request_body(content = BulkRequest, description = "Which dead letters (an empty body: all)"),
+    responses((status = 200, description = "What was retried", body = Data<dead_letters::SweepReport>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letters(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    tenancy: Option<Extension<Tenancy>>,
     Body(body): Body,
-) -> Result<Json<Value>, ApiError> {
-    let (filter, limit, rate) = bulk_request(&body)?;
-    let report = apply(&state, &filter, dead_letters::Action::Retry, limit, Some(rate.unwrap_or(50.0))).await?;
-    Ok(Json(json!({"data": report})))
+) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
+    bulk(&state, caller, tenancy, &body, dead_letters::Action::Retry).await
 }
 
 #[utoipa::path(post, path = "/v1/dead-letters/purge", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
-    request_body(content = crate::routes::docs::BulkRequestDoc, description = "Which dead letters (an empty body: all)"),
-    responses((status = 200, description = "What was deleted", body = crate::routes::docs::SweepResponse), crate::routes::docs::CommonErrors))]
+    request_body(content = BulkRequest, description = "Which dead letters (an empty body: all)"),
+    responses((status = 200, description = "What was deleted", body = Data<dead_letters::SweepReport>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn purge_dead_letters(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    tenancy: Option<Extension<Tenancy>>,
     Body(body): Body,
-) -> Result<Json<Value>, ApiError> {
-    let (filter, limit, _) = bulk_request(&body)?;
-    let report = apply(&state, &filter, dead_letters::Action::Delete, limit, None).await?;
-    Ok(Json(json!({"data": report})))
+) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
+    bulk(&state, caller, tenancy, &body, dead_letters::Action::Delete).await
+}
+
+/// A bulk operation through the API: the body's filter (narrowed to the caller's tenant), the
+/// action (a redrive at its rate, default 50/s; a purge at once), its audit entry, and the report.
+async fn bulk(
+    state: &AppState,
+    caller: Option<Extension<Caller>>,
+    tenancy: Option<Extension<Tenancy>>,
+    body: &[u8],
+    action: dead_letters::Action,
+) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
+    let (mut filter, limit, rate) = bulk_request(body)?;
+    bulk_scope(state, &tenancy_of(tenancy), &mut filter).await?;
+    let (rate, name) = match action {
+        dead_letters::Action::Retry => (Some(rate.unwrap_or(50.0)), "dead_letters.redrive"),
+        dead_letters::Action::Delete => (None, "dead_letters.purge"),
+    };
+    let report = apply(state, &filter, action, limit, rate).await?;
+    audit_bulk(state, caller, name, &filter, &report).await;
+    Ok(Data::json(report))
+}
+
+/// Writes a bulk operation (its filter and report) to the audit log.
+async fn audit_bulk(
+    state: &AppState,
+    caller: Option<Extension<Caller>>,
+    action: &str,
+    filter: &DeadLetterFilter,
+    report: &dead_letters::SweepReport,
+) {
+    let detail = serde_json::to_value(report).unwrap_or(Value::Null);
+    let (target, count) = (filter.describe(), report.done);
+    audit::record_api(state, caller.as_deref(), action, &target, count, Some(&detail)).await;
 }

@@ -1,10 +1,14 @@
 //! The HTTP API's routes, one module per resource, and the router that joins them (with the
 //! bearer-token check and request metrics around every route).
 
+pub(crate) mod agent_events;
+pub(crate) mod assistants;
+pub(crate) mod audit;
 pub(crate) mod common;
 pub(crate) mod dead_letters;
 pub(crate) mod docs;
 pub(crate) mod executions;
+pub(crate) mod rooms;
 pub(crate) mod sessions;
 pub(crate) mod stream;
 pub(crate) mod submit;
@@ -12,7 +16,9 @@ pub(crate) mod submit_batch;
 pub(crate) mod tool_calls;
 pub(crate) mod tools;
 pub(crate) mod turns;
+pub(crate) mod usage;
 pub(crate) mod webhooks;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,6 +39,9 @@ fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
         .routes(routes!(tools::list_tools, tools::post_tool))
         .routes(routes!(tools::put_tool, tools::get_tool, tools::delete_tool))
+        .routes(routes!(tools::close_circuit))
+        .routes(routes!(audit::list_audit))
+        .routes(routes!(usage::get_usage))
         .routes(routes!(tool_calls::create_tool_call))
         .routes(routes!(tool_calls::create_tool_call_batch))
         .routes(routes!(turns::create_turn))
@@ -42,6 +51,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::delete_session))
         .routes(routes!(webhooks::list_webhooks))
         .routes(routes!(webhooks::put_webhook, webhooks::get_webhook, webhooks::delete_webhook))
+        .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::cancel_execution))
         .routes(routes!(dead_letters::list_dead_letters))
@@ -49,6 +59,16 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(dead_letters::purge_dead_letters))
         .routes(routes!(dead_letters::get_dead_letter, dead_letters::delete_dead_letter))
         .routes(routes!(dead_letters::retry_dead_letter))
+        .routes(routes!(assistants::create_assistant, assistants::list_assistants))
+        .routes(routes!(assistants::get_assistant, assistants::update_assistant, assistants::delete_assistant))
+        .routes(routes!(rooms::create_room))
+        .routes(routes!(rooms::list_rooms))
+        .routes(routes!(rooms::get_room))
+        .routes(routes!(rooms::close_room))
+        .routes(routes!(rooms::send_message, rooms::list_messages))
+        .routes(routes!(rooms::stream_room))
+        .routes(routes!(rooms::create_stream_token))
+        .routes(routes!(agent_events::create_event))
 }
 
 /// The routes that need no token, documented the same way.
@@ -61,9 +81,9 @@ fn documented_public() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut api = documented().into_openapi();
     api.merge(documented_public().into_openapi());
-    // utoipa makes a body optional only by making it nullable; these take no body (match all)
-    // but refuse `null`.
-    for path in ["/v1/dead-letters/retry", "/v1/dead-letters/purge"] {
+    // utoipa makes a body optional only by making it nullable; these take no body (match all, or
+    // a room with no namespace or metadata) but refuse `null`.
+    for path in ["/v1/dead-letters/retry", "/v1/dead-letters/purge", "/v1/agents/{assistant_id}/rooms"] {
         let body = api.paths.paths.get_mut(path).and_then(|item| item.post.as_mut()?.request_body.as_mut());
         if let Some(body) = body {
             body.required = Some(utoipa::openapi::Required::False);
@@ -96,6 +116,7 @@ pub fn router(state: AppState) -> Router {
         // Merged after the token check, so they need none.
         .merge(public)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::from_fn(json_errors))
         .with_state(state.clone());
     let ready_state = state.clone();
     let readiness: fleet_platform::ops::ReadinessCheck = Arc::new(move || {
@@ -107,9 +128,77 @@ pub fn router(state: AppState) -> Router {
             s.store.ping().await.map_err(|e| e.to_string())
         })
     });
-    v1.merge(fleet_platform::ops::router(state.metrics.clone(), readiness, None))
+    v1.merge(crate::console::router(state.clone()))
+        .merge(fleet_platform::ops::router(state.metrics.clone(), readiness, None))
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state, record_metrics))
+}
+
+/// Answers every error in the API's JSON shape, the framework's own included (a 405 for a method
+/// the route does not serve, a path segment that does not decode), which come as plain text or
+/// with no body at all. Its headers (`Allow`, `WWW-Authenticate`) are kept. Every answer says
+/// `X-Content-Type-Options: nosniff`: what a request echoes (a path in a message) is only ever
+/// read as JSON, never as a page.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path: String = request.uri().path().chars().take(200).collect();
+    let mut response = next.run(request).await;
+    response
+        .headers_mut()
+        .insert(axum::http::header::X_CONTENT_TYPE_OPTIONS, axum::http::HeaderValue::from_static("nosniff"));
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, 4096).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let (code, generic) = framework_error(status);
+    let message = match (status, text.is_empty()) {
+        // The router adds `Allow` after this layer has run, when it has it at all.
+        (axum::http::StatusCode::METHOD_NOT_ALLOWED, _) => match parts.headers.get(axum::http::header::ALLOW) {
+            Some(allowed) => format!("{method} is not allowed on {path} (allowed: {})", allowed.to_str().unwrap_or("")),
+            None => format!("{method} is not allowed on {path}; the Allow header lists the methods that are"),
+        },
+        (_, true) => generic.to_string(),
+        (_, false) => text,
+    };
+    let mut answer = ApiError::new(status, code, message).into_response();
+    for name in [
+        axum::http::header::ALLOW,
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::header::RETRY_AFTER,
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+    ] {
+        if let Some(value) = parts.headers.get(&name) {
+            answer.headers_mut().insert(name, value.clone());
+        }
+    }
+    answer
+}
+
+/// The code and a generic message of an error the framework answered by itself.
+fn framework_error(status: axum::http::StatusCode) -> (&'static str, &'static str) {
+    match status.as_u16() {
+        400 => ("malformed_request", "the request is not well-formed"),
+        401 => ("unauthorized", "a valid 'Authorization: Bearer <token>' header is required"),
+        403 => ("forbidden", "this request is not allowed"),
+        404 => ("not_found", "no such route"),
+        405 => ("method_not_allowed", "this method is not allowed on this route"),
+        413 => ("body_too_large", "request body exceeds the size limit"),
+        415 => ("unsupported_media_type", "Content-Type must be application/json"),
+        422 => ("invalid_request", "the request is invalid"),
+        429 => ("rate_limited", "too many requests"),
+        503 => ("unavailable", "the service is unavailable; try again"),
+        500..=599 => ("internal", "the request failed"),
+        _ => ("error", "the request failed"),
+    }
 }
 
 async fn record_metrics(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -166,6 +255,6 @@ mod tests {
                 operations += 1;
             }
         }
-        assert_eq!(operations, 25, "operations documented");
+        assert_eq!(operations, 43, "operations documented");
     }
 }

@@ -6,12 +6,14 @@ use std::collections::HashMap;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde_json::{json, Value};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use fleet_protocol::history::{page, HistoryEntry, PageRequest};
+use fleet_protocol::history::{page, HistoryEntry, MessageOut, PageRequest};
 
 use crate::error::ApiError;
 use crate::routes::common::ApiQuery;
+use crate::routes::wire::Data;
 use crate::{validate, AppState};
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
@@ -20,13 +22,17 @@ use crate::{validate, AppState};
         ("limit" = Option<u32>, Query, description = "1-100 (default 50)"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page"),
         ("order" = Option<String>, Query, description = "`desc` (newest first, default) or `asc`")),
-    responses((status = 200, description = "The remembered conversation", body = crate::routes::docs::MessagesResponse), crate::routes::docs::CommonErrors))]
+    responses((status = 200, description = "The remembered conversation", body = Data<MessagePage>),
+        (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
     Path(session_id): Path<String>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Data<MessagePage>>, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
+    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
     let req = PageRequest::parse(
         q.get("limit").map(String::as_str),
         q.get("cursor").map(String::as_str),
@@ -34,20 +40,41 @@ pub(crate) async fn list_messages(
     )
     .map_err(ApiError::invalid)?;
     let history = state.store.history(&session_id).await?;
-    let (messages, has_more, next_cursor) = page(&history, &req);
-    let messages: Vec<Value> = messages.into_iter().map(HistoryEntry::to_api).collect();
-    Ok(Json(json!({"data": {"messages": messages, "has_more": has_more, "next_cursor": next_cursor}})))
+    Ok(Data::json(MessagePage::of(&history, &req)))
+}
+
+/// A page of remembered messages (a session's or a room's), the seed's listing shape.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MessagePage {
+    pub messages: Vec<MessageOut>,
+    pub has_more: bool,
+    /// Pass as `cursor` for the next page; null at the end.
+    pub next_cursor: Option<String>,
+}
+
+impl MessagePage {
+    /// The page of `log` that `req` asks for.
+    pub(crate) fn of(log: &[HistoryEntry], req: &PageRequest) -> Self {
+        let (messages, has_more, next_cursor) = page(log, req);
+        Self { messages: messages.into_iter().map(HistoryEntry::to_api).collect(), has_more, next_cursor }
+    }
 }
 
 /// Forgets the session's conversation (204 whether or not it had one); the next turn starts afresh.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = ["sessions:write"])),
     params(("id" = String, Path, description = "The session id")),
-    responses((status = 204, description = "Forgotten (whether or not it had a conversation)"), crate::routes::docs::CommonErrors))]
+    responses((status = 204, description = "Forgotten (whether or not it had a conversation)"),
+        (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_session(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<crate::routes::common::Caller>>,
+    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
     Path(session_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
+    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
     state.store.history_delete(&session_id).await?;
+    crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;
     Ok(StatusCode::NO_CONTENT)
 }

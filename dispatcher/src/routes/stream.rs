@@ -8,9 +8,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Json;
-use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::routes::wire::Data;
+use crate::stream::StreamToken;
 use crate::AppState;
 
 /// The session's events as SSE in the seed's wire format, from `Last-Event-ID` (or
@@ -24,13 +25,16 @@ use crate::AppState;
         ("until" = Option<String>, Query, description = "`done`: close the stream after the next `done` event"),
         ("token" = Option<String>, Query, description = "A stream token from POST /v1/sessions/{id}/stream-token (for EventSource)")),
     responses((status = 200, description = "The session's events as server-sent events", content_type = "text/event-stream", body = String),
+        (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn stream_session(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
     Path(session_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
     crate::stream::serve(&state, session_id, &headers, &query).await
 }
 
@@ -38,11 +42,14 @@ pub(crate) async fn stream_session(
 /// `EventSource`, which cannot send headers.
 #[utoipa::path(post, path = "/v1/sessions/{id}/stream-token", tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id")),
-    responses((status = 200, description = "The stream token: data.token, data.session_id, data.expires_at, data.expires_in", body = Object),
+    responses((status = 200, description = "The stream token", body = Data<StreamToken>),
+        (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_stream_token(
     state: State<AppState>,
+    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
     session_id: Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Data<StreamToken>>, ApiError> {
+    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
     crate::stream::create_stream_token(state, session_id).await
 }

@@ -4,11 +4,10 @@
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
-use sha2::{Digest, Sha256};
+use serde::Serialize;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use utoipa::ToSchema;
 
 use fleet_platform::broker::{BrokerError, Outgoing, PublishFailure};
 use fleet_platform::store::{RequestHold, Reservation};
@@ -18,16 +17,8 @@ use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::schedule::first_destination;
 
 use crate::error::ApiError;
-use crate::routes::common::Caller;
-use crate::{validate, AppState};
-
-/// The request's `Idempotency-Key` as its store key (namespaced by the caller), if it sent one.
-pub(crate) fn request_key(state: &AppState, caller: &Caller, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
-    let k = v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be visible ASCII"))?;
-    validate::idempotency_key(k)?;
-    Ok(Some(state.store.keys().request_key(&caller.0, &hex::encode(Sha256::digest(k.as_bytes())))))
-}
+use crate::routes::wire::Data;
+use crate::AppState;
 
 /// One kind of job a client submits (`POST /v1/tool-calls`, `POST /v1/turns`): what its
 /// `Idempotency-Key` compares, how it is recorded and published, and what a refused one leaves.
@@ -66,10 +57,29 @@ pub(crate) async fn submit<S: Submission>(
     headers: &HeaderMap,
     submission: S,
 ) -> Result<Response, ApiError> {
+    let job = submit_job(state, idempotency_key, headers, submission).await?;
+    Ok(accepted(state, &job).await)
+}
+
+/// A job the broker confirmed (now, or for an earlier request with the same `Idempotency-Key`).
+pub(crate) struct Accepted {
+    pub(crate) execution_id: String,
+    /// The answer replays an earlier request's (its key was used before, or this request took
+    /// over an earlier attempt that may have published).
+    pub(crate) replayed: bool,
+}
+
+/// `submit` for a route that answers in its own way (a room's message answers the stored message).
+pub(crate) async fn submit_job<S: Submission>(
+    state: &AppState,
+    idempotency_key: Option<String>,
+    headers: &HeaderMap,
+    submission: S,
+) -> Result<Accepted, ApiError> {
     let (execution_id, hold) = match &idempotency_key {
         None => (fleet_protocol::new_execution_id(), None),
         Some(key) => match reserve(state, key, &submission.body_digest(), 1).await? {
-            Reserved::Replay(previous) => return Ok(accepted(state, &previous, true).await),
+            Reserved::Replay(previous) => return Ok(Accepted { execution_id: previous, replayed: true }),
             Reserved::Held(hold) => (hold.execution_id().to_string(), Some(hold)),
         },
     };
@@ -86,7 +96,7 @@ pub(crate) async fn submit<S: Submission>(
                     tracing::warn!(error = %e, execution_id, "accepted, but the Idempotency-Key was not recorded");
                 }
             }
-            Ok(accepted(state, &execution_id, republish).await)
+            Ok(Accepted { execution_id, replayed: republish })
         }
         Err(failure) => Err(refuse(state, &submission, &execution_id, hold.as_ref(), republish, failure).await),
     }
@@ -264,9 +274,27 @@ fn send_span(envelope: &Envelope, exchange: &str, routing_key: &str) -> tracing:
     )
 }
 
+/// A job accepted: the broker confirmed it (the answer's `data`).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AcceptedJob {
+    pub execution_id: String,
+    /// `queued` for a fresh job; a replayed `Idempotency-Key` reports the execution's current status.
+    pub status: ExecutionStatus,
+    /// Said when the answer is not the plain acceptance (a dead letter whose execution had ended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<&'static str>,
+}
+
+impl AcceptedJob {
+    pub(crate) fn new(execution_id: String, status: ExecutionStatus) -> Self {
+        Self { execution_id, status, note: None }
+    }
+}
+
 /// The 202 body. A fresh job is `queued` (it may already be running: that is not this answer's
 /// news); a replayed `Idempotency-Key` reports the execution's current status.
-async fn accepted(state: &AppState, execution_id: &str, replayed: bool) -> Response {
+async fn accepted(state: &AppState, job: &Accepted) -> Response {
+    let (execution_id, replayed) = (job.execution_id.as_str(), job.replayed);
     let status = match replayed {
         false => ExecutionStatus::Queued,
         true => match state.store.get_execution(execution_id).await {
@@ -275,12 +303,16 @@ async fn accepted(state: &AppState, execution_id: &str, replayed: bool) -> Respo
         },
     };
     let mut response =
-        (StatusCode::ACCEPTED, Json(json!({"data": {"execution_id": execution_id, "status": status.as_str()}})))
-            .into_response();
+        (StatusCode::ACCEPTED, Data::json(AcceptedJob::new(execution_id.to_string(), status))).into_response();
     if replayed {
-        response.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+        mark_replayed(&mut response);
     }
     response
+}
+
+/// Says that the answer replays an earlier request's (`idempotent-replayed: true`).
+pub(crate) fn mark_replayed(response: &mut Response) {
+    response.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
 }
 
 #[cfg(test)]

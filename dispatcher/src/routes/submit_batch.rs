@@ -11,11 +11,11 @@ use std::collections::HashSet;
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::Instrument;
+use utoipa::ToSchema;
 
 use fleet_platform::broker::BrokerError;
 use fleet_protocol::envelope::Envelope;
@@ -25,6 +25,7 @@ use crate::error::ApiError;
 use crate::routes::submit::{
     failure_outcome, publish_all, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
 };
+use crate::routes::wire::Data;
 use crate::AppState;
 
 /// How many record writes (and status reads) of one batch are in flight at once.
@@ -193,7 +194,7 @@ impl<S: Submission> Batch<'_, S> {
                 "batch accepted in part"
             );
         }
-        let calls: Vec<Value> = outcomes.iter().zip(self.ids).map(|(o, id)| o.to_json(id)).collect();
+        let calls: Vec<BatchCallResult> = outcomes.iter().zip(self.ids).map(|(o, id)| o.result(id)).collect();
         let status = if accepted.len() == calls.len() { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
         batch_body(status, calls, accepted.len())
     }
@@ -233,19 +234,58 @@ fn unknown_error(error: &BrokerError) -> ApiError {
 }
 
 impl ItemOutcome {
-    fn to_json(&self, execution_id: &str) -> Value {
+    fn result(&self, execution_id: &str) -> BatchCallResult {
+        let execution_id = execution_id.to_string();
         match self {
-            ItemOutcome::Accepted => json!({"execution_id": execution_id, "status": ExecutionStatus::Queued.as_str()}),
-            ItemOutcome::NotAccepted(e) | ItemOutcome::Unknown(e) => {
-                json!({"execution_id": execution_id, "error": {"code": e.code, "message": e.message}})
-            }
+            ItemOutcome::Accepted => BatchCallResult::accepted(execution_id, ExecutionStatus::Queued),
+            ItemOutcome::NotAccepted(e) | ItemOutcome::Unknown(e) => BatchCallResult {
+                execution_id,
+                status: None,
+                error: Some(BatchCallError { code: e.code, message: e.message.clone() }),
+            },
         }
     }
 }
 
-fn batch_body(status: StatusCode, calls: Vec<Value>, accepted: usize) -> Response {
+/// A batch's answer (`data`): how many calls were accepted, and each call's result.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchResult {
+    /// How many calls the broker confirmed.
+    accepted: usize,
+    /// How many it did not (0 with a 202).
+    failed: usize,
+    /// One result per call, in request order.
+    calls: Vec<BatchCallResult>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchCallResult {
+    /// `exec_<batch>_<index>`: the same again when the batch is retried with its `Idempotency-Key`.
+    execution_id: String,
+    /// An accepted call's status (`queued`; a replay reports the current one). Absent on error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<ExecutionStatus>,
+    /// A call not accepted: `broker_unavailable` (it was not accepted) or `outcome_unknown` (it
+    /// may run); retry the batch with the same `Idempotency-Key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<BatchCallError>,
+}
+
+impl BatchCallResult {
+    fn accepted(execution_id: String, status: ExecutionStatus) -> Self {
+        Self { execution_id, status: Some(status), error: None }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchCallError {
+    code: &'static str,
+    message: String,
+}
+
+fn batch_body(status: StatusCode, calls: Vec<BatchCallResult>, accepted: usize) -> Response {
     let failed = calls.len() - accepted;
-    (status, Json(json!({"data": {"accepted": accepted, "failed": failed, "calls": calls}}))).into_response()
+    (status, Data::json(BatchResult { accepted, failed, calls })).into_response()
 }
 
 /// A replayed batch's answer: its jobs' ids again, with their current statuses.
@@ -256,9 +296,9 @@ async fn replayed(state: &AppState, batch_id: &str, len: usize) -> Response {
             Ok(Some(view)) => view.status,
             _ => ExecutionStatus::Queued,
         };
-        json!({"execution_id": id, "status": status.as_str()})
+        BatchCallResult::accepted(id, status)
     });
-    let calls: Vec<Value> = futures::stream::iter(lookups).buffered(REDIS_CONCURRENCY).collect().await;
+    let calls: Vec<BatchCallResult> = futures::stream::iter(lookups).buffered(REDIS_CONCURRENCY).collect().await;
     let mut response = batch_body(StatusCode::ACCEPTED, calls, len);
     response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     response

@@ -5,9 +5,11 @@
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::Extension;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
@@ -17,41 +19,60 @@ use fleet_protocol::schedule;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::ApiError;
-use crate::routes::common::{require_json, Body, Caller};
-use crate::routes::submit::{request_key, submit, Submission};
-use crate::routes::submit_batch::submit_batch;
+use crate::routes::common::{JsonInput, RequestKey, Tenancy};
+use crate::routes::submit::{submit, AcceptedJob, Submission};
+use crate::routes::submit_batch::{submit_batch, BatchResult};
+use crate::routes::wire::Data;
 use crate::{validate, AppState};
 
 /// The most calls one batch may hold.
 pub(crate) const MAX_BATCH_CALLS: usize = 1000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
+#[schema(as = ToolCallRequest)]
 #[serde(deny_unknown_fields)]
-struct ToolCallInput {
+pub(crate) struct ToolCallInput {
+    /// A registered tool's name.
     tool_name: String,
+    /// Checked against the tool's `parameters` schema.
     parameters: Map<String, Value>,
     room_id: Option<String>,
     assistant_id: Option<String>,
-    /// RFC 3339: the call runs then (at once if it is past).
+    /// RFC 3339, e.g. `2026-01-20T12:00:00Z`: the call runs then (at once if that is past); at
+    /// most 30 days ahead. Not with `delay_seconds`.
     run_at: Option<String>,
-    /// The call runs this many seconds from now.
+    /// Seconds from now (fractions allowed, 0 or more, at most 30 days) before the call runs. Not
+    /// with `run_at`.
     delay_seconds: Option<f64>,
-    /// When the call is due (ms), once `check` decided it; `None` runs it now.
+    /// Whose call it is (1-64 of `A-Z a-z 0-9 . _ -`): a tenant-bound token's tenant (a different
+    /// one is refused), else this, else the token's name.
+    tenant: Option<String>,
+    // Whose call it is, once `check` decided it.
     #[serde(skip)]
+    #[schema(ignore)]
+    owner: Option<String>,
+    // When the call is due (ms), once `check` decided it; `None` runs it now.
+    #[serde(skip)]
+    #[schema(ignore)]
     due_ms: Option<i64>,
 }
 
-#[derive(Deserialize)]
+/// Up to 1,000 tool calls accepted together.
+#[derive(Deserialize, ToSchema)]
+#[schema(as = BatchRequest)]
 #[serde(deny_unknown_fields)]
-struct BatchInput {
+pub(crate) struct BatchInput {
+    /// 1 to 1,000 calls, each what `POST /v1/tool-calls` takes. One invalid call refuses the whole
+    /// batch (422 naming it: `calls[17].parameters: …`) before anything is published.
     calls: Vec<ToolCallInput>,
 }
 
 impl ToolCallInput {
     /// Checks the call (its tool exists and the parameters satisfy its schema) and decides when it
     /// is due; a refusal names the field it is about.
-    async fn check(&mut self, state: &AppState) -> Result<(), (&'static str, ApiError)> {
+    async fn check(&mut self, state: &AppState, tenancy: &Tenancy) -> Result<(), (&'static str, ApiError)> {
         validate::tool_name(&self.tool_name).map_err(|e| ("tool_name", e))?;
+        self.owner = Some(tenancy.resolve(self.tenant.as_deref()).map_err(|e| ("tenant", e))?);
         validate::identifier("room_id", self.room_id.as_deref()).map_err(|e| ("room_id", e))?;
         validate::identifier("assistant_id", self.assistant_id.as_deref()).map_err(|e| ("assistant_id", e))?;
         self.due_ms = schedule::due_at(self.run_at.as_deref(), self.delay_seconds, now_ms())
@@ -62,49 +83,46 @@ impl ToolCallInput {
 
 #[utoipa::path(post, path = "/v1/tool-calls", tag = "tool-calls", security(("bearer" = ["calls:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution")),
-    request_body = crate::routes::docs::ToolCallRequest,
-    responses((status = 202, description = "Accepted: the broker confirmed the job", body = crate::routes::docs::AcceptedResponse,
+    request_body = ToolCallInput,
+    responses((status = 202, description = "Accepted: the broker confirmed the job", body = Data<AcceptedJob>,
             headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
         (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_tool_call(
     State(state): State<AppState>,
-    axum::Extension(caller): axum::Extension<Caller>,
+    tenancy: Option<Extension<Tenancy>>,
+    RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
-    Body(body): Body,
+    JsonInput { value: mut input, .. }: JsonInput<ToolCallInput>,
 ) -> Result<Response, ApiError> {
-    require_json(&headers)?;
-    let mut input: ToolCallInput = validate::parse_body(&body)?;
-    let idempotency_key = request_key(&state, &caller, &headers)?;
-    input.check(&state).await.map_err(|(_, e)| e)?;
+    input.check(&state, &tenancy.map(|t| t.0).unwrap_or_default()).await.map_err(|(_, e)| e)?;
     submit(&state, idempotency_key, &headers, input).await
 }
 
 #[utoipa::path(post, path = "/v1/tool-calls/batch", tag = "tool-calls", security(("bearer" = ["calls:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution ids and publishes nothing twice")),
-    request_body = crate::routes::docs::BatchRequest,
-    responses((status = 202, description = "Accepted: the broker confirmed every call", body = crate::routes::docs::BatchResponse,
+    request_body = BatchInput,
+    responses((status = 202, description = "Accepted: the broker confirmed every call", body = Data<BatchResult>,
             headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
         (status = 207, description = "Accepted in part (a broker failure during the publish): each call's result, in request order; \
             a call with `error.code` `broker_unavailable` was not accepted, one with `outcome_unknown` may run. \
-            Retry with the same `Idempotency-Key` to publish the calls not confirmed (the same execution ids)", body = crate::routes::docs::BatchResponse),
+            Retry with the same `Idempotency-Key` to publish the calls not confirmed (the same execution ids)", body = Data<BatchResult>),
         (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_tool_call_batch(
     State(state): State<AppState>,
-    axum::Extension(caller): axum::Extension<Caller>,
+    tenancy: Option<Extension<Tenancy>>,
+    RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
-    Body(body): Body,
+    JsonInput { value: BatchInput { mut calls }, .. }: JsonInput<BatchInput>,
 ) -> Result<Response, ApiError> {
-    require_json(&headers)?;
-    let BatchInput { mut calls } = validate::parse_body(&body)?;
     if calls.is_empty() || calls.len() > MAX_BATCH_CALLS {
         return Err(ApiError::invalid(format!("calls: must hold 1 to {MAX_BATCH_CALLS} calls, not {}", calls.len())));
     }
-    let idempotency_key = request_key(&state, &caller, &headers)?;
     // All or nothing: one bad call refuses the batch before anything is written or published.
+    let tenancy = tenancy.map(|t| t.0).unwrap_or_default();
     for (i, call) in calls.iter_mut().enumerate() {
-        call.check(&state).await.map_err(|(field, e)| in_batch(i, field, e))?;
+        call.check(&state, &tenancy).await.map_err(|(field, e)| in_batch(i, field, e))?;
     }
     let span = tracing::info_span!(
         "tool_call_batch",
@@ -152,18 +170,17 @@ impl Submission for ToolCallInput {
         match existing {
             Some(view) => due_ms = view.run_at_ms.or(due_ms),
             None => {
-                state
-                    .store
-                    .create_execution(&NewExecution {
-                        execution_id,
-                        kind: "tool_call",
-                        tool_name: Some(&self.tool_name),
-                        room_id: self.room_id.as_deref(),
-                        assistant_id: self.assistant_id.as_deref(),
-                        now_ms: now,
-                        run_at_ms: due_ms,
-                    })
-                    .await?
+                let record = NewExecution {
+                    execution_id,
+                    kind: "tool_call",
+                    tool_name: Some(&self.tool_name),
+                    room_id: self.room_id.as_deref(),
+                    assistant_id: self.assistant_id.as_deref(),
+                    tenant: self.owner.as_deref(),
+                    now_ms: now,
+                    run_at_ms: due_ms,
+                };
+                state.store.create_execution(&record, None).await?;
             }
         }
         let job = Job::ToolCall(ToolCallJob {
@@ -181,7 +198,7 @@ impl Submission for ToolCallInput {
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool) {
         // A record that failed to be written is not there to remove.
         if recorded {
-            let _ = state.store.delete_execution(execution_id, "tool_call").await;
+            let _ = state.store.delete_execution(execution_id).await;
         }
     }
 }
@@ -200,6 +217,9 @@ fn body_digest(input: &ToolCallInput) -> String {
     }
     if let Some(delay) = input.delay_seconds {
         canonical["delay_seconds"] = json!(delay);
+    }
+    if let Some(tenant) = &input.tenant {
+        canonical["tenant"] = json!(tenant);
     }
     hex::encode(Sha256::digest(serde_json::to_vec(&canonical).expect("JSON serialises")))
 }

@@ -4,50 +4,133 @@
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
 use fleet_protocol::circuit::CircuitBreaker;
-use fleet_protocol::limits::{self, ToolLimits};
+use fleet_protocol::limits::{self, RateLimit, ToolLimits};
 use fleet_protocol::retry_spec::{self, ObjectOnly, RetrySpec};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolRef};
+use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolExecution, ToolRef};
 
+use crate::circuit::ToolHealthOut;
 use crate::error::ApiError;
 use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
+use crate::routes::wire::{Data, Listed};
 use crate::validate;
 use crate::AppState;
 
 /// Conditional writes tried before a request gives up on a tool that keeps changing under it.
 const WRITE_ATTEMPTS: usize = 5;
 
-#[derive(Deserialize)]
+/// A tool registration or update. On create, `callback_url` and `callback_secret` are required
+/// (and `name` for `POST /v1/tools`); on update, fields left out keep their value.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ToolInput {
+    /// 1-64 letters, digits, `_` or `-`; must equal the path's name on `PUT`.
     name: Option<String>,
+    /// At most 4096 characters.
     description: Option<String>,
+    /// A JSON Schema (an object) the calls' parameters must satisfy.
     parameters: Option<Map<String, Value>>,
+    /// An http(s) URL the worker POSTs signed calls to.
     callback_url: Option<String>,
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes (the form the spec's libraries read).
     callback_secret: Option<String>,
-    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    /// How callbacks are signed; `interactor` (the seed's) unless set.
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
-    /// With a new `callback_secret`: keep the previous one for the grace period.
+    /// With a new `callback_secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`
+    /// (under `standard-webhooks` both sign until then).
     rotate_secret: Option<bool>,
     /// The tool's retry schedule; `null` goes back to the fleet's default.
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    #[schema(value_type = Option<RetrySpec>)]
     retry: Option<Option<RetrySpec>>,
-    /// `null` removes the limit; left out keeps it (`fleet_protocol::limits::merge`).
+    /// Callbacks in flight to this tool at once across the fleet (1-100000); `null` removes the limit.
+    // Left out keeps it: `present` tells `null` from absent (`fleet_protocol::limits::merge`).
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000, example = 2)]
     max_concurrency: Option<Value>,
+    /// Callbacks per second across the fleet; `null` removes the limit.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<RateLimit>)]
     rate_limit: Option<Value>,
+    /// The tool's circuit breaker (endpoint health); left out, the fleet's settings apply.
     #[serde(default, deserialize_with = "object_or_null")]
     circuit_breaker: Option<CircuitBreaker>,
+    /// Who runs its calls: `callback` (the default; needs `callback_url` and `callback_secret`) or
+    /// `client` (seed 001: the session's client answers with `tool_output`; no callback).
+    execution: Option<ToolExecution>,
+}
+
+/// A tool as the API shows it (never its secret).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Tool)]
+pub(crate) struct ToolOut {
+    /// `tool_` and 32 hex digits.
+    id: String,
+    name: String,
+    description: String,
+    #[schema(value_type = Map<String, Value>)]
+    parameters: Value,
+    callback_url: String,
+    signature: fleet_protocol::signature_scheme::SignatureScheme,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    previous_secret_expires_at: Option<String>,
+    /// The tool's own retry schedule, or `null`: the fleet's default.
+    retry: Option<RetrySpec>,
+    /// Null: no limit.
+    #[schema(minimum = 1, maximum = 100000)]
+    max_concurrency: Option<u32>,
+    /// Null: no limit.
+    rate_limit: Option<RateLimit>,
+    /// The tool's own circuit breaker; null: the fleet's settings.
+    circuit_breaker: Option<CircuitBreaker>,
+    /// Who runs its calls (`client`: its `callback_url` is empty).
+    execution: ToolExecution,
+    /// Endpoint health, on `GET /v1/tools/{tool}` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    health: Option<ToolHealthOut>,
+    /// RFC 3339.
+    created_at: String,
+    updated_at: String,
+}
+
+impl From<&StoredTool> for ToolOut {
+    fn from(t: &StoredTool) -> Self {
+        Self {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+            callback_url: t.callback_url.clone(),
+            signature: t.signing.scheme,
+            previous_secret_expires_at: crate::signing::previous_secret_expires_at(&t.signing),
+            retry: t.retry.clone(),
+            max_concurrency: t.limits.max_concurrency,
+            rate_limit: t.limits.rate_limit,
+            circuit_breaker: t.circuit_breaker,
+            execution: t.execution,
+            health: None,
+            created_at: rfc3339_from_millis(t.created_at_ms),
+            updated_at: rfc3339_from_millis(t.updated_at_ms),
+        }
+    }
+}
+
+/// What closing a tool's circuit found.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CircuitClosed {
+    tool_name: String,
+    /// Whether the circuit was open (or half-open) before.
+    was_open: bool,
 }
 
 fn object_or_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<CircuitBreaker>, D::Error> {
@@ -63,24 +146,6 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<V
 fn limits(current: &ToolLimits, input: &ToolInput) -> Result<ToolLimits, ApiError> {
     limits::merge(current, input.max_concurrency.as_ref(), input.rate_limit.as_ref())
         .map_err(|e| ApiError::invalid(e.to_string()))
-}
-
-fn tool_json(t: &StoredTool) -> Value {
-    json!({
-        "id": t.id,
-        "name": t.name,
-        "description": t.description,
-        "parameters": t.parameters,
-        "callback_url": t.callback_url,
-        "signature": t.signing.scheme,
-        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&t.signing),
-        "retry": t.retry,
-        "max_concurrency": t.limits.max_concurrency,
-        "rate_limit": t.limits.rate_limit,
-        "circuit_breaker": t.circuit_breaker,
-        "created_at": rfc3339_from_millis(t.created_at_ms),
-        "updated_at": rfc3339_from_millis(t.updated_at_ms),
-    })
 }
 
 /// The checks each given field passes on its own (the schema is compiled to see that it is one).
@@ -106,7 +171,8 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
 }
 
 /// The tool `input` makes of `existing` (or a new one named `name`); `secret_ciphertext` is the
-/// input's secret, encrypted.
+/// input's secret, encrypted. A tool the fleet calls needs a `callback_url` and secret; a client
+/// tool has none.
 fn merged(
     existing: Option<&StoredTool>,
     name: &str,
@@ -114,47 +180,65 @@ fn merged(
     secret_ciphertext: Option<String>,
     now: i64,
 ) -> Result<StoredTool, ApiError> {
-    Ok(match existing {
-        Some(old) => StoredTool {
-            // A tool stored before tools had ids gets one with its first update.
-            id: if old.id.is_empty() { new_tool_id() } else { old.id.clone() },
-            name: old.name.clone(),
-            description: input.description.clone().unwrap_or_else(|| old.description.clone()),
-            parameters: input.parameters.clone().map(Value::Object).unwrap_or_else(|| old.parameters.clone()),
-            callback_url: input.callback_url.clone().unwrap_or_else(|| old.callback_url.clone()),
-            secret_ciphertext: secret_ciphertext.unwrap_or_else(|| old.secret_ciphertext.clone()),
-            created_at_ms: old.created_at_ms,
-            updated_at_ms: now,
-            signing: old.signing.clone(),
-            retry: retry_spec::updated(&input.retry, old.retry.as_ref()),
-            limits: limits(&old.limits, input)?,
-            circuit_breaker: input.circuit_breaker.or(old.circuit_breaker),
-        },
-        None => {
-            let callback_url =
-                input.callback_url.clone().ok_or_else(|| ApiError::invalid("callback_url is required"))?;
-            let secret_ciphertext =
-                secret_ciphertext.ok_or_else(|| ApiError::invalid("callback_secret is required"))?;
-            StoredTool {
-                id: new_tool_id(),
-                name: name.to_string(),
-                description: input.description.clone().unwrap_or_default(),
-                parameters: input
-                    .parameters
-                    .clone()
-                    .map(Value::Object)
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-                callback_url,
-                secret_ciphertext,
-                created_at_ms: now,
-                updated_at_ms: now,
-                signing: Default::default(),
-                retry: retry_spec::updated(&input.retry, None),
-                limits: limits(&ToolLimits::default(), input)?,
-                circuit_breaker: input.circuit_breaker,
-            }
+    let execution = input.execution.or(existing.map(|t| t.execution)).unwrap_or_default();
+    let callback_url = input.callback_url.clone().or_else(|| existing.map(|t| t.callback_url.clone()));
+    let secret_ciphertext = secret_ciphertext.or_else(|| existing.map(|t| t.secret_ciphertext.clone()));
+    let (callback_url, secret_ciphertext) = match execution {
+        ToolExecution::Client if input.callback_url.is_some() || input.callback_secret.is_some() => {
+            return Err(ApiError::invalid(
+                "callback_url and callback_secret are for tools the fleet calls; a client tool (execution: client) has none",
+            ))
         }
+        ToolExecution::Client => (String::new(), String::new()),
+        ToolExecution::Callback => (
+            callback_url.filter(|u| !u.is_empty()).ok_or_else(|| ApiError::invalid("callback_url is required"))?,
+            secret_ciphertext.filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid("callback_secret is required"))?,
+        ),
+    };
+    let default_parameters = || json!({"type": "object", "properties": {}});
+    Ok(StoredTool {
+        // A tool stored before tools had ids gets one with its first update.
+        id: existing.map(|t| t.id.clone()).filter(|id| !id.is_empty()).unwrap_or_else(new_tool_id),
+        name: existing.map_or_else(|| name.to_string(), |t| t.name.clone()),
+        description: input.description.clone().or_else(|| existing.map(|t| t.description.clone())).unwrap_or_default(),
+        parameters: input
+            .parameters
+            .clone()
+            .map(Value::Object)
+            .or_else(|| existing.map(|t| t.parameters.clone()))
+            .unwrap_or_else(default_parameters),
+        callback_url,
+        secret_ciphertext,
+        created_at_ms: existing.map_or(now, |t| t.created_at_ms),
+        updated_at_ms: now,
+        signing: existing.map(|t| t.signing.clone()).unwrap_or_default(),
+        retry: retry_spec::updated(&input.retry, existing.and_then(|t| t.retry.as_ref())),
+        limits: limits(existing.map(|t| &t.limits).unwrap_or(&ToolLimits::default()), input)?,
+        circuit_breaker: input.circuit_breaker.or(existing.and_then(|t| t.circuit_breaker)),
+        execution,
     })
+}
+
+/// Refuses (422 `unknown_tool`, naming them) the tools in `names` that are not registered: an
+/// assistant or turn may enable registered tools only. `field` names where they were given.
+pub(crate) async fn require_registered(state: &AppState, field: &str, names: &[String]) -> Result<(), ApiError> {
+    let registered = state.store.tools_registered(names).await?;
+    let missing: Vec<String> =
+        names.iter().zip(registered).filter(|(_, known)| !known).map(|(name, _)| format!("{name:?}")).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_tool",
+        format!(
+            "{field} names {} that {} not registered: {}; register {} first (POST /v1/tools)",
+            if missing.len() == 1 { "a tool" } else { "tools" },
+            if missing.len() == 1 { "is" } else { "are" },
+            missing.join(", "),
+            if missing.len() == 1 { "it" } else { "them" },
+        ),
+    ))
 }
 
 fn no_tool(tool: ToolRef<'_>) -> ApiError {
@@ -252,15 +336,15 @@ async fn tool_input(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Resul
 
 /// `POST /v1/tools`: the seed's registration; 201, or 409 if the name is taken.
 #[utoipa::path(post, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:write"])),
-    request_body(content = crate::routes::docs::ToolInputDoc, description = "The tool (name, callback_url and callback_secret required)"),
-    responses((status = 201, description = "Registered", body = crate::routes::docs::ToolResponse),
+    request_body(content = ToolInput, description = "The tool (name, callback_url and callback_secret required)"),
+    responses((status = 201, description = "Registered", body = Data<ToolOut>),
         (status = 409, description = "A tool of that name exists (`tool_exists`) or kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn post_tool(
     State(state): State<AppState>,
     headers: HeaderMap,
     Body(body): Body,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Json<Data<ToolOut>>), ApiError> {
     let input = tool_input(&state, &headers, &body).await?;
     let name = input.name.clone().ok_or_else(|| ApiError::invalid("name is required"))?;
     validate::tool_name(&name)?;
@@ -270,15 +354,15 @@ pub(crate) async fn post_tool(
         )));
     }
     let (status, tool) = save(&state, ToolRef::Name(&name), true, &input).await?;
-    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
+    Ok((status, Data::json(ToolOut::from(&tool))))
 }
 
 /// `PUT /v1/tools/{tool}`: by name, creates (201) or updates (200); by id, updates only (404 if none).
 #[utoipa::path(put, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
     params(("tool" = String, Path, description = "The tool's name (creates or updates) or id (updates only)")),
-    request_body(content = crate::routes::docs::ToolInputDoc, description = "Fields to set (callback_url and callback_secret required to create)"),
-    responses((status = 200, description = "Updated", body = crate::routes::docs::ToolResponse),
-        (status = 201, description = "Created", body = crate::routes::docs::ToolResponse),
+    request_body(content = ToolInput, description = "Fields to set (callback_url and callback_secret required to create)"),
+    responses((status = 200, description = "Updated", body = Data<ToolOut>),
+        (status = 201, description = "Created", body = Data<ToolOut>),
         (status = 404, description = "No tool with that id", body = crate::routes::docs::ErrorBody),
         (status = 409, description = "The tool kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
@@ -287,14 +371,14 @@ pub(crate) async fn put_tool(
     Path(tool): Path<String>,
     headers: HeaderMap,
     Body(body): Body,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Json<Data<ToolOut>>), ApiError> {
     let target = ToolRef::parse(&tool);
     if let ToolRef::Name(name) = target {
         validate::tool_name(name)?;
     }
     let input = tool_input(&state, &headers, &body).await?;
     let (status, tool) = save(&state, target, false, &input).await?;
-    Ok((status, Json(json!({"data": tool_json(&tool)}))).into_response())
+    Ok((status, Data::json(ToolOut::from(&tool))))
 }
 
 /// The tool to show: one stored before tools had ids gets its id here, once.
@@ -313,31 +397,35 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
 
 #[utoipa::path(get, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:read"])),
     params(("tool" = String, Path, description = "The tool's name or id")),
-    responses((status = 200, description = "The tool", body = crate::routes::docs::ToolResponse),
+    responses((status = 200, description = "The tool", body = Data<ToolOut>),
         (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
-pub(crate) async fn get_tool(State(state): State<AppState>, Path(tool): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn get_tool(
+    State(state): State<AppState>,
+    Path(tool): Path<String>,
+) -> Result<Json<Data<ToolOut>>, ApiError> {
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
-    let mut data = tool_json(&with_id(&state, version).await?);
-    let name = data["name"].as_str().unwrap_or_default().to_string();
-    data["health"] = crate::circuit::health_json(&state.store.tool_health(&name).await?);
-    Ok(Json(json!({"data": data})))
+    let mut data = ToolOut::from(&with_id(&state, version).await?);
+    let health = state.store.tool_health(&data.name).await?;
+    let history = state.store.circuit_history(&data.name, 20).await?;
+    data.health = Some(ToolHealthOut::new(&health, &history));
+    Ok(Data::json(data))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
-    responses((status = 200, description = "Registered tools by name", body = crate::routes::docs::ToolList), crate::routes::docs::CommonErrors))]
+    responses((status = 200, description = "Registered tools by name", body = Listed<ToolOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
     ApiQuery(page): ApiQuery<Page>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Listed<ToolOut>>, ApiError> {
     let limit = page_limit(page.limit)?;
     let versions = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
     let next = (versions.len() > limit).then(|| versions[limit - 1].tool.name.clone());
     let mut data = Vec::with_capacity(limit);
     for version in versions.into_iter().take(limit) {
-        data.push(tool_json(&with_id(&state, version).await?));
+        data.push(ToolOut::from(&with_id(&state, version).await?));
     }
-    Ok(Json(json!({"data": data, "next_cursor": next})))
+    Ok(Listed::json(data, next))
 }
 
 #[utoipa::path(delete, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write"])),
@@ -365,6 +453,10 @@ pub(crate) async fn delete_tool(
 mod tests {
     use super::*;
 
+    fn tool_json(t: &StoredTool) -> Value {
+        serde_json::to_value(ToolOut::from(t)).unwrap()
+    }
+
     fn input(body: Value) -> ToolInput {
         serde_json::from_value(body).unwrap()
     }
@@ -383,6 +475,7 @@ mod tests {
             retry: None,
             limits: ToolLimits::default(),
             circuit_breaker: None,
+            execution: Default::default(),
         }
     }
 
@@ -433,4 +526,26 @@ mod tests {
         assert_eq!((removed.limits.max_concurrency, removed.limits.rate_limit), (None, set.limits.rate_limit));
         assert_eq!(tool_json(&removed)["max_concurrency"], Value::Null);
     }
+}
+
+/// Closes a tool's circuit by hand (its consecutive failures reset): calls flow again at once
+/// instead of after the next successful probe. Written to the audit log.
+#[utoipa::path(post, path = "/v1/tools/{tool}/circuit/close", tag = "tools", security(("bearer" = ["tools:write"])),
+    params(("tool" = String, Path, description = "The tool's name or id")),
+    responses((status = 200, description = "Closed; `was_open` says whether it was open", body = Data<CircuitClosed>),
+        (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
+pub(crate) async fn close_circuit(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<crate::routes::common::Caller>>,
+    Path(tool): Path<String>,
+) -> Result<Json<Data<CircuitClosed>>, ApiError> {
+    let target = ToolRef::parse(&tool);
+    let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
+    let name = version.tool.name.clone();
+    let actor = crate::routes::audit::actor(caller.as_deref());
+    let was_open = state.store.close_circuit(&name, fleet_platform::now_ms(), &actor).await?;
+    let detail = json!({"was_open": was_open});
+    let count = u64::from(was_open);
+    crate::routes::audit::record_api(&state, caller.as_deref(), "circuit.close", &name, count, Some(&detail)).await;
+    Ok(Data::json(CircuitClosed { tool_name: name, was_open }))
 }

@@ -1,11 +1,10 @@
 //! The webhook registry: `GET /v1/webhooks`, `PUT|GET|DELETE /v1/webhooks/{id}`.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::StoredWebhook;
@@ -13,52 +12,74 @@ use fleet_protocol::retry_spec::{self, RetrySpec};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
+use crate::routes::common::{page_limit, refuse_private_resolution, ApiQuery, JsonInput, Page};
+use crate::routes::wire::{Data, Listed};
 use crate::{validate, AppState};
 
-#[derive(Deserialize)]
+/// On create, all of `url`, `secret` and `events` are required; on update, fields left out keep
+/// their value.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WebhookInput {
+pub(crate) struct WebhookInput {
     url: Option<String>,
+    /// 16-1024 bytes; stored encrypted, never returned. Under `standard-webhooks`: `whsec_` and
+    /// base64 of at least 24 bytes.
     secret: Option<String>,
+    /// At least one known event.
     events: Option<Vec<String>>,
-    /// `interactor` (default) or `standard-webhooks`; see `crate::signing`.
+    /// How deliveries are signed; `interactor` (the seed's) unless set.
     signature: Option<fleet_protocol::signature_scheme::SignatureScheme>,
-    /// With a new `secret`: keep the previous one for the grace period.
+    /// With a new `secret`: keep the previous one for `FLEET_SECRET_ROTATION_GRACE`.
     rotate_secret: Option<bool>,
     /// The webhook's retry schedule; `null` goes back to the fleet's default.
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    #[schema(value_type = Option<RetrySpec>)]
     retry: Option<Option<RetrySpec>>,
 }
 
-fn webhook_json(h: &StoredWebhook) -> Value {
-    json!({
-        "id": h.id,
-        "url": h.url,
-        "events": h.events,
-        "signature": h.signing.scheme,
-        "previous_secret_expires_at": crate::signing::previous_secret_expires_at(&h.signing),
-        "retry": h.retry,
-        "created_at": rfc3339_from_millis(h.created_at_ms),
-        "updated_at": rfc3339_from_millis(h.updated_at_ms),
-    })
+/// A webhook as the API shows it (never its secret).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Webhook)]
+pub(crate) struct WebhookOut {
+    id: String,
+    url: String,
+    events: Vec<String>,
+    signature: fleet_protocol::signature_scheme::SignatureScheme,
+    /// RFC 3339: when the secret replaced by `rotate_secret` expires; null outside a rotation.
+    previous_secret_expires_at: Option<String>,
+    /// The webhook's own retry schedule, or `null`: the fleet's default.
+    retry: Option<RetrySpec>,
+    created_at: String,
+    updated_at: String,
+}
+
+impl From<&StoredWebhook> for WebhookOut {
+    fn from(h: &StoredWebhook) -> Self {
+        Self {
+            id: h.id.clone(),
+            url: h.url.clone(),
+            events: h.events.clone(),
+            signature: h.signing.scheme,
+            previous_secret_expires_at: crate::signing::previous_secret_expires_at(&h.signing),
+            retry: h.retry.clone(),
+            created_at: rfc3339_from_millis(h.created_at_ms),
+            updated_at: rfc3339_from_millis(h.updated_at_ms),
+        }
+    }
 }
 
 #[utoipa::path(put, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),
     params(("id" = String, Path, description = "1-64 letters, digits, `_` or `-`")),
-    request_body = crate::routes::docs::WebhookInputDoc,
-    responses((status = 200, description = "Updated", body = crate::routes::docs::WebhookResponse),
-        (status = 201, description = "Created", body = crate::routes::docs::WebhookResponse), crate::routes::docs::CommonErrors))]
+    request_body = WebhookInput,
+    responses((status = 200, description = "Updated", body = Data<WebhookOut>),
+        (status = 201, description = "Created", body = Data<WebhookOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn put_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    Body(body): Body,
-) -> Result<Response, ApiError> {
-    require_json(&headers)?;
+    JsonInput { value: input, .. }: JsonInput<WebhookInput>,
+) -> Result<(StatusCode, Json<Data<WebhookOut>>), ApiError> {
     validate::tool_name(&id)
         .map_err(|_| ApiError::invalid("webhook id must be 1-64 characters of letters, digits, '_' or '-'"))?;
-    let input: WebhookInput = validate::parse_body(&body)?;
     if let Some(url) = &input.url {
         validate::callback_url("url", url, state.config.allow_private_callbacks)?;
         if !state.config.allow_private_callbacks {
@@ -116,7 +137,7 @@ pub(crate) async fn put_webhook(
     };
     let created = state.store.put_webhook(&hook).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"data": webhook_json(&hook)}))).into_response())
+    Ok((status, Data::json(WebhookOut::from(&hook))))
 }
 
 /// The signing state `input` makes of `existing`'s (`signature`, `rotate_secret`).
@@ -139,27 +160,26 @@ fn webhook_signing(
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read"])),
     params(("id" = String, Path, description = "The webhook id")),
-    responses((status = 200, description = "The webhook", body = crate::routes::docs::WebhookResponse),
+    responses((status = 200, description = "The webhook", body = Data<WebhookOut>),
         (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Data<WebhookOut>>, ApiError> {
     let hook = state.store.get_webhook(&id).await?.ok_or_else(|| ApiError::not_found(format!("no webhook {id:?}")))?;
-    Ok(Json(json!({"data": webhook_json(&hook)})))
+    Ok(Data::json(WebhookOut::from(&hook)))
 }
 
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = ["webhooks:read"])), params(crate::routes::common::Page),
-    responses((status = 200, description = "Webhooks by id", body = crate::routes::docs::WebhookList), crate::routes::docs::CommonErrors))]
+    responses((status = 200, description = "Webhooks by id", body = Listed<WebhookOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_webhooks(
     State(state): State<AppState>,
     ApiQuery(page): ApiQuery<Page>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Listed<WebhookOut>>, ApiError> {
     let limit = page_limit(page.limit)?;
     let hooks = state.store.list_webhooks(page.cursor.as_deref(), limit + 1).await?;
     let next = (hooks.len() > limit).then(|| hooks[limit - 1].id.clone());
-    let data: Vec<Value> = hooks.iter().take(limit).map(webhook_json).collect();
-    Ok(Json(json!({"data": data, "next_cursor": next})))
+    Ok(Listed::json(hooks.iter().take(limit).map(WebhookOut::from).collect(), next))
 }
 
 #[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),

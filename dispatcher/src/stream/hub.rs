@@ -23,12 +23,14 @@ const BROADCAST_BATCHES: usize = 64;
 /// `read_events` returns at most this many at once; a full batch means there may be more.
 const READ_BATCH: usize = 100;
 
-/// One event, its SSE frame rendered once for every listener.
+/// One event, its SSE frame rendered once for every listener, and its JSON (a seed 001 response
+/// shows it its own way).
 #[derive(Debug, Clone)]
 pub(crate) struct Event {
     pub(crate) id: StreamId,
     pub(crate) frame: Bytes,
     pub(crate) is_done: bool,
+    pub(crate) data: Arc<serde_json::Value>,
 }
 
 /// The listeners' shared reader of one session's stream.
@@ -140,32 +142,29 @@ impl StreamHub {
         }
     }
 
-    /// Every event after `after` that the session's stream still keeps, rendered.
-    pub(crate) async fn read_after(&self, session_id: &str, after: StreamId) -> Result<Vec<Event>, StoreError> {
-        let mut events = Vec::new();
-        let mut cursor = after;
-        loop {
-            let batch = read_batch(&self.store, session_id, cursor).await?;
-            let full = batch.len() >= READ_BATCH;
-            cursor = batch.last().map_or(cursor, |e| e.id);
-            events.extend(batch);
-            if !full {
-                return Ok(events);
-            }
-        }
+    /// Up to `count` events after `after` that the session's stream still keeps, rendered: one page
+    /// of a listener's catch-up.
+    pub(crate) async fn read_page(
+        &self,
+        session_id: &str,
+        after: StreamId,
+        count: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        read_batch(&self.store, session_id, after, count).await
     }
 }
 
 /// One `read_events` call, rendered: an event whose data is not JSON is skipped.
-async fn read_batch(store: &Store, session_id: &str, after: StreamId) -> Result<Vec<Event>, StoreError> {
-    let raw = store.read_events(session_id, &after.to_string()).await?;
+async fn read_batch(store: &Store, session_id: &str, after: StreamId, count: usize) -> Result<Vec<Event>, StoreError> {
+    let raw = store.read_events(session_id, &after.to_string(), count).await?;
     Ok(raw
         .into_iter()
         .filter_map(|(id, data)| {
             let id = StreamId::parse(&id)?;
             let event: serde_json::Value = serde_json::from_str(&data).ok()?;
             let is_done = event["type"] == "done";
-            Some(Event { id, frame: Bytes::from(turn::sse_frame(&id.to_string(), &event)), is_done })
+            let frame = Bytes::from(turn::sse_frame(&id.to_string(), &event));
+            Some(Event { id, frame, is_done, data: Arc::new(event) })
         })
         .collect())
 }
@@ -179,7 +178,7 @@ async fn read_feed(store: Store, feed: Arc<Feed>, mut cursor: StreamId) {
             _ = feed.wake.notified() => {}
         }
         loop {
-            match read_batch(&store, &feed.session_id, cursor).await {
+            match read_batch(&store, &feed.session_id, cursor, READ_BATCH).await {
                 Ok(batch) => {
                     let full = batch.len() >= READ_BATCH;
                     if let Some(last) = batch.last() {

@@ -1,6 +1,7 @@
-//! One client's stream: the backlog it asked for, then its session feed's events (each sent once,
-//! in id order), keep-alives while idle; it ends after `done` when asked to, and when the
-//! dispatcher shuts down.
+//! One client's stream: the backlog it asked for, read a page at a time as the client takes it (a
+//! stalled client holds a page, not the retained stream), then its session feed's events (each
+//! sent once, in id order), keep-alives while idle; it ends after `done` when asked to, and when
+//! the dispatcher shuts down.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,35 @@ pub(crate) struct Listener {
     session_id: String,
     subscription: Subscription,
     position: Position,
+    /// Catching up from Redis (the backlog, or after falling behind the feed), and how many events
+    /// the next page asks for.
+    catching_up: Option<Page>,
+}
+
+/// The size of a catch-up page: events are up to 1 MiB each, so a page is sized by the bytes the
+/// last one held, between 1 and 100 events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Page {
+    count: usize,
+}
+
+impl Page {
+    const FIRST: Page = Page { count: 16 };
+    const MAX_COUNT: usize = 100;
+    /// What one page aims to hold.
+    const TARGET_BYTES: usize = 1 << 20;
+
+    /// The next page's size after one that held `events` events of `bytes` bytes in all.
+    fn next(self, events: usize, bytes: usize) -> Page {
+        let count = if bytes > Page::TARGET_BYTES {
+            (self.count / 2).max(1)
+        } else if events == self.count && bytes < Page::TARGET_BYTES / 4 {
+            (self.count * 2).min(Page::MAX_COUNT)
+        } else {
+            self.count
+        };
+        Page { count }
+    }
 }
 
 /// How far a stream has got (pure): what it sent last and whether it is finished.
@@ -59,19 +89,29 @@ impl Listener {
         after: StreamId,
         until_done: bool,
     ) -> Self {
-        Listener { hub, session_id, subscription, position: Position { last: after, until_done, finished: false } }
+        let position = Position { last: after, until_done, finished: false };
+        Listener { hub, session_id, subscription, position, catching_up: Some(Page::FIRST) }
     }
 
-    /// The response body: the opening comment and `backlog`, then live events.
-    pub(crate) fn into_body(mut self, backlog: Vec<Event>) -> axum::body::Body {
-        let mut first = OPENED.to_vec();
-        self.position.render(&backlog, &mut first);
-        let opening = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(first))]);
+    /// The response body: the opening comment, then the backlog page by page, then live events.
+    pub(crate) fn into_body(self) -> axum::body::Body {
+        let opening = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(OPENED))]);
         let live = futures::stream::unfold(self, |mut listener| async move {
             let chunk = listener.next_chunk().await?;
             Some((Ok(chunk), listener))
         });
         axum::body::Body::from_stream(futures::StreamExt::chain(opening, live))
+    }
+
+    /// The next page of a catch-up; `None` ends the stream (Redis failed: the client reconnects with
+    /// `Last-Event-ID` and misses nothing).
+    async fn catch_up(&mut self, page: Page) -> Option<Vec<u8>> {
+        let events = self.hub.read_page(&self.session_id, self.position.last, page.count).await.ok()?;
+        let bytes: usize = events.iter().map(|e| e.frame.len()).sum();
+        self.catching_up = (events.len() == page.count).then(|| page.next(events.len(), bytes));
+        let mut out = Vec::with_capacity(bytes);
+        self.position.render(&events, &mut out);
+        Some(out)
     }
 
     /// The next bytes to send; `None` ends the stream.
@@ -80,6 +120,13 @@ impl Listener {
         loop {
             if self.position.finished {
                 return None;
+            }
+            if let Some(page) = self.catching_up {
+                let out = self.catch_up(page).await?;
+                if !out.is_empty() {
+                    return Some(Bytes::from(out));
+                }
+                continue;
             }
             let received = tokio::select! {
                 biased;
@@ -90,12 +137,8 @@ impl Listener {
             let mut out = Vec::new();
             match received {
                 Ok(batch) => self.position.render(&batch, &mut out),
-                // Fell behind the feed: what was dropped is still in Redis.
-                Err(RecvError::Lagged(_)) => match self.hub.read_after(&self.session_id, self.position.last).await {
-                    Ok(events) => self.position.render(&events, &mut out),
-                    // The client reconnects with `Last-Event-ID` and misses nothing.
-                    Err(_) => return None,
-                },
+                // Fell behind the feed: what was dropped is still in Redis, read page by page.
+                Err(RecvError::Lagged(_)) => self.catching_up = Some(Page::FIRST),
                 Err(RecvError::Closed) => return None,
             }
             if !out.is_empty() {
@@ -110,7 +153,8 @@ mod tests {
     use super::*;
 
     fn event(id: &str, is_done: bool) -> Event {
-        Event { id: StreamId::parse(id).unwrap(), frame: Bytes::from(format!("[{id}]")), is_done }
+        let data = Arc::new(serde_json::Value::Null);
+        Event { id: StreamId::parse(id).unwrap(), frame: Bytes::from(format!("[{id}]")), is_done, data }
     }
 
     fn sent(position: &mut Position, events: &[Event]) -> String {
@@ -128,6 +172,16 @@ mod tests {
         let live = [event("2-0", false), event("2-1", false), event("3-0", true), event("4-0", false)];
         assert_eq!(sent(&mut p, &live), "[3-0][4-0]");
         assert!(!p.finished, "done does not end a stream without until=done");
+    }
+
+    #[test]
+    fn catch_up_pages_follow_the_bytes_they_hold() {
+        let page = Page::FIRST;
+        assert_eq!(page.next(16, 16 * 300).count, 32, "small events: bigger pages");
+        assert_eq!(page.next(16, 16 << 20).count, 8, "1 MiB events: smaller pages");
+        assert_eq!(Page { count: 1 }.next(1, 1 << 20).count, 1, "never below one");
+        assert_eq!(Page { count: 100 }.next(100, 100).count, 100, "never above a hundred");
+        assert_eq!(page.next(3, 900).count, 16, "a short page ends the catch-up anyway");
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! The session's SSE stream, `GET /v1/sessions/{id}/stream`, and the short-lived stream tokens
-//! (`POST /v1/sessions/{id}/stream-token`) that let a browser's `EventSource`, which cannot send an
+//! The session's SSE stream, `GET /v1/sessions/{id}/stream` (and a room's, the same stream:
+//! `GET /v1/agents/rooms/{room_id}/stream`), and the short-lived stream tokens
+//! (`POST …/stream-token`) that let a browser's `EventSource`, which cannot send an
 //! `Authorization` header, open it with `?token=`. No other route accepts a token in the query.
 //!
 //! Events come from one reader per session shared by all its listeners (`hub.rs`), woken by the
 //! announcement of each appended event: no stream polls Redis.
 
+mod follow;
 mod hub;
 mod listener;
 mod request;
@@ -15,21 +17,27 @@ use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, RequestPartsExt};
-use serde_json::{json, Value};
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_protocol::stream_token::{self, TOKEN_TTL_MS};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
+use crate::routes::wire::Data;
 use crate::{validate, AppState};
 
+pub(crate) use follow::{Awaited, Follow, Window};
 pub use hub::StreamHub;
+pub(crate) use hub::Subscription;
 use listener::Listener;
-use request::{Start, StreamId};
+use request::Start;
+pub(crate) use request::StreamId;
 
-/// The route a stream token opens, as the router names it.
-const STREAM_ROUTE: &str = "/v1/sessions/{id}/stream";
+/// The routes a stream token opens, as the router names them: a session's stream, and a room's
+/// (a room is a session: its id is the session's).
+const STREAM_ROUTES: [&str; 2] = ["/v1/sessions/{id}/stream", "/v1/agents/rooms/{room_id}/stream"];
 /// What the stream-token key is derived for from `FLEET_SECRETS_KEY`.
 const TOKEN_KEY_PURPOSE: &str = "stream-token";
 
@@ -54,7 +62,6 @@ pub(crate) async fn serve(
         Start::Beginning => StreamId::ZERO,
         Start::Now => StreamId::parse(&state.store.last_event_id(&session_id).await?).unwrap_or(StreamId::ZERO),
     };
-    let backlog = state.streams.read_after(&session_id, after).await?;
     let listener = Listener::new(state.streams.clone(), session_id, subscription, after, wanted.until_done);
     Ok((
         [
@@ -66,7 +73,7 @@ pub(crate) async fn serve(
             // no cookie is involved, so any origin may.
             (header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*")),
         ],
-        listener.into_body(backlog),
+        listener.into_body(),
     )
         .into_response())
 }
@@ -76,23 +83,40 @@ pub(crate) async fn serve(
 pub(crate) async fn create_stream_token(
     State(state): State<AppState>,
     Path(session_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Data<StreamToken>>, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
+    Ok(Data::json(stream_token_for(&state, &session_id)))
+}
+
+/// A stream token: `token` opens the session's stream with `?token=` until `expires_at`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StreamToken {
+    pub token: String,
+    pub session_id: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// Seconds it stays valid (60).
+    #[schema(minimum = 0)]
+    pub expires_in: i64,
+}
+
+/// A new stream token for `session_id`'s stream.
+pub(crate) fn stream_token_for(state: &AppState, session_id: &str) -> StreamToken {
     let expires_at_ms = now_ms() + TOKEN_TTL_MS;
     let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
-    let token = stream_token::sign(&key, &session_id, expires_at_ms);
-    Ok(Json(json!({"data": {
-        "token": token,
-        "session_id": session_id,
-        "expires_at": rfc3339_from_millis(expires_at_ms),
-        "expires_in": TOKEN_TTL_MS / 1000,
-    }})))
+    StreamToken {
+        token: stream_token::sign(&key, session_id, expires_at_ms),
+        session_id: session_id.to_string(),
+        expires_at: rfc3339_from_millis(expires_at_ms),
+        expires_in: TOKEN_TTL_MS / 1000,
+    }
 }
 
 /// Authenticates a request that has no `Authorization` header by its `?token=`: only a stream
 /// request, only with a valid, unexpired token for that request's session.
 pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) -> Result<Request, ApiError> {
-    let on_stream_route = request.extensions().get::<MatchedPath>().is_some_and(|p| p.as_str() == STREAM_ROUTE);
+    let on_stream_route =
+        request.extensions().get::<MatchedPath>().is_some_and(|p| STREAM_ROUTES.contains(&p.as_str()));
     let token = request.uri().query().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
     });

@@ -18,6 +18,15 @@ impl StreamId {
         }
         Some(StreamId(ms.parse().ok()?, seq.parse().ok()?))
     }
+
+    /// The greatest id before this one: reading "after" it starts with this one.
+    pub(crate) fn before(self) -> StreamId {
+        match self {
+            StreamId(0, 0) => self,
+            StreamId(ms, 0) => StreamId(ms - 1, u64::MAX),
+            StreamId(ms, seq) => StreamId(ms, seq - 1),
+        }
+    }
 }
 
 impl std::fmt::Display for StreamId {

@@ -1,13 +1,12 @@
 //! Cancelling an execution (`POST /v1/executions/{id}/cancel`): the dispatcher's one atomic
 //! decision on the record, and the worker's cheap reads of it. A tool call or webhook delivery is
 //! cancelled only while nothing of it is being sent (`queued`, or `retrying` between attempts); its
-//! attempt's `running` write (`begin_attempt`) and the cancel are decided by the record's scripts,
-//! so exactly one of them wins. A turn is only marked (`cancel_requested`): its next step ends it.
+//! attempt's `running` write (the claim's, or `begin_attempt`) and the cancel are decided by the
+//! record's scripts, so exactly one of them wins. A turn is only marked (`cancel_requested`): its next step ends it.
 
 use fleet_protocol::execution::{field, ExecutionStatus};
-use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
-use super::{Store, StoreError, FENCED_RECORD};
+use super::{Store, StoreError};
 
 // Built once: `Script::new` hashes its source.
 static CANCEL_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(CANCEL_LUA));
@@ -47,16 +46,6 @@ pub enum CancelRequest {
     Requested(ExecutionStatus),
 }
 
-/// What a worker's `running` write found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Begin {
-    Started,
-    /// A newer claim wrote to the record: this worker is fenced off.
-    Fenced,
-    /// The execution was cancelled: nothing may be sent.
-    Cancelled,
-}
-
 impl Store {
     /// Cancels `execution_id` if nothing of it is being sent (see `CANCEL_LUA`).
     pub async fn request_cancel(&self, execution_id: &str, now_ms: i64) -> Result<CancelRequest, StoreError> {
@@ -88,35 +77,5 @@ impl Store {
             .query_async(&mut self.conn().await?)
             .await;
         Ok(self.count(r)?.is_some())
-    }
-
-    /// The attempt's first record write (`running`, fenced by `fence`), refused if the execution
-    /// was cancelled first: the one place a cancel and an attempt's start are ordered.
-    pub async fn begin_attempt(
-        &self,
-        execution_id: &str,
-        attempt: u32,
-        started_ms: i64,
-        fence: u64,
-    ) -> Result<Begin, StoreError> {
-        let r: Result<i64, _> = FENCED_RECORD
-            .key(self.keys.execution(execution_id))
-            .key(self.keys.attempts(execution_id))
-            .arg(fence)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .arg("")
-            .arg(field::STATUS)
-            .arg(ExecutionStatus::Running.as_str())
-            .arg(field::UPDATED_AT_MS)
-            .arg(started_ms)
-            .arg(field::ATTEMPTS)
-            .arg(attempt)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(match self.count(r)? {
-            1 => Begin::Started,
-            2 => Begin::Cancelled,
-            _ => Begin::Fenced,
-        })
     }
 }

@@ -134,6 +134,56 @@ impl Backend {
     }
 }
 
+/// `EVALSHA` of `script` with its `keys` count: the caller adds the keys and arguments.
+pub(crate) fn evalsha(script: &redis::Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Runs two scripts (`EVALSHA` commands built by [`evalsha`]) and answers each one's result: on
+/// one server in one round trip (a pipeline), on a Cluster one after the other, as their keys may
+/// live on different nodes. A script the server has forgotten is loaded and run again alone.
+pub(crate) async fn eval_pair<A: redis::FromRedisValue, B: redis::FromRedisValue>(
+    conn: &mut Conn,
+    (a_script, a): (&redis::Script, redis::Cmd),
+    (b_script, b): (&redis::Script, redis::Cmd),
+) -> (redis::RedisResult<A>, redis::RedisResult<B>) {
+    if let Conn::Cluster(_) = conn {
+        let first = a.query_async(conn).await;
+        let first = again_if_forgotten(conn, a_script, &a, first).await;
+        let second = b.query_async(conn).await;
+        return (first, again_if_forgotten(conn, b_script, &b, second).await);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(a.clone()).add_command(b.clone());
+    let (first, second): (redis::RedisResult<redis::Value>, redis::RedisResult<redis::Value>) =
+        match pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(conn).await {
+            Ok(mut both) if both.len() == 2 => {
+                let second = both.pop().expect("two results");
+                (both.pop().expect("two results"), second)
+            }
+            Ok(_) => return (a.query_async(conn).await, b.query_async(conn).await),
+            Err(e) => return (Err(e.clone()), Err(e)),
+        };
+    (again_if_forgotten(conn, a_script, &a, first).await, again_if_forgotten(conn, b_script, &b, second).await)
+}
+
+async fn again_if_forgotten<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &redis::Script,
+    cmd: &redis::Cmd,
+    r: redis::RedisResult<redis::Value>,
+) -> redis::RedisResult<T> {
+    match r {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.prepare_invoke().load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        r => r.and_then(|v| Ok(redis::from_redis_value(v)?)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,11 @@
 //! A tool's endpoint health and its circuit: one hash per tool (`tool-health:{name}`) with its
-//! probe slot (`…:probe`) under the same hash tag, so every script here touches one slot and works
-//! on Redis Cluster. The worker asks before a call (`admit_call`: run, probe, or wait) and reports
-//! each attempt's endpoint signal (`record_signal`); operators read (`tool_health`) and close
-//! (`close_circuit`). The open-circuit index (`open_circuits`) lives in another slot: it is written
-//! after the hash, re-added on every failure while open, and checked entry by entry by its reader.
+//! probe slot (`…:probe`) and history (`…:history`) under the same hash tag, so every script here
+//! touches one slot and works on Redis Cluster. The worker asks before a call (`admit_call`: run,
+//! probe, or wait) and reports each attempt's endpoint signal (`record_signal`); operators read
+//! (`tool_health`, `circuit_history`) and close (`close_circuit`). Each change of the circuit
+//! (opened, half-opened by a probe, closed) joins its bounded history in the script that makes it.
+//! The open-circuit index (`open_circuits`) lives in another slot: it is written after the hash,
+//! re-added on every failure while open, and checked entry by entry by its reader.
 
 use std::time::Duration;
 
@@ -12,14 +14,28 @@ use fleet_protocol::circuit::{CircuitPolicy, Signal};
 use super::{Store, StoreError};
 
 // Built once: `Script::new` hashes its source.
-static ADMIT_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(ADMIT_LUA));
-static RECORD_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(RECORD_LUA));
-static CLOSE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(CLOSE_LUA));
+static ADMIT_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| with_history(ADMIT_LUA));
+static RECORD_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| with_history(RECORD_LUA));
+static CLOSE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| with_history(CLOSE_LUA));
+
+fn with_history(body: &str) -> redis::Script {
+    redis::Script::new(&format!("{REMEMBER_LUA}{body}"))
+}
 
 /// Health is forgotten after this long without a call (the circuit with it).
 const HEALTH_TTL_SECS: u64 = 30 * 24 * 60 * 60;
 
-// KEYS: health, probe. ARGV: signal (up|down), now ms, threshold, probe interval ms, ttl.
+/// Lua: adds an entry to a circuit's history (newest first, at most `max`), living `ttl` s.
+const REMEMBER_LUA: &str = r#"
+local function remember(key, entry, max, ttl)
+  redis.call('LPUSH', key, cjson.encode(entry))
+  redis.call('LTRIM', key, 0, tonumber(max) - 1)
+  redis.call('EXPIRE', key, ttl)
+end
+"#;
+
+// KEYS: health, probe, history. ARGV: signal (up|down), now ms, threshold, probe interval ms,
+// ttl, the attempt's error (why it opens), history max.
 // Answers what changed: opened, closed, open (a failure while open), counted.
 const RECORD_LUA: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -30,6 +46,7 @@ if ARGV[1] == 'up' then
     redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at_ms', ARGV[2])
     redis.call('HDEL', KEYS[1], 'opened_at_ms')
     redis.call('DEL', KEYS[2])
+    remember(KEYS[3], {at_ms = tonumber(ARGV[2]), state = 'closed', why = 'a call succeeded'}, ARGV[7], ARGV[5])
     answer = 'closed'
   end
 else
@@ -42,6 +59,8 @@ else
     redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at_ms', ARGV[2])
     -- The first probe comes one interval after opening.
     redis.call('SET', KEYS[2], 'opened', 'PX', ARGV[4])
+    local why = 'failures in a row: ' .. n .. ' (threshold ' .. threshold .. '); the last: ' .. ARGV[6]
+    remember(KEYS[3], {at_ms = tonumber(ARGV[2]), state = 'open', why = why}, ARGV[7], ARGV[5])
     answer = 'opened'
   end
 end
@@ -49,24 +68,65 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 return answer
 "#;
 
-// KEYS: health, probe. ARGV: fallback probe interval ms, the caller's execution id.
-// Answers {closed, 0}, {probe, interval ms} or {open, ms until the probe slot frees}.
+// KEYS: health, probe, history. ARGV: fallback probe interval ms, the caller's execution id,
+// now ms, history max, ttl. Answers {closed, 0}, {probe, interval ms} or {open, ms until the probe
+// slot frees}. A probe half-opens the circuit: its history's head counts the probes in a row.
 const ADMIT_LUA: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed', 0} end
 local interval = tonumber(redis.call('HGET', KEYS[1], 'probe_interval_ms')) or tonumber(ARGV[1])
-if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', interval) then return {'probe', interval} end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', interval) then
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  local last = head and cjson.decode(head)
+  if last and last.state == 'half_open' then
+    last.probes = (tonumber(last.probes) or 1) + 1
+    last.last_probe_ms = tonumber(ARGV[3])
+    last.execution_id = ARGV[2]
+    redis.call('LSET', KEYS[3], 0, cjson.encode(last))
+  else
+    local entry = {at_ms = tonumber(ARGV[3]), state = 'half_open', why = 'a probe call let through',
+      execution_id = ARGV[2], probes = 1, last_probe_ms = tonumber(ARGV[3])}
+    remember(KEYS[3], entry, ARGV[4], ARGV[5])
+  end
+  return {'probe', interval}
+end
 return {'open', redis.call('PTTL', KEYS[2])}
 "#;
 
-// KEYS: health, probe. ARGV: now ms, ttl. Answers the state it had ('' if none).
+// KEYS: health, probe, history. ARGV: now ms, ttl, who closes it, history max. Answers the
+// state it had ('' if none); closing an open circuit is remembered with who did it.
 const CLOSE_LUA: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 redis.call('HSET', KEYS[1], 'state', 'closed', 'consecutive_failures', 0, 'closed_at_ms', ARGV[1])
 redis.call('HDEL', KEYS[1], 'opened_at_ms')
 redis.call('DEL', KEYS[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+if state == 'open' then
+  remember(KEYS[3], {at_ms = tonumber(ARGV[1]), state = 'closed', why = 'closed by an operator', by = ARGV[3]}, ARGV[4], ARGV[2])
+end
 return state or ''
 "#;
+
+/// The most entries a circuit's history keeps.
+pub const CIRCUIT_HISTORY_MAX: usize = 50;
+
+/// One change of a tool's circuit, as its history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CircuitEvent {
+    pub at_ms: i64,
+    /// `open`, `half_open` or `closed`.
+    pub state: String,
+    pub why: String,
+    /// Who closed it (an operator's actor), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// A half-opening: the probe call let through (the latest), how many in a row, the latest's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_ms: Option<i64>,
+}
 
 /// What the circuit lets a call do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +141,7 @@ pub enum Admission {
 
 /// What recording a signal changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
+pub enum CircuitChange {
     Opened,
     Closed,
     /// A failure while already open.
@@ -110,64 +170,75 @@ impl Store {
         let r: Result<(String, i64), _> = ADMIT_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
+            .key(self.keys.tool_circuit_history(tool))
             .arg(fallback_interval.as_millis() as u64)
             .arg(execution_id)
+            .arg(crate::now_ms())
+            .arg(CIRCUIT_HISTORY_MAX)
+            .arg(HEALTH_TTL_SECS)
             .invoke_async(&mut self.conn().await?)
             .await;
         let (verdict, ms) = self.count(r)?;
         Ok(match verdict.as_str() {
             "closed" => Admission::Call,
             "probe" => Admission::Probe,
-            // PTTL answers -1/-2 for a key without expiry or gone: unknown.
-            _ => Admission::Wait { probe_free_in: (ms > 0).then(|| Duration::from_millis(ms as u64)) },
+            _ => Admission::Wait { probe_free_in: probe_free_in(ms) },
         })
     }
 
     /// Records one attempt's endpoint signal under `policy`; an `Unknown` signal records nothing.
+    /// `error` (the attempt's, sanitised) is what the history says opened the circuit.
     pub async fn record_signal(
         &self,
         tool: &str,
         signal: Signal,
         policy: CircuitPolicy,
         now_ms: i64,
-    ) -> Result<Transition, StoreError> {
+        error: &str,
+    ) -> Result<CircuitChange, StoreError> {
         let word = match signal {
             Signal::Up => "up",
             Signal::Down => "down",
-            Signal::Unknown => return Ok(Transition::Unchanged),
+            Signal::Unknown => return Ok(CircuitChange::Unchanged),
         };
         let r: Result<String, _> = RECORD_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
+            .key(self.keys.tool_circuit_history(tool))
             .arg(word)
             .arg(now_ms)
             .arg(policy.failure_threshold)
             .arg(policy.probe_interval.as_millis().max(1) as u64)
             .arg(HEALTH_TTL_SECS)
+            .arg(error)
+            .arg(CIRCUIT_HISTORY_MAX)
             .invoke_async(&mut self.conn().await?)
             .await;
         let transition = match self.count(r)?.as_str() {
-            "opened" => Transition::Opened,
-            "closed" => Transition::Closed,
-            "open" => Transition::StillOpen,
-            _ => Transition::Unchanged,
+            "opened" => CircuitChange::Opened,
+            "closed" => CircuitChange::Closed,
+            "open" => CircuitChange::StillOpen,
+            _ => CircuitChange::Unchanged,
         };
         match transition {
-            Transition::Opened | Transition::StillOpen => self.index_open(tool, true, now_ms).await,
-            Transition::Closed => self.index_open(tool, false, now_ms).await,
-            Transition::Unchanged => {}
+            CircuitChange::Opened | CircuitChange::StillOpen => self.index_open(tool, true, now_ms).await,
+            CircuitChange::Closed => self.index_open(tool, false, now_ms).await,
+            CircuitChange::Unchanged => {}
         }
         Ok(transition)
     }
 
     /// Closes the circuit of `tool` by hand (its consecutive failures reset); answers whether it
-    /// was open.
-    pub async fn close_circuit(&self, tool: &str, now_ms: i64) -> Result<bool, StoreError> {
+    /// was open. `by` (the operator's actor) goes into the circuit's history.
+    pub async fn close_circuit(&self, tool: &str, now_ms: i64, by: &str) -> Result<bool, StoreError> {
         let r: Result<String, _> = CLOSE_SCRIPT
             .key(self.keys.tool_health(tool))
             .key(self.keys.tool_probe(tool))
+            .key(self.keys.tool_circuit_history(tool))
             .arg(now_ms)
             .arg(HEALTH_TTL_SECS)
+            .arg(by)
+            .arg(CIRCUIT_HISTORY_MAX)
             .invoke_async(&mut self.conn().await?)
             .await;
         let was_open = self.count(r)? == "open";
@@ -188,6 +259,18 @@ impl Store {
             last_failure_ms: number("last_failure_ms"),
             opened_at_ms: number("opened_at_ms"),
         })
+    }
+
+    /// The latest `limit` changes of the circuit of `tool`, newest first (an entry that does not
+    /// decode is left out).
+    pub async fn circuit_history(&self, tool: &str, limit: usize) -> Result<Vec<CircuitEvent>, StoreError> {
+        let r: Result<Vec<String>, _> = redis::cmd("LRANGE")
+            .arg(self.keys.tool_circuit_history(tool))
+            .arg(0)
+            .arg(limit.saturating_sub(1))
+            .query_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)?.iter().filter_map(|e| serde_json::from_str(e).ok()).collect())
     }
 
     /// Tools the open-circuit index names (each to be checked against its health: the index is
@@ -223,5 +306,28 @@ impl Store {
             self.metrics.redis_errors.inc();
             tracing::debug!(error = %e, tool, "open-circuit index not updated");
         }
+    }
+}
+
+/// When the probe slot frees, from its `PTTL`: -1 (a key without expiry) is unknown; -2 (gone)
+/// and 0 (under a millisecond left) mean now. Calls deferred until the slot frees arrive just as
+/// it expires, so "now" is common: read as unknown, it deferred them a whole default interval.
+fn probe_free_in(pttl_ms: i64) -> Option<Duration> {
+    match pttl_ms {
+        -1 => None,
+        ms => Some(Duration::from_millis(ms.max(0) as u64)),
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_slot_expiring_or_gone_frees_now_and_only_no_expiry_is_unknown() {
+        assert_eq!(probe_free_in(1_500), Some(Duration::from_millis(1_500)));
+        assert_eq!(probe_free_in(0), Some(Duration::ZERO));
+        assert_eq!(probe_free_in(-2), Some(Duration::ZERO));
+        assert_eq!(probe_free_in(-1), None);
     }
 }

@@ -1,29 +1,49 @@
-//! Agent turns and sessions in Redis: a turn's state (fenced by its steps' claims), its tool-call
-//! outcomes, and a session's line, lock and steer list. A session's keys share one hash tag and a
-//! turn's keys share another, so every script here touches one slot.
+//! Agent turns and sessions in Redis: a turn's state and tool-call outcomes (in its execution's
+//! slot, written by `store/life.rs`'s transitions), and a session's line, lock, steer list and
+//! history (in the session's slot). The lock names the turn holding it and the fencing token of
+//! the step that last held it: a session write from an older step of the turn is refused, so a
+//! step that a newer claim replaced neither remembers its answer nor frees the session.
 
 use std::collections::HashMap;
 
 use redis::AsyncCommands;
 
+use fleet_protocol::agent_session::ClientCall;
+use fleet_protocol::history::{HistoryEntry, HISTORY_TTL_SECS};
+use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{CallOutcome, TurnState};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use super::{Store, StoreError};
 
 // Built once: `Script::new` hashes its source.
-static TURN_FENCED_SAVE_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(TURN_FENCED_SAVE_LUA));
 static SESSION_ENQUEUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(SESSION_ENQUEUE_LUA));
 static SESSION_ACQUIRE_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(SESSION_ACQUIRE_LUA));
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_ACQUIRE_LUA)));
 static SESSION_STEER_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(SESSION_STEER_LUA));
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_STEER_LUA)));
+static SESSION_TRIM_STEERS_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_TRIM_STEERS_LUA)));
 static SESSION_FINISH_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(SESSION_FINISH_LUA));
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_FINISH_LUA)));
 static SESSION_ABANDON_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(SESSION_ABANDON_LUA));
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_ABANDON_LUA)));
+static SESSION_COMPACT_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_COMPACT_LUA)));
+static CALL_OUTCOME_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(CALL_OUTCOME_LUA));
+
+/// The lock's holder and the fence of the step that holds it (`turn#fence`; a lock written before
+/// fences is a bare turn id, fence 0). Shared by the session scripts.
+const LOCK_HELPERS: &str = r#"
+local function holder_of(raw)
+  if not raw then return nil, 0 end
+  local at = string.find(raw, '#', 1, true)
+  if not at then return raw, 0 end
+  return string.sub(raw, 1, at - 1), tonumber(string.sub(raw, at + 1)) or 0
+end
+"#;
 
 const SESSION_ENQUEUE_LUA: &str = r#"
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
@@ -31,41 +51,97 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
+// KEYS: lock, queue. ARGV: turn, fence, ttl.
 // The lock has no lease: the turn holding it gives it back however it ends (finished, dead
 // letter, delivery limit, cancelled); the TTL only collects the keys of a deleted fleet.
 const SESSION_ACQUIRE_LUA: &str = r#"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then redis.call('EXPIRE', KEYS[1], ARGV[2]) return 'held' end
-if holder then return 'busy' end
+local turn, fence = holder_of(redis.call('GET', KEYS[1]))
+local mine = ARGV[1] .. '#' .. ARGV[2]
+if turn == ARGV[1] then
+  if fence > tonumber(ARGV[2]) then return 'stale' end
+  redis.call('SET', KEYS[1], mine, 'EX', ARGV[3])
+  return 'held'
+end
+if turn then return 'busy' end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head and head ~= ARGV[1] then return 'queued' end
 if head == ARGV[1] then redis.call('LPOP', KEYS[2]) end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('SET', KEYS[1], mine, 'EX', ARGV[3])
 return 'acquired'
 "#;
 
+// KEYS: lock, queue, steer, steered. ARGV: the steering turn, ttl, then its steers (JSON).
+// Hands the messages to the running turn once: a steer already waiting, or already taken, is not
+// added again (a copy of the steering turn's step).
 const SESSION_STEER_LUA: &str = r#"
-local holder = redis.call('GET', KEYS[1])
-if not holder or holder == ARGV[1] then return 0 end
+local turn = holder_of(redis.call('GET', KEYS[1]))
+if not turn or turn == ARGV[1] then return 0 end
+if redis.call('SISMEMBER', KEYS[4], ARGV[1]) == 1 then return 1 end
+for _, raw in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  local ok, s = pcall(cjson.decode, raw)
+  if ok and type(s) == 'table' and s.from == ARGV[1] then return 1 end
+end
 for i = 3, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
 redis.call('EXPIRE', KEYS[3], ARGV[2])
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 return 1
 "#;
 
+// KEYS: lock, steer, steered. ARGV: turn, fence, ttl, then the steering turns taken. Removes the
+// taken steers from the list (they are in the turn's saved state now) and remembers them as taken.
+const SESSION_TRIM_STEERS_LUA: &str = r#"
+local turn, fence = holder_of(redis.call('GET', KEYS[1]))
+if turn ~= ARGV[1] or fence > tonumber(ARGV[2]) then return 0 end
+local taken = {}
+for i = 4, #ARGV do
+  taken[ARGV[i]] = true
+  redis.call('SADD', KEYS[3], ARGV[i])
+end
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+for _, raw in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  local ok, s = pcall(cjson.decode, raw)
+  if ok and type(s) == 'table' and taken[s.from] then redis.call('LREM', KEYS[2], 0, raw) end
+end
+return 1
+"#;
+
+// KEYS: lock, queue, steer, history, history seq, history turns, history bytes. ARGV: turn, fence,
+// append id, history ttl, then the entries to remember. A finishing turn: if steers wait, it keeps
+// the session and goes on; else its exchange joins the history (once per append id), the session
+// is freed and the next turn in line named. Only the step holding the current fence may. Answers
+// also the history's length and bytes, so a trim reads the history only when it is over budget.
 const SESSION_FINISH_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'not_holder', ''} end
-if redis.call('LLEN', KEYS[3]) > 0 then return {'steer', ''} end
+local turn, fence = holder_of(redis.call('GET', KEYS[1]))
+if turn ~= ARGV[1] then
+  local free = turn == nil and '1' or ''
+  return {'not_holder', redis.call('LINDEX', KEYS[2], 0) or '', free}
+end
+if fence > tonumber(ARGV[2]) then return {'stale', '', ''} end
+if redis.call('LLEN', KEYS[3]) > 0 then return {'steer', '', ''} end
+local n = #ARGV - 4
+if n > 0 and redis.call('SADD', KEYS[6], ARGV[3]) == 1 then
+  local last = redis.call('INCRBY', KEYS[5], n)
+  local bytes = 0
+  for i = 1, n do
+    local seq = last - n + i
+    local entry = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 4], 2)
+    bytes = bytes + string.len(entry)
+    redis.call('RPUSH', KEYS[4], entry)
+  end
+  redis.call('INCRBY', KEYS[7], bytes)
+  for i = 4, 7 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+end
 redis.call('DEL', KEYS[1])
-return {'released', redis.call('LINDEX', KEYS[2], 0) or ''}
+local size = redis.call('LLEN', KEYS[4]) .. ' ' .. (redis.call('GET', KEYS[7]) or '0')
+return {'released', redis.call('LINDEX', KEYS[2], 0) or '', '1', size}
 "#;
 
 // A turn that can no longer run leaves its session: out of the line, and if it held the lock,
 // the lock is freed and the turns that steered into it go first in line, to run on their own.
 const SESSION_ABANDON_LUA: &str = r#"
-local holder = redis.call('GET', KEYS[1])
+local turn = holder_of(redis.call('GET', KEYS[1]))
 redis.call('LREM', KEYS[2], 0, ARGV[1])
-if holder == ARGV[1] then
+if turn == ARGV[1] then
   local steers = redis.call('LRANGE', KEYS[3], 0, -1)
   redis.call('DEL', KEYS[3], KEYS[1])
   for i = #steers, 1, -1 do
@@ -76,18 +152,64 @@ if holder == ARGV[1] then
     end
   end
   redis.call('EXPIRE', KEYS[2], ARGV[2])
-elseif holder then
+elseif turn then
   return ''
 end
 return redis.call('LINDEX', KEYS[2], 0) or ''
 "#;
 
-// KEYS: state, fence. ARGV: fence, ttl, state JSON ('' registers the fence only).
-const TURN_FENCED_SAVE_LUA: &str = r#"
-if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-if ARGV[3] ~= '' then redis.call('SET', KEYS[1], ARGV[3], 'EX', ARGV[2]) end
-return 1
+// KEYS: lock, history, history turns, history bytes. ARGV: turn, fence, append id, ttl, the last
+// seq replaced, the summary entry (JSON, no seq). A compaction's rewrite of the history, once per
+// append id and only by the step holding the session: the entries up to that seq leave the head
+// of the list and the summary takes their place, with their last seq (cursors stay ordered).
+const SESSION_COMPACT_LUA: &str = r#"
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then return 'done' end
+local turn, fence = holder_of(redis.call('GET', KEYS[1]))
+if turn ~= ARGV[1] then return 'not_holder' end
+if fence > tonumber(ARGV[2]) then return 'stale' end
+redis.call('SADD', KEYS[3], ARGV[3])
+local up_to = tonumber(ARGV[5])
+local removed = 0
+while true do
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if not head then break end
+  local ok, e = pcall(cjson.decode, head)
+  if ok and type(e) == 'table' and type(e.seq) == 'number' and e.seq > up_to then break end
+  redis.call('LPOP', KEYS[2])
+  removed = removed + string.len(head)
+end
+local entry = '{"seq":' .. ARGV[5] .. ',' .. string.sub(ARGV[6], 2)
+redis.call('LPUSH', KEYS[2], entry)
+local bytes = tonumber(redis.call('GET', KEYS[4]) or '0') - removed + string.len(entry)
+if bytes < 0 then bytes = 0 end
+redis.call('SET', KEYS[4], bytes)
+for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+return 'compacted'
+"#;
+
+// KEYS: results, record. ARGV: call key, outcome, the round the turn waits in, ttl, the owed value
+// that publishes the turn's next step, the one that publishes its calls.
+// Records a call's outcome (the first wins) and says whether it completed the round; the report
+// that does records, in the turn's own slot, that the next step is owed, so exactly one report
+// publishes it (and a copy of a report after the step went out publishes nothing).
+const CALL_OUTCOME_LUA: &str = r#"
+local first = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('TTL', KEYS[1]) < tonumber(ARGV[4]) then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
+local r = redis.call('HMGET', KEYS[2], 'status', 's_round', 'pending', 'owed', 'next_published', 'gen', 'message_id')
+local answer = {first, '', r[6] or '0', r[7] or ''}
+if r[1] ~= 'running' and r[1] ~= 'queued' and r[1] ~= 'retrying' then answer[2] = 'ended' return answer end
+if tonumber(r[2] or '-1') ~= tonumber(ARGV[3]) then answer[2] = 'other_round' return answer end
+if tonumber(r[5] or '-1') >= tonumber(ARGV[3]) then answer[2] = 'published' return answer end
+for key in string.gmatch(r[3] or '', '[^,]+') do
+  if redis.call('HEXISTS', KEYS[1], key) == 0 then answer[2] = 'waiting' return answer end
+end
+local owed = r[4] or ''
+if owed == '' or owed == ARGV[6] then
+  redis.call('HSET', KEYS[2], 'owed', ARGV[5])
+  owed = ARGV[5]
+end
+if owed == ARGV[5] then answer[2] = 'publish' else answer[2] = 'waiting' end
+return answer
 "#;
 
 /// What `session_acquire` found.
@@ -97,21 +219,60 @@ pub enum SessionSlot {
     Acquired,
     /// Another turn runs, or is ahead in line.
     Wait,
+    /// A newer step of this turn holds the session: this one is fenced off.
+    Stale,
 }
 
 /// What `session_finish` decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionFinish {
-    /// Released; the next turn in line (if any) should be woken.
-    Released { next: Option<String> },
+    /// Released; the next turn in line (if any) should be woken. The history now holds this many
+    /// entries, of this many bytes in all.
+    Released { next: Option<String>, history: (usize, usize) },
     /// Steer messages arrived meanwhile: the turn keeps the session and calls the model again.
     SteerPending,
-    /// This turn does not hold the session (a finish already ran).
+    /// This turn does not hold the session (a finish already ran); the head of the line, and
+    /// whether the session is free to wake it.
+    NotHolder { next: Option<String>, free: bool },
+    /// A newer step of this turn holds the session.
+    Stale,
+}
+
+/// What `session_compact` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactHistory {
+    /// The history was rewritten now, or by an earlier run of the same finish.
+    Done,
+    /// The step no longer holds the session: a newer one does, or the lock is gone.
     NotHolder,
 }
 
+/// What recording a tool call's outcome did for its turn's round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Whether this outcome was the call's first (a copy's is not).
+    pub first: bool,
+    pub round: RoundState,
+    /// The turn's generation (for the next step's job) and the message id its round streams under.
+    pub gen: u32,
+    pub message_id: String,
+}
+
+/// Where the turn's round stands after a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundState {
+    /// Other calls of the round have no outcome yet.
+    Waiting,
+    /// This report completed the round (or finds its next step still owed): publish it.
+    Publish,
+    /// The round's next step went out already.
+    Published,
+    /// The turn is in another round, or has ended.
+    Elsewhere,
+}
+
 impl Store {
-    /// Writes a turn's state with no fence (its creation by the dispatcher).
+    /// Writes a turn's state with no fence (a replay reopening it).
     pub async fn save_turn(&self, execution_id: &str, state: &TurnState) -> Result<(), StoreError> {
         let json = serde_json::to_string(state).expect("a turn state serialises");
         let r: Result<(), _> =
@@ -119,66 +280,57 @@ impl Store {
         self.count(r)
     }
 
-    /// Writes a turn's state under `fence` (`step_fence`); `false`: a newer step wrote already,
-    /// nothing was written. With `state` absent it only registers the fence, so no older step
-    /// writes from then on.
-    pub async fn save_turn_fenced(
-        &self,
-        execution_id: &str,
-        state: Option<&TurnState>,
-        fence: u64,
-    ) -> Result<bool, StoreError> {
-        let json = state.map(|s| serde_json::to_string(s).expect("a turn state serialises")).unwrap_or_default();
-        let r: Result<i64, _> = TURN_FENCED_SAVE_SCRIPT
-            .key(self.keys.turn(execution_id))
-            .key(self.keys.turn_fence(execution_id))
-            .arg(fence)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .arg(json)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)? == 1)
-    }
-
+    /// A turn's state; one saved before states moved beside their claims is read where it was.
     pub async fn load_turn(&self, execution_id: &str) -> Result<Option<TurnState>, StoreError> {
-        let raw: Result<Option<String>, _> = self.conn().await?.get(self.keys.turn(execution_id)).await;
-        self.count(raw)?
-            .map(|raw| serde_json::from_str(&raw).map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}"))))
-            .transpose()
+        for key in [self.keys.turn(execution_id), self.keys.legacy_turn(execution_id)] {
+            let raw: Result<Option<String>, _> = self.conn().await?.get(&key).await;
+            if let Some(raw) = self.count(raw)? {
+                return serde_json::from_str(&raw)
+                    .map(Some)
+                    .map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}")));
+            }
+        }
+        Ok(None)
     }
 
-    /// Opens a dead-lettered turn again for a replay: its fence is cleared, it is no longer marked
-    /// dead-lettered, and it takes its place at the end of its session's line. Returns false if the
-    /// turn's state is gone.
+    /// Opens a dead-lettered turn again for a replay: no longer marked dead-lettered, and at the end
+    /// of its session's line. Returns false if the turn's state is gone.
     pub async fn reopen_turn(&self, execution_id: &str) -> Result<bool, StoreError> {
         let Some(mut state) = self.load_turn(execution_id).await? else { return Ok(false) };
         state.dead_lettered = false;
-        let r: Result<(), _> = self.conn().await?.del(self.keys.turn_fence(execution_id)).await;
-        self.count(r)?;
         self.save_turn(execution_id, &state).await?;
         self.session_enqueue(&state.session_id, execution_id).await?;
         Ok(true)
     }
 
-    /// Records a tool call's outcome (the first one wins); returns whether this one was the first,
-    /// and every outcome so far.
+    /// Records a tool call's outcome under `key` (the first one wins) for a turn waiting in
+    /// `round` (see `CALL_OUTCOME_LUA`).
     pub async fn record_call_outcome(
         &self,
         turn_execution_id: &str,
-        call_id: &str,
+        key: &str,
         outcome: &CallOutcome,
-    ) -> Result<(bool, HashMap<String, CallOutcome>), StoreError> {
-        let key = self.keys.turn_results(turn_execution_id);
-        let json = serde_json::to_string(outcome).expect("an outcome serialises");
-        let r: Result<(bool, HashMap<String, String>), _> = redis::pipe()
-            .hset_nx(&key, call_id, json)
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
-            .ignore()
-            .hgetall(&key)
-            .query_async(&mut self.conn().await?)
+        round: u32,
+    ) -> Result<RoundReport, StoreError> {
+        let r: Result<(i64, String, String, String), _> = CALL_OUTCOME_SCRIPT
+            .key(self.keys.turn_results(turn_execution_id))
+            .key(self.keys.execution(turn_execution_id))
+            .arg(key)
+            .arg(serde_json::to_string(outcome).expect("an outcome serialises"))
+            .arg(round)
+            .arg(IDEMPOTENCY_TTL_SECS)
+            .arg(Owed::TurnNext.to_json())
+            .arg(Owed::TurnCalls.to_json())
+            .invoke_async(&mut self.conn().await?)
             .await;
-        let (first, all) = self.count(r)?;
-        Ok((first, all.into_iter().filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|o| (k, o))).collect()))
+        let (first, state, gen, message_id) = self.count(r)?;
+        let round = match state.as_str() {
+            "publish" => RoundState::Publish,
+            "published" => RoundState::Published,
+            "waiting" => RoundState::Waiting,
+            _ => RoundState::Elsewhere,
+        };
+        Ok(RoundReport { first: first == 1, round, gen: gen.parse().unwrap_or(0), message_id })
     }
 
     pub async fn call_outcomes(&self, turn_execution_id: &str) -> Result<HashMap<String, CallOutcome>, StoreError> {
@@ -204,24 +356,31 @@ impl Store {
         self.count(r)
     }
 
-    /// Takes (or keeps) the session for `execution_id` if it is its turn. The lock is held until
-    /// the turn gives it back (`session_finish`, `session_abandon`), however long its tools take.
-    pub async fn session_acquire(&self, session_id: &str, execution_id: &str) -> Result<SessionSlot, StoreError> {
+    /// Takes (or keeps) the session for the step of `execution_id` holding `fence`, if it is its
+    /// turn. The lock is held until the turn gives it back, however long its tools take.
+    pub async fn session_acquire(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        fence: u64,
+    ) -> Result<SessionSlot, StoreError> {
         let r: Result<String, _> = SESSION_ACQUIRE_SCRIPT
             .key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
             .arg(execution_id)
+            .arg(fence)
             .arg(IDEMPOTENCY_TTL_SECS)
             .invoke_async(&mut self.conn().await?)
             .await;
         Ok(match self.count(r)?.as_str() {
             "acquired" | "held" => SessionSlot::Acquired,
+            "stale" => SessionSlot::Stale,
             _ => SessionSlot::Wait,
         })
     }
 
     /// If another turn holds the session, hands it `steers` (JSON `Steer`s) for its next model
-    /// call and returns true; false means nothing runs, so the steer runs as a turn of its own.
+    /// call, once, and returns true; false means nothing runs, so the steer runs as a turn of its own.
     pub async fn session_steer(
         &self,
         session_id: &str,
@@ -233,6 +392,7 @@ impl Store {
         inv.key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "queue"))
             .key(self.keys.session(session_id, "steer"))
+            .key(self.keys.session(session_id, "steered"))
             .arg(execution_id)
             .arg(IDEMPOTENCY_TTL_SECS);
         for s in steers {
@@ -242,28 +402,180 @@ impl Store {
         Ok(self.count(r)? == 1)
     }
 
-    /// Takes the steer entries waiting for the running turn.
-    pub async fn session_take_steer(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
-        let key = self.keys.session(session_id, "steer");
-        let r: Result<(Vec<String>,), _> =
-            redis::pipe().atomic().lrange(&key, 0, -1).del(&key).ignore().query_async(&mut self.conn().await?).await;
-        Ok(self.count(r)?.0)
+    /// The steer entries waiting for the running turn (read, not taken: they leave the list only
+    /// once the turn's state holds them, `session_trim_steers`).
+    pub async fn session_steers(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
+        let r: Result<Vec<String>, _> = self.conn().await?.lrange(self.keys.session(session_id, "steer"), 0, -1).await;
+        self.count(r)
     }
 
-    pub async fn session_finish(&self, session_id: &str, execution_id: &str) -> Result<SessionFinish, StoreError> {
-        let r: Result<(String, String), _> = SESSION_FINISH_SCRIPT
-            .key(self.keys.session(session_id, "lock"))
-            .key(self.keys.session(session_id, "queue"))
+    /// Removes the steers of `taken` (steering turns' ids) from the list, once the turn holding the
+    /// session with `fence` saved them; `false` if it no longer holds it.
+    pub async fn session_trim_steers(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        fence: u64,
+        taken: &[String],
+    ) -> Result<bool, StoreError> {
+        let script = &*SESSION_TRIM_STEERS_SCRIPT;
+        let mut inv = script.prepare_invoke();
+        inv.key(self.keys.session(session_id, "lock"))
             .key(self.keys.session(session_id, "steer"))
+            .key(self.keys.session(session_id, "steered"))
             .arg(execution_id)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        let (state, next) = self.count(r)?;
-        Ok(match state.as_str() {
+            .arg(fence)
+            .arg(IDEMPOTENCY_TTL_SECS);
+        for t in taken {
+            inv.arg(t);
+        }
+        let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
+        Ok(self.count(r)? == 1)
+    }
+
+    /// A turn's finish in its session (see `SESSION_FINISH_LUA`): its exchange `entries` join the
+    /// history once per `append_id`, and the session goes to the next turn, unless steers wait.
+    pub async fn session_finish(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        fence: u64,
+        append_id: &str,
+        entries: &[HistoryEntry],
+    ) -> Result<SessionFinish, StoreError> {
+        let script = &*SESSION_FINISH_SCRIPT;
+        let mut inv = script.prepare_invoke();
+        for part in ["lock", "queue", "steer", "history", "history_seq", "history_turns", "history_bytes"] {
+            inv.key(self.keys.session(session_id, part));
+        }
+        inv.arg(execution_id).arg(fence).arg(append_id).arg(HISTORY_TTL_SECS);
+        for e in entries {
+            inv.arg(serde_json::to_string(e).expect("an entry serialises"));
+        }
+        let r: Result<Vec<String>, _> = inv.invoke_async(&mut self.conn().await?).await;
+        let reply = self.count(r)?;
+        let part = |i: usize| reply.get(i).cloned().unwrap_or_default();
+        let next = Some(part(1)).filter(|n| !n.is_empty());
+        let free = part(2);
+        let size = part(3);
+        let mut numbers = size.split(' ').map(|n| n.parse::<usize>().unwrap_or(0));
+        let history = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+        Ok(match part(0).as_str() {
             "steer" => SessionFinish::SteerPending,
-            "released" => SessionFinish::Released { next: (!next.is_empty()).then_some(next) },
-            _ => SessionFinish::NotHolder,
+            "released" => SessionFinish::Released { next, history },
+            "stale" => SessionFinish::Stale,
+            _ => SessionFinish::NotHolder { next, free: free == "1" },
         })
+    }
+
+    /// Whether a turn runs in the session or waits in its line (seed 001's "the session is
+    /// already running").
+    pub async fn session_busy(&self, session_id: &str) -> Result<bool, StoreError> {
+        let r: Result<(bool, i64), _> = redis::pipe()
+            .exists(self.keys.session(session_id, "lock"))
+            .llen(self.keys.session(session_id, "queue"))
+            .query_async(&mut self.conn().await?)
+            .await;
+        let (locked, waiting) = self.count(r)?;
+        Ok(locked || waiting > 0)
+    }
+
+    /// Binds the session to `agent` if it has no agent yet; answers the session's agent (seed
+    /// 001: a session key is a session of one agent).
+    pub async fn session_agent(&self, session_id: &str, agent: &str) -> Result<String, StoreError> {
+        self.bind_session(session_id, "agent", agent).await
+    }
+
+    /// Binds the session to `tenant` if no tenant has it yet (kept 7 days past its latest turn);
+    /// answers the session's tenant.
+    pub async fn session_tenant_claim(&self, session_id: &str, tenant: &str) -> Result<String, StoreError> {
+        self.bind_session(session_id, "tenant", tenant).await
+    }
+
+    /// Sets the session's `what` to `value` unless it has one, renews it for 7 days, and answers
+    /// the value it holds (the first binding wins).
+    async fn bind_session(&self, session_id: &str, what: &str, value: &str) -> Result<String, StoreError> {
+        let key = self.keys.session(session_id, what);
+        let r: Result<(String,), _> = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .arg("NX")
+            .ignore()
+            .get(&key)
+            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .ignore()
+            .query_async(&mut self.conn().await?)
+            .await;
+        let (holder,) = self.count(r)?;
+        Ok(holder)
+    }
+
+    /// The tenants of `sessions` (as `session_tenant`), in one pipeline.
+    pub async fn session_tenants(&self, sessions: &[&str]) -> Result<Vec<Option<String>>, StoreError> {
+        if sessions.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut pipe = redis::pipe();
+        for id in sessions {
+            pipe.get(self.keys.session(id, "tenant"));
+        }
+        let r: Result<Vec<Option<String>>, _> = pipe.query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// The session's tenant, if a turn bound it to one.
+    pub async fn session_tenant(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let r: Result<Option<String>, _> =
+            redis::cmd("GET").arg(self.keys.session(session_id, "tenant")).query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// A compaction's rewrite of the session's history (see `SESSION_COMPACT_LUA`).
+    pub async fn session_compact(
+        &self,
+        session_id: &str,
+        execution_id: &str,
+        fence: u64,
+        up_to_seq: u64,
+        summary: &HistoryEntry,
+    ) -> Result<CompactHistory, StoreError> {
+        let script = &*SESSION_COMPACT_SCRIPT;
+        let mut inv = script.prepare_invoke();
+        for part in ["lock", "history", "history_turns", "history_bytes"] {
+            inv.key(self.keys.session(session_id, part));
+        }
+        inv.arg(execution_id)
+            .arg(fence)
+            .arg(format!("{execution_id}:compaction"))
+            .arg(HISTORY_TTL_SECS)
+            .arg(up_to_seq)
+            .arg(serde_json::to_string(summary).expect("an entry serialises"));
+        let r: Result<String, _> = inv.invoke_async(&mut self.conn().await?).await;
+        Ok(match self.count(r)?.as_str() {
+            "compacted" | "done" => CompactHistory::Done,
+            _ => CompactHistory::NotHolder,
+        })
+    }
+
+    /// Records which turn's call each client event names (`event id → call`), for the client's
+    /// `tool_output` to be checked against.
+    pub async fn put_client_calls(&self, session_id: &str, calls: &[(String, ClientCall)]) -> Result<(), StoreError> {
+        let key = self.keys.session(session_id, "client_calls");
+        let mut pipe = redis::pipe();
+        for (event_id, call) in calls {
+            pipe.hset(&key, event_id, serde_json::to_string(call).expect("a call serialises")).ignore();
+        }
+        pipe.expire(&key, IDEMPOTENCY_TTL_SECS as i64).ignore();
+        let r: Result<(), _> = pipe.query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// The call a client event names, if it named one.
+    pub async fn client_call(&self, session_id: &str, event_id: &str) -> Result<Option<ClientCall>, StoreError> {
+        let r: Result<Option<String>, _> =
+            self.conn().await?.hget(self.keys.session(session_id, "client_calls"), event_id).await;
+        Ok(self.count(r)?.and_then(|raw| serde_json::from_str(&raw).ok()))
     }
 
     /// Takes a turn that can no longer run out of its session (see `SESSION_ABANDON_LUA`); returns
@@ -280,4 +592,9 @@ impl Store {
         let next = self.count(r)?;
         Ok((!next.is_empty()).then_some(next))
     }
+}
+
+/// The session scripts' sources, each with the lock helpers in front.
+fn with_lock_helpers(body: &str) -> String {
+    format!("{LOCK_HELPERS}{body}")
 }

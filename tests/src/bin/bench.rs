@@ -2,8 +2,20 @@
 //! quorum queue type with persistence, publisher confirms and manual acks, plus memory, scaling and
 //! per-turn overhead. Prints one table: figure, value, target, ratio.
 //!
-//! Settings: FLEET_BENCH_JOBS (5000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
-//! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200).
+//! The drain is measured three ways on the same jobs (each mode its own N, enqueued through the
+//! fleet's API into the fleet's work queue), each timed from the receiver's first callback to its
+//! last: the minimal pipeline (`minimal.rs`: the contract's minimum per job, single acks), the same
+//! with batched acks, and the fleet's workers. The fleet is reported as a ratio to the minimal
+//! pipeline; the raw broker (consume + ack, single and batched) is the broker's ceiling.
+//!
+//! Settings: FLEET_BENCH_DRAIN_ONLY (1: only the raw broker and the three drains),
+//! FLEET_BENCH_MEMORY_ONLY (1: only the worker's memory with 1000 callbacks in flight),
+//! FLEET_BENCH_WORKER_BIN (another build's worker binary), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
+//! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200),
+//! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start).
+//!
+//! `make bench-budget` (FLEET_BENCH_BUDGET=1) runs only its last part: turns of two tenants against a
+//! provider's quota (see `budget`).
 //!
 //! `make bench-peers` (FLEET_BENCH_PEERS=1) measures only the drain, the fleet's beside Celery's
 //! (`scripts/bench-peers/celery_peer.py`: the same signed-callback job, prefork × 4, `acks_late`,
@@ -27,7 +39,13 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{json, Value};
 
 use fleet_tests::llm::{LlmReply, MockLlm};
+
+#[path = "bench/minimal.rs"]
+mod minimal;
 use fleet_tests::{amqp_url, free_port, redis_url};
+
+/// The bench tool's callback secret.
+const SECRET: &str = "bench_secret_0123456789";
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -37,6 +55,8 @@ fn setting(name: &str, default: usize) -> usize {
 struct Receiver {
     addr: std::net::SocketAddr,
     arrivals: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Each execution's first arrival, in order.
+    times: Arc<Mutex<Vec<Instant>>>,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -44,6 +64,7 @@ struct Receiver {
 #[derive(Clone)]
 struct ReceiverState {
     arrivals: Arc<Mutex<HashMap<String, Instant>>>,
+    times: Arc<Mutex<Vec<Instant>>>,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     delay: Duration,
 }
@@ -52,7 +73,11 @@ async fn receive(State(s): State<ReceiverState>, body: Bytes) -> &'static str {
     use std::sync::atomic::Ordering;
     if let Ok(v) = serde_json::from_slice::<Value>(&body) {
         if let Some(id) = v["execution_id"].as_str() {
-            s.arrivals.lock().unwrap().entry(id.to_string()).or_insert_with(Instant::now);
+            let now = Instant::now();
+            if let std::collections::hash_map::Entry::Vacant(e) = s.arrivals.lock().unwrap().entry(id.to_string()) {
+                e.insert(now);
+                s.times.lock().unwrap().push(now);
+            }
         }
     }
     if !s.delay.is_zero() {
@@ -65,14 +90,19 @@ async fn receive(State(s): State<ReceiverState>, body: Bytes) -> &'static str {
 
 impl Receiver {
     async fn start(delay: Duration) -> Self {
-        let state = ReceiverState { arrivals: Default::default(), in_flight: Default::default(), delay };
+        let state = ReceiverState {
+            arrivals: Default::default(),
+            times: Default::default(),
+            in_flight: Default::default(),
+            delay,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().fallback(receive).with_state(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Receiver { addr, arrivals: state.arrivals, in_flight: state.in_flight, _task: task }
+        Receiver { addr, arrivals: state.arrivals, times: state.times, in_flight: state.in_flight, _task: task }
     }
     fn count(&self) -> usize {
         self.arrivals.lock().unwrap().len()
@@ -115,7 +145,12 @@ impl BenchFleet {
     }
 
     fn command(&self, bin: &str) -> Command {
-        let mut cmd = Command::new(sibling_binary(bin));
+        // Another build's worker (`FLEET_BENCH_WORKER_BIN`), to compare two builds in one sitting.
+        let program = match (bin, std::env::var_os("FLEET_BENCH_WORKER_BIN")) {
+            ("worker", Some(path)) => PathBuf::from(path),
+            _ => sibling_binary(bin),
+        };
+        let mut cmd = Command::new(program);
         cmd.env("FLEET_AMQP_URL", amqp_url())
             .env("FLEET_REDIS_URL", redis_url())
             .env("FLEET_TOPOLOGY_PREFIX", format!("fleet-{}", self.id))
@@ -140,18 +175,23 @@ impl BenchFleet {
     }
 
     async fn add_worker(&mut self) -> anyhow::Result<u32> {
+        let port = self.spawn_worker()?;
+        wait_ready(&self.http, &format!("http://127.0.0.1:{port}/readyz")).await?;
+        Ok(self.workers.last().map(Child::id).unwrap_or_default())
+    }
+
+    /// Starts a worker without waiting for it: the port of its HTTP surface.
+    fn spawn_worker(&mut self) -> anyhow::Result<u16> {
         let port = free_port();
         let mut cmd = self.command("worker");
         cmd.env("FLEET_WORKER_HTTP_ADDR", format!("127.0.0.1:{port}"));
-        let child = cmd.spawn().context("start worker")?;
-        let pid = child.id();
-        self.workers.push(child);
-        wait_ready(&self.http, &format!("http://127.0.0.1:{port}/readyz")).await?;
-        Ok(pid)
+        self.workers.push(cmd.spawn().context("start worker")?);
+        Ok(port)
     }
 
     async fn register(&self, url: &str) -> anyhow::Result<()> {
-        let tool = json!({"description":"bench","parameters":{"type":"object"},"callback_url": url,"callback_secret":"bench_secret_0123456789"});
+        let tool =
+            json!({"description":"bench","parameters":{"type":"object"},"callback_url": url,"callback_secret": SECRET});
         let r =
             self.http.put(format!("{}/v1/tools/bench", self.api)).bearer_auth(&self.token).json(&tool).send().await?;
         anyhow::ensure!(r.status().is_success(), "register tool: {}", r.status());
@@ -217,30 +257,49 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
+/// Context switches (voluntary and not) a process's live threads have made so far.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.rsplit(':').next()?.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// Where a phase's CPU went: each part's CPU seconds between `start` and `per_job`, divided by the
 /// jobs the phase moved. On a machine whose cores are saturated this is what bounds the rate: the
 /// rate cannot pass cores / (sum of the parts' CPU per job).
 struct CpuAccount {
     parts: Vec<(&'static str, Vec<u32>)>,
     start: Vec<f64>,
+    switches: Vec<u64>,
     started: Instant,
 }
 
 impl CpuAccount {
     fn start(parts: Vec<(&'static str, Vec<u32>)>) -> Self {
         let start = parts.iter().map(|(_, pids)| pids.iter().map(|p| cpu_seconds(*p)).sum()).collect();
-        CpuAccount { parts, start, started: Instant::now() }
+        let switches = parts.iter().map(|(_, pids)| pids.iter().map(|p| context_switches(*p)).sum()).collect();
+        CpuAccount { parts, start, switches, started: Instant::now() }
     }
 
-    /// A process started during the phase, charged from its birth.
-    fn add(&mut self, part: &'static str, pid: u32) {
-        match self.parts.iter_mut().position(|(name, _)| *name == part) {
-            Some(i) => self.parts[i].1.push(pid),
-            None => {
-                self.parts.push((part, vec![pid]));
-                self.start.push(0.0);
-            }
-        }
+    /// Each part's context switches per job.
+    fn switches_per_job(&self, jobs: usize) -> Vec<(&'static str, f64)> {
+        self.parts
+            .iter()
+            .zip(&self.switches)
+            .map(|((name, pids), before)| {
+                let now: u64 = pids.iter().map(|p| context_switches(*p)).sum();
+                (*name, now.saturating_sub(*before) as f64 / jobs as f64)
+            })
+            .collect()
     }
 
     /// Each part's CPU per job in microseconds, and the machine's share of busy cores.
@@ -292,7 +351,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let jobs = setting("FLEET_BENCH_JOBS", 5000);
+    if std::env::args().nth(1).as_deref() == Some("--minimal-pipeline") {
+        return minimal::main().await;
+    }
+    let jobs = setting("FLEET_BENCH_JOBS", 20_000);
     let workers = setting("FLEET_BENCH_WORKERS", 2);
     let clients = setting("FLEET_BENCH_CLIENTS", 32);
     let concurrency = setting("FLEET_BENCH_CONCURRENCY", 32);
@@ -301,24 +363,54 @@ async fn main() -> anyhow::Result<()> {
     println!("fleet-bench: {jobs} jobs, {workers} worker(s) × concurrency {concurrency}, {clients} API clients");
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
     if std::env::var("FLEET_BENCH_PEERS").is_ok_and(|v| v == "1") {
-        return peers(&conn, jobs, workers, &concurrency.to_string(), clients).await;
+        return peers(&conn, jobs, workers, concurrency, clients).await;
+    }
+    if std::env::var("FLEET_BENCH_BUDGET").is_ok_and(|v| v == "1") {
+        return budget(&conn, workers, &concurrency.to_string(), clients).await;
+    }
+    if std::env::var("FLEET_BENCH_MEMORY_ONLY").is_ok_and(|v| v == "1") {
+        let (baseline, peak, after) = memory(&conn, clients).await?;
+        let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+        println!(
+            "worker RSS (MiB): idle {}, 1000 callbacks in flight {}, after {}",
+            mib(baseline),
+            mib(peak),
+            mib(after)
+        );
+        return Ok(());
+    }
+
+    if std::env::var("FLEET_BENCH_TURNS_ONLY").is_ok_and(|v| v == "1") {
+        let (overheads, follow_ups) = turn_phase(&conn, turns).await?;
+        println!();
+        print_turns(overheads, follow_ups);
+        return Ok(());
     }
 
     // ---- 1. raw broker ceiling ----
-    let (raw_publish_rate, raw_drain_rate) = raw_broker(&conn, jobs, clients, concurrency * workers).await?;
+    let raw = raw_broker(&conn, jobs, clients, concurrency * workers).await?;
 
-    // ---- 2. fleet throughput and 3. latency ----
-    let conc = concurrency.to_string();
+    // ---- 2. the drain: minimal pipeline, the same with batched acks, the fleet ----
     let receiver = Receiver::start(Duration::ZERO).await;
-    let (fleet, enqueue_rate, fleet_drain_rate) = fleet_drain(&receiver, jobs, workers, &conc, clients).await?;
+    let (fleet, drains) = drains(&receiver, jobs, workers, concurrency, clients).await?;
+    let enqueue_rate = drains.enqueue;
+    if std::env::var("FLEET_BENCH_DRAIN_ONLY").is_ok_and(|v| v == "1") {
+        fleet.stop(&conn).await;
+        println!();
+        print_drains(&raw, &drains);
+        return Ok(());
+    }
+    // Each of the three drains had jobs of its own.
+    let done = 3 * jobs;
 
+    // ---- 3. latency ----
     // The maximum sustained rate: producers and workers running together, end to end.
     let sustained_jobs = jobs / 2;
     let started = Instant::now();
-    fleet.enqueue_many(jobs..jobs + sustained_jobs, clients).await?;
-    wait_until(Duration::from_secs(600), || receiver.count() >= jobs + sustained_jobs).await?;
+    fleet.enqueue_many(done..done + sustained_jobs, clients).await?;
+    wait_until(Duration::from_secs(600), || receiver.count() >= done + sustained_jobs).await?;
     let sustained_rate = sustained_jobs as f64 / started.elapsed().as_secs_f64();
-    let base = jobs + sustained_jobs;
+    let base = done + sustained_jobs;
     let rate = (sustained_rate / 2.0).max(1.0);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -348,25 +440,7 @@ async fn main() -> anyhow::Result<()> {
     fleet.stop(&conn).await;
 
     // ---- 4. memory: one worker holding 1000 callbacks to a slow receiver ----
-    let slow = Receiver::start(Duration::from_secs(3)).await;
-    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", "1000")]).await?;
-    fleet.register(&format!("http://{}/slow", slow.addr)).await?;
-    let pid = fleet.add_worker().await?;
-    // Warm the client's code paths, then take the idle baseline.
-    fleet.enqueue(0).await?;
-    wait_until(Duration::from_secs(30), || slow.count() >= 1).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let baseline = rss_kib(pid);
-    fleet.enqueue_many(1..1001, clients).await?;
-    wait_until(Duration::from_secs(60), || slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) >= 1000).await?;
-    let peak = rss_kib(pid);
-    wait_until(Duration::from_secs(60), || {
-        slow.count() >= 1001 && slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = rss_kib(pid);
-    fleet.stop(&conn).await;
+    let (baseline, peak, after) = memory(&conn, clients).await?;
 
     // ---- 5. scaling: 1 vs 4 workers against a 50 ms receiver ----
     let scale_jobs = 800;
@@ -385,7 +459,94 @@ async fn main() -> anyhow::Result<()> {
         fleet.stop(&conn).await;
     }
 
-    // ---- 6. turns: the fleet's own time per turn, beside the model's ----
+    // ---- 6. turns: the fleet's own time per turn, beside the model's; follow-ups ----
+    let (overheads, follow_ups) = turn_phase(&conn, turns).await?;
+
+    let _ = conn.close(200, "".into()).await;
+    println!();
+    row("figure", "value".into(), "target", "ratio".into());
+    print_drains(&raw, &drains);
+    row("raw broker: confirmed publish (msg/s)", format!("{:.0}", raw.publish), "ceiling", "".into());
+    row(
+        "fleet: POST /v1/tool-calls, 202 after confirm (jobs/s)",
+        format!("{enqueue_rate:.0}"),
+        ">= 50 %",
+        format!("{:.0} %", 100.0 * enqueue_rate / raw.publish),
+    );
+    row("fleet: sustained, enqueue and drain together (jobs/s)", format!("{sustained_rate:.0}"), "", "".into());
+    row(
+        &format!("latency enqueue→callback p50 (ms) at {rate:.0} jobs/s"),
+        format!("{:.1}", percentile(&latencies, 0.50)),
+        "",
+        "".into(),
+    );
+    row(
+        &format!("latency enqueue→callback p99 (ms) at {rate:.0} jobs/s"),
+        format!("{:.1}", percentile(&latencies, 0.99)),
+        "<= 10 ms",
+        "".into(),
+    );
+    row("worker RSS: idle (MiB)", format!("{:.1}", baseline as f64 / 1024.0), "", "".into());
+    row("worker RSS: 1000 callbacks in flight (MiB)", format!("{:.1}", peak as f64 / 1024.0), "<= 64 MiB", "".into());
+    row(
+        "worker RSS: after they finished (MiB)",
+        format!("{:.1}", after as f64 / 1024.0),
+        "~ idle",
+        format!("{:.2}×", after as f64 / baseline.max(1) as f64),
+    );
+    row("scaling, 50 ms receiver: 1 worker × 8 (jobs/s)", format!("{:.0}", rates[0]), "", "".into());
+    row(
+        "scaling, 50 ms receiver: 4 workers × 8 (jobs/s)",
+        format!("{:.0}", rates[1]),
+        ">= 3.5×",
+        format!("{:.2}×", rates[1] / rates[0]),
+    );
+    print_turns(overheads, follow_ups);
+
+    // ---- 7. a provider's quota shared by two tenants' turns ----
+    println!();
+    budget(&conn, workers, &concurrency.to_string(), clients).await
+}
+
+/// What the quota provider took and refused, and when.
+struct QuotaRun {
+    log: Vec<fleet_tests::quota::Arrival>,
+}
+
+impl QuotaRun {
+    /// The waits from each turn's submission to the provider taking its call, in seconds, sorted.
+    fn waits(&self, sent: &HashMap<String, Instant>) -> Vec<f64> {
+        let taken = self.log.iter().filter(|a| a.taken);
+        let mut waits: Vec<f64> = taken
+            .filter_map(|a| sent.get(&a.marker).map(|s| a.at.saturating_duration_since(*s).as_secs_f64()))
+            .collect();
+        waits.sort_by(f64::total_cmp);
+        waits
+    }
+
+    /// Requests and tokens the provider took in [from, to), per minute.
+    fn rates(&self, from: Instant, to: Instant) -> (f64, f64) {
+        let within = self.log.iter().filter(|a| a.taken && a.at >= from && a.at < to);
+        let (requests, tokens) = within.fold((0u64, 0u64), |(r, t), a| (r + 1, t + a.tokens));
+        let minutes = (to - from).as_secs_f64() / 60.0;
+        (requests as f64 / minutes, tokens as f64 / minutes)
+    }
+}
+
+/// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`.
+fn print_turns(overheads: Vec<f64>, mut follow_ups: Vec<f64>) {
+    row("turn: fleet overhead per turn, median (ms)", format!("{:.1}", median(overheads)), "<= 3 ms", "".into());
+    follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
+    row("turn: follow-up's first event after done, median (ms)", format!("{p50:.1}"), "<= 100 ms", "".into());
+    row("turn: follow-up's first event after done, p99 (ms)", format!("{p99:.1}"), "", "".into());
+}
+
+/// Part 6: `turns` turns one after another, each in a session of its own (the fleet's time per
+/// turn: the time to `succeeded` less the model's); then `turns / 10` pairs of turns in one session,
+/// the second posted while the first runs (how long after the first's `done` the second's first
+/// event comes).
+async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let llm =
         MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay: Duration::ZERO })
             .await;
@@ -424,85 +585,352 @@ async fn main() -> anyhow::Result<()> {
         let model = llm.requests().last().and_then(|r| r.ended.map(|e| e - r.started)).unwrap_or_default();
         overheads.push((total.saturating_sub(model)).as_secs_f64() * 1000.0);
     }
-    fleet.stop(&conn).await;
+    fleet.stop(conn).await;
+    let follow_ups = follow_ups((turns / 10).max(5), conn).await?;
+    Ok((overheads, follow_ups))
+}
 
-    let _ = conn.close(200, "".into()).await;
-    let row = |figure: &str, value: String, target: &str, ratio: String| {
-        println!("{figure:<58} {value:>12} {target:>14} {ratio:>10}")
-    };
-    println!();
-    row("figure", "value".into(), "target", "ratio".into());
-    row("raw broker: drain, consume+ack (msg/s)", format!("{raw_drain_rate:.0}"), "ceiling", "".into());
-    row(
-        "fleet: drain, claim+signed POST+result+ack (jobs/s)",
-        format!("{fleet_drain_rate:.0}"),
-        ">= 60 %",
-        format!("{:.0} %", 100.0 * fleet_drain_rate / raw_drain_rate),
-    );
-    row("raw broker: confirmed publish (msg/s)", format!("{raw_publish_rate:.0}"), "ceiling", "".into());
-    row(
-        "fleet: POST /v1/tool-calls, 202 after confirm (jobs/s)",
-        format!("{enqueue_rate:.0}"),
-        ">= 50 %",
-        format!("{:.0} %", 100.0 * enqueue_rate / raw_publish_rate),
-    );
-    row("fleet: sustained, enqueue and drain together (jobs/s)", format!("{sustained_rate:.0}"), "", "".into());
-    row(
-        &format!("latency enqueue→callback p50 (ms) at {rate:.0} jobs/s"),
-        format!("{:.1}", percentile(&latencies, 0.50)),
-        "",
-        "".into(),
-    );
-    row(
-        &format!("latency enqueue→callback p99 (ms) at {rate:.0} jobs/s"),
-        format!("{:.1}", percentile(&latencies, 0.99)),
-        "<= 15 ms",
-        "".into(),
-    );
-    row("worker RSS: idle (MiB)", format!("{:.1}", baseline as f64 / 1024.0), "", "".into());
-    row("worker RSS: 1000 callbacks in flight (MiB)", format!("{:.1}", peak as f64 / 1024.0), "< 64 MiB", "".into());
-    row(
-        "worker RSS: after they finished (MiB)",
-        format!("{:.1}", after as f64 / 1024.0),
-        "~ idle",
-        format!("{:.2}×", after as f64 / baseline.max(1) as f64),
-    );
-    row("scaling, 50 ms receiver: 1 worker × 8 (jobs/s)", format!("{:.0}", rates[0]), "", "".into());
-    row(
-        "scaling, 50 ms receiver: 4 workers × 8 (jobs/s)",
-        format!("{:.0}", rates[1]),
-        ">= 3.5×",
-        format!("{:.2}×", rates[1] / rates[0]),
-    );
-    row("turn: fleet overhead per turn, median (ms)", format!("{:.1}", median(overheads)), "<= 5 ms", "".into());
+/// `pairs` sessions, each given two turns at once (the second a follow-up queued behind the
+/// first, whose model is slow enough that the reader is there before its `done`): how long after
+/// the first's `done` arrives on the session's stream the next event (the follow-up's first) does,
+/// in ms.
+async fn follow_ups(pairs: usize, conn: &Connection) -> anyhow::Result<Vec<f64>> {
+    let llm = MockLlm::start(|body, _| {
+        let follow_up = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["content"] == "two"));
+        let delay = if follow_up { Duration::ZERO } else { Duration::from_millis(50) };
+        LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay }
+    })
+    .await;
+    let base = llm.base_url();
+    let mut fleet = BenchFleet::start(&[("FLEET_LLM_BASE_URL", &base)]).await?;
+    fleet.add_worker().await?;
+    let mut gaps = Vec::new();
+    for n in 0..pairs {
+        let session = format!("follow_{n}");
+        for text in ["one", "two"] {
+            let body = json!({"session_id": session, "assistant": {"id": "a", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": text}]});
+            let resp =
+                fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?;
+            anyhow::ensure!(resp.status().as_u16() == 202, "a turn answered {}", resp.status());
+        }
+        let resp = fleet
+            .http
+            .get(format!("{}/v1/sessions/{session}/stream", fleet.api))
+            .bearer_auth(&fleet.token)
+            .header("Last-Event-ID", "0-0")
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "the session's stream answered {}", resp.status());
+        gaps.push(gap_after_done(resp.bytes_stream()).await?.as_secs_f64() * 1000.0);
+    }
+    fleet.stop(conn).await;
+    Ok(gaps)
+}
+
+/// Reads SSE frames until the one after the first `done`: the time between the two arriving.
+async fn gap_after_done(
+    mut frames: impl futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
+) -> anyhow::Result<Duration> {
+    let (mut buf, mut done_at) = (String::new(), None::<Instant>);
+    loop {
+        let chunk =
+            tokio::time::timeout(Duration::from_secs(30), frames.next()).await?.context("the stream ended")??;
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            if frame.starts_with(':') {
+                continue;
+            }
+            match done_at {
+                Some(at) => return Ok(at.elapsed()),
+                None if frame.contains("event: done\n") => done_at = Some(Instant::now()),
+                None => {}
+            }
+        }
+    }
+}
+
+/// Posts a turn whose user message is `marker` in a session of its own; when it was sent.
+async fn post_marked_turn(fleet: &BenchFleet, marker: String) -> anyhow::Result<(String, Instant)> {
+    let body = json!({"session_id": format!("s_{marker}"), "assistant": {"id": "a", "instructions": "Answer briefly.", "model_config": {"model": "m", "max_tokens": 300}}, "messages": [{"role": "user", "content": marker}]});
+    let sent = Instant::now();
+    let resp = fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?;
+    anyhow::ensure!(resp.status().as_u16() == 202, "a turn answered {}", resp.status());
+    Ok((marker, sent))
+}
+
+async fn post_marked_turns(
+    fleet: &BenchFleet,
+    prefix: &str,
+    n: usize,
+    clients: usize,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let posts = futures::stream::iter(0..n).map(|i| post_marked_turn(fleet, format!("{prefix}-{i}")));
+    let results: Vec<_> = posts.buffer_unordered(clients).collect().await;
+    results.into_iter().collect()
+}
+
+/// `make bench-budget` (FLEET_BENCH_BUDGET=1; also the last part of `make bench`): a provider
+/// enforcing 600 requests and 200,000 tokens a minute (429 beyond), the fleet's budget set to
+/// FLEET_BENCH_BUDGET_PERCENT (97) % of it. Tenant A submits FLEET_BENCH_BUDGET_TURNS (2,000)
+/// turns at once, tenant B 20 a second later; a minute in, the provider answers 429 to everything
+/// for a second. Reports 429s, the rate sustained, B's p99 wait (beside B alone on an idle
+/// fleet) and how fast the fleet stops calling after the surprise 429.
+async fn budget(conn: &Connection, workers: usize, concurrency: &str, clients: usize) -> anyhow::Result<()> {
+    let a_turns = setting("FLEET_BENCH_BUDGET_TURNS", 2000);
+    let percent = setting("FLEET_BENCH_BUDGET_PERCENT", 97) as u64;
+    let (rpm, tpm) = (600u64, 200_000u64);
+    let quota = fleet_tests::quota::QuotaLlm::start(rpm, tpm, 300).await;
+    let budget =
+        json!({"requests_per_minute": rpm * percent / 100, "tokens_per_minute": tpm * percent / 100}).to_string();
+    let base = quota.base_url();
+    let env = [
+        ("FLEET_LLM_BASE_URL", base.as_str()),
+        ("FLEET_LLM_BUDGET", &budget),
+        ("FLEET_WORKER_CONCURRENCY", concurrency),
+    ];
+    let mut fleet = BenchFleet::start(&env).await?;
+    for _ in 0..workers {
+        fleet.add_worker().await?;
+    }
+    let taken = |prefix: &str| quota.log().iter().filter(|a| a.taken && a.marker.starts_with(prefix)).count();
+
+    // B alone on an idle fleet.
+    let idle_sent = post_marked_turns(&fleet, "idle", 20, clients).await?;
+    wait_until(Duration::from_secs(60), || taken("idle-") >= 20).await?;
+    let idle = QuotaRun { log: quota.log() }.waits(&idle_sent);
+
+    // A's burst, B a second later, the surprise a minute in.
+    let started = Instant::now();
+    let (a_sent, b_sent) = tokio::join!(post_marked_turns(&fleet, "A", a_turns, clients), async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        post_marked_turns(&fleet, "B", 20, clients).await
+    });
+    let (_a_sent, b_sent) = (a_sent?, b_sent?);
+    let until_surprise = Duration::from_secs(60).saturating_sub(started.elapsed());
+    tokio::time::sleep(until_surprise).await;
+    let surprise_at = Instant::now();
+    quota.surprise(Duration::from_secs(1));
+    wait_until(Duration::from_secs(1200), || taken("A-") + taken("B-") >= a_turns + 20).await?;
+    let finished = started.elapsed();
+    fleet.stop(conn).await;
+    let run = QuotaRun { log: quota.log() };
+    budget_report(&run, started, surprise_at, finished, (rpm, tpm, percent), &idle, &run.waits(&b_sent));
     Ok(())
 }
 
-/// A fleet of `workers` started on `jobs` jobs enqueued beforehand (to `receiver`): the fleet, the
-/// enqueue rate and the drain rate (from starting the workers to the last job's arrival).
-async fn fleet_drain(
+fn budget_report(
+    run: &QuotaRun,
+    started: Instant,
+    surprise_at: Instant,
+    finished: Duration,
+    (rpm, tpm, percent): (u64, u64, u64),
+    idle: &[f64],
+    b: &[f64],
+) {
+    let surprise_end = surprise_at + Duration::from_secs(1);
+    let refused = run.log.iter().filter(|a| !a.taken && a.at >= started);
+    let (in_surprise, outside): (Vec<_>, Vec<_>) = refused.partition(|a| a.at >= surprise_at && a.at < surprise_end);
+    // The steady part: after the first 15 s of burst, before the surprise.
+    let (requests, tokens) = run.rates(started + Duration::from_secs(15), surprise_at);
+    let first_429 = in_surprise.first().map(|a| a.at);
+    // After the first surprise 429, the last call that still reached the provider before its
+    // 2 s Retry-After ran out: how long the fleet took to stop calling.
+    let stopped_after = first_429.map(|first| {
+        let pause_end = first + Duration::from_secs(2);
+        let late = run.log.iter().filter(|a| a.at > first && a.at < pause_end).map(|a| a.at);
+        late.max().map_or(0.0, |last| (last - first).as_secs_f64())
+    });
+    let row = |figure: &str, value: String, target: &str| println!("{figure:<66} {value:>12} {target:>16}");
+    println!(
+        "provider quota {rpm} requests and {tpm} tokens a minute; fleet budget {percent} % of it; all done in {:.0} s",
+        finished.as_secs_f64()
+    );
+    row("figure", "value".into(), "target");
+    row("429s outside the surprise (budget just under the quota)", outside.len().to_string(), "0");
+    row(
+        "requests taken per minute, steady (fraction of 600)",
+        format!("{requests:.0} ({:.1} %)", 100.0 * requests / rpm as f64),
+        "",
+    );
+    row(
+        "tokens taken per minute, steady (fraction of 200,000)",
+        format!("{tokens:.0} ({:.1} %)", 100.0 * tokens / tpm as f64),
+        ">= 95 % of the binding one",
+    );
+    row("tenant B: p99 wait submit → model call, idle fleet (s)", format!("{:.2}", percentile(idle, 0.99)), "");
+    row(
+        "tenant B: p99 wait submit → model call, behind A's burst (s)",
+        format!("{:.2}", percentile(b, 0.99)),
+        "<= 2× idle",
+    );
+    row("surprise: 429s during the 1 s window", in_surprise.len().to_string(), "");
+    row(
+        "surprise: last call reaching the provider after the first 429 (s)",
+        stopped_after.map_or("-".into(), |s| format!("{s:.2}")),
+        "<= 2 s",
+    );
+}
+
+/// One worker's RSS (KiB) idle, holding 1000 callbacks to a slow receiver, and after they finished.
+async fn memory(conn: &Connection, clients: usize) -> anyhow::Result<(u64, u64, u64)> {
+    let slow = Receiver::start(Duration::from_secs(3)).await;
+    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", "1000")]).await?;
+    fleet.register(&format!("http://{}/slow", slow.addr)).await?;
+    let pid = fleet.add_worker().await?;
+    // Warm the client's code paths, then take the idle baseline.
+    fleet.enqueue(0).await?;
+    wait_until(Duration::from_secs(30), || slow.count() >= 1).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let baseline = rss_kib(pid);
+    fleet.enqueue_many(1..1001, clients).await?;
+    wait_until(Duration::from_secs(60), || slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) >= 1000).await?;
+    let peak = rss_kib(pid);
+    wait_until(Duration::from_secs(60), || {
+        slow.count() >= 1001 && slow.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = rss_kib(pid);
+    fleet.stop(conn).await;
+    Ok((baseline, peak, after))
+}
+
+fn row(figure: &str, value: String, target: &str, ratio: String) {
+    println!("{figure:<58} {value:>12} {target:>14} {ratio:>10}")
+}
+
+fn print_drains(raw: &Raw, drains: &Drains) {
+    row("raw broker: drain, consume+ack, single acks (msg/s)", format!("{:.0}", raw.drain), "", "".into());
+    row("raw broker: drain, acks batched (msg/s)", format!("{:.0}", raw.drain_batched), "ceiling", "".into());
+    row("minimal pipeline: single acks (jobs/s)", format!("{:.0}", drains.minimal), "yardstick", "".into());
+    row(
+        "minimal pipeline: acks batched (jobs/s)",
+        format!("{:.0}", drains.minimal_batched),
+        "",
+        format!("{:.2}×", drains.minimal_batched / drains.minimal),
+    );
+    row(
+        "fleet: drain, claim+signed POST+result+ack (jobs/s)",
+        format!("{:.0}", drains.fleet),
+        ">= 0.8× minimal",
+        format!("{:.2}×", drains.fleet / drains.minimal),
+    );
+    row(
+        "fleet drain / raw drain with batched acks",
+        "".into(),
+        "",
+        format!("{:.0} %", 100.0 * drains.fleet / raw.drain_batched),
+    );
+}
+
+/// The drain rates of one run, jobs/s, each from the receiver's first callback to its last.
+struct Drains {
+    /// `POST /v1/tool-calls` (202 after the broker's confirm) while nothing drains.
+    enqueue: f64,
+    minimal: f64,
+    minimal_batched: f64,
+    fleet: f64,
+}
+
+/// The three drains of `jobs` jobs each, enqueued through the fleet's API into its work queue
+/// beforehand: the minimal pipeline (single acks, then batched), then the fleet's `workers`
+/// started together. Returns the fleet, still running, for the phases after.
+async fn drains(
     receiver: &Receiver,
     jobs: usize,
     workers: usize,
-    concurrency: &str,
+    concurrency: usize,
     clients: usize,
-) -> anyhow::Result<(BenchFleet, f64, f64)> {
-    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", concurrency)]).await?;
+) -> anyhow::Result<(BenchFleet, Drains)> {
+    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", &concurrency.to_string())]).await?;
     fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
-    let before = receiver.count();
     let account = CpuAccount::start(fleet.parts());
-    let enqueue_rate = fleet.enqueue_many(0..jobs, clients).await?;
+    let enqueue = fleet.enqueue_many(0..jobs, clients).await?;
     print_account("fleet enqueue", &account.per_job(jobs));
-    let started = Instant::now();
-    let mut account = CpuAccount::start(fleet.parts());
+    let minimal = minimal_drain(&fleet, receiver, jobs, workers, concurrency, false).await?;
+    fleet.enqueue_many(jobs..2 * jobs, clients).await?;
+    let minimal_batched = minimal_drain(&fleet, receiver, jobs, workers, concurrency, true).await?;
+    fleet.enqueue_many(2 * jobs..3 * jobs, clients).await?;
+    let fleet_rate = fleet_drain(&mut fleet, receiver, jobs, workers).await?;
+    Ok((fleet, Drains { enqueue, minimal, minimal_batched, fleet: fleet_rate }))
+}
+
+/// The minimal pipeline (`minimal.rs`, a process of its own) on the `jobs` jobs in the fleet's work
+/// queue: `workers` consumers with the fleet's concurrency as their prefetch.
+async fn minimal_drain(
+    fleet: &BenchFleet,
+    receiver: &Receiver,
+    jobs: usize,
+    workers: usize,
+    concurrency: usize,
+    batched_acks: bool,
+) -> anyhow::Result<f64> {
+    let topology =
+        fleet_protocol::topology::Topology::new(format!("fleet-{}", fleet.id), fleet_protocol::retry::default_delays());
+    let settings = minimal::Settings {
+        queue: topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall),
+        key_prefix: format!("{}:", fleet.id),
+        receiver_url: format!("http://{}/bench", receiver.addr),
+        secret: SECRET.into(),
+        consumers: workers,
+        prefetch: concurrency as u16,
+        batched_acks,
+    };
+    let before = receiver.count();
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("--minimal-pipeline")
+        .envs(settings.env())
+        .stdin(Stdio::null())
+        .spawn()
+        .context("start the minimal pipeline")?;
+    let mut parts = fleet.parts();
+    parts.push(("pipeline", vec![child.id()]));
+    let title = if batched_acks { "minimal pipeline, acks batched" } else { "minimal pipeline" };
+    let rate = timed_drain(receiver, before, jobs, parts, title).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    rate
+}
+
+/// The fleet's `workers`, started together, on the `jobs` jobs in its work queue.
+async fn fleet_drain(fleet: &mut BenchFleet, receiver: &Receiver, jobs: usize, workers: usize) -> anyhow::Result<f64> {
+    let before = receiver.count();
+    let mut ports = vec![];
     for _ in 0..workers {
-        // A worker's CPU counts from its birth: its start-up (tens of ms) is charged to the drain.
-        account.add("workers", fleet.add_worker().await?);
+        ports.push(fleet.spawn_worker()?);
     }
+    let mut parts = fleet.parts();
+    parts.push(("workers", fleet.workers.iter().map(Child::id).collect()));
+    let rate = timed_drain(receiver, before, jobs, parts, "fleet drain").await;
+    for port in ports {
+        wait_ready(&fleet.http, &format!("http://127.0.0.1:{port}/readyz")).await?;
+    }
+    rate
+}
+
+/// Waits for the first of `jobs` callbacks after the first `before`, then for the last: the rate
+/// between them, and where the CPU went meanwhile (charged from the first callback on, so start-up
+/// is not in it).
+async fn timed_drain(
+    receiver: &Receiver,
+    before: usize,
+    jobs: usize,
+    parts: Vec<(&'static str, Vec<u32>)>,
+    title: &str,
+) -> anyhow::Result<f64> {
+    wait_until(Duration::from_secs(120), || receiver.count() > before).await?;
+    let account = CpuAccount::start(parts);
+    let counted_from = receiver.count();
     wait_until(Duration::from_secs(600), || receiver.count() >= before + jobs).await?;
-    let rate = jobs as f64 / started.elapsed().as_secs_f64();
-    print_account("fleet drain", &account.per_job(jobs));
-    Ok((fleet, enqueue_rate, rate))
+    let counted = before + jobs - counted_from;
+    print_account(title, &account.per_job(counted));
+    let switches: Vec<String> =
+        account.switches_per_job(counted).iter().map(|(name, n)| format!("{name} {n:.1}")).collect();
+    println!("context switches per job, {title}: {}", switches.join(", "));
+    let times = receiver.times.lock().unwrap();
+    let span = times[before + jobs - 1].duration_since(times[before]).as_secs_f64();
+    Ok((jobs - 1) as f64 / span)
 }
 
 /// `make bench-peers`: the fleet's drain and Celery's, the same job to the same receiver.
@@ -510,16 +938,17 @@ async fn peers(
     conn: &Connection,
     jobs: usize,
     workers: usize,
-    concurrency: &str,
+    concurrency: usize,
     clients: usize,
 ) -> anyhow::Result<()> {
     let receiver = Receiver::start(Duration::ZERO).await;
-    let (fleet, _, fleet_rate) = fleet_drain(&receiver, jobs, workers, concurrency, clients).await?;
+    let (fleet, drains) = drains(&receiver, jobs, workers, concurrency, clients).await?;
     fleet.stop(conn).await;
     let celery_rate = celery_drain(conn, &receiver, jobs).await?;
-    println!("{:<52} {:>10}", "fleet drain (jobs/s)", format!("{fleet_rate:.0}"));
+    println!("{:<52} {:>10}", "minimal pipeline drain (jobs/s)", format!("{:.0}", drains.minimal));
+    println!("{:<52} {:>10}", "fleet drain (jobs/s)", format!("{:.0}", drains.fleet));
     println!("{:<52} {:>10}", "Celery 5.7 drain, prefork × 4, acks_late (jobs/s)", format!("{celery_rate:.0}"));
-    println!("{:<52} {:>10}   target >= 10×", "fleet / Celery", format!("{:.1}×", fleet_rate / celery_rate));
+    println!("{:<52} {:>10}   target >= 10×", "fleet / Celery", format!("{:.1}×", drains.fleet / celery_rate));
     Ok(())
 }
 
@@ -545,15 +974,13 @@ async fn celery_drain(conn: &Connection, receiver: &Receiver, jobs: usize) -> an
     let status = peer(venv.join("bin/python")).args(["celery_peer.py", "publish", &jobs.to_string(), &run]).status();
     anyhow::ensure!(status?.success(), "publishing the Celery tasks failed (make bench-peers installs Celery)");
     let before = receiver.count();
-    let started = Instant::now();
     let mut worker = peer(venv.join("bin/celery"))
         .args(["-A", "celery_peer", "worker", "-P", "prefork", "-c", "4", "-Q", &queue, "-l", "WARNING"])
         .args(["--without-gossip", "--without-mingle", "--without-heartbeat"])
         .stdout(Stdio::null())
         .spawn()
         .context("start the Celery worker")?;
-    let drained = wait_until(Duration::from_secs(900), || receiver.count() >= before + jobs).await;
-    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let drained = timed_drain(receiver, before, jobs, services(), "Celery drain").await;
     let _ = worker.kill();
     let _ = worker.wait();
     if let Ok(ch) = conn.create_channel().await {
@@ -571,10 +998,18 @@ async fn celery_drain(conn: &Connection, receiver: &Receiver, jobs: usize) -> an
         }
     }
     delete_keys(&format!("{queue}:*")).await;
-    drained.map(|()| rate)
+    drained
 }
 
-async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usize) -> anyhow::Result<(f64, f64)> {
+/// The raw broker's rates on a quorum queue of its own: confirmed persistent publishes, and a
+/// consumer that only acks (one by one, then in batches), timed from its first delivery.
+struct Raw {
+    publish: f64,
+    drain: f64,
+    drain_batched: f64,
+}
+
+async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usize) -> anyhow::Result<Raw> {
     let channel = conn.create_channel().await?;
     let raw_queue = format!("bench-raw-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let mut args = FieldTable::default();
@@ -583,6 +1018,15 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
         .queue_declare(raw_queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
         .await?;
     channel.confirm_select(Default::default()).await?;
+    let publish = raw_publish(&channel, &raw_queue, jobs, window).await?;
+    let drain = raw_drain(conn, &raw_queue, jobs, prefetch, false).await?;
+    raw_publish(&channel, &raw_queue, jobs, window).await?;
+    let drain_batched = raw_drain(conn, &raw_queue, jobs, prefetch, true).await?;
+    channel.queue_delete(raw_queue.as_str().into(), QueueDeleteOptions::default()).await?;
+    Ok(Raw { publish, drain, drain_batched })
+}
+
+async fn raw_publish(channel: &lapin::Channel, queue: &str, jobs: usize, window: usize) -> anyhow::Result<f64> {
     let payload = json!({"v":1,"execution_id":"exec_0123456789abcdef0123456789abcdef","attempt":1,"enqueued_at_ms":1,
         "kind":"tool_call","tool_name":"bench","parameters":{"query":"benchmark payload"},"room_id":"room_1","assistant_id":"asst_1"})
     .to_string();
@@ -593,7 +1037,7 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
         let confirm = channel
             .basic_publish(
                 "".into(),
-                raw_queue.as_str().into(),
+                queue.into(),
                 BasicPublishOptions::default(),
                 payload.as_bytes(),
                 BasicProperties::default().with_delivery_mode(2).with_content_type("application/json".into()),
@@ -607,23 +1051,45 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
     while let Some(c) = pending.next().await {
         c?;
     }
-    let publish_rate = jobs as f64 / started.elapsed().as_secs_f64();
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
     print_account("raw confirmed publish", &account.per_job(jobs));
+    Ok(rate)
+}
+
+async fn raw_drain(conn: &Connection, queue: &str, jobs: usize, prefetch: usize, batched: bool) -> anyhow::Result<f64> {
     let consume = conn.create_channel().await?;
     consume.basic_qos(prefetch as u16, BasicQosOptions::default()).await?;
     let mut consumer = consume
-        .basic_consume(raw_queue.as_str().into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(queue.into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await?;
+    let acks = fleet_platform::acks::BatchAcks::new(consume.clone(), Duration::from_millis(2));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let flusher = tokio::spawn(acks.clone().run(stop.clone()));
+    let first = consumer.next().await.context("raw consumer ended")??;
     let started = Instant::now();
     let account = CpuAccount::start(services());
-    for _ in 0..jobs {
-        let delivery = consumer.next().await.context("raw consumer ended")??;
-        delivery.ack(BasicAckOptions::default()).await?;
+    let mut next = Some(first);
+    for n in 0..jobs {
+        let delivery = match next.take() {
+            Some(d) => d,
+            None => consumer.next().await.context("raw consumer ended")??,
+        };
+        if batched {
+            acks.delivered(delivery.delivery_tag);
+            acks.ack(delivery.delivery_tag);
+        } else {
+            delivery.ack(BasicAckOptions::default()).await?;
+        }
+        if n + 1 == jobs {
+            break;
+        }
     }
-    let drain_rate = jobs as f64 / started.elapsed().as_secs_f64();
-    print_account("raw drain", &account.per_job(jobs));
-    channel.queue_delete(raw_queue.as_str().into(), QueueDeleteOptions::default()).await?;
-    Ok((publish_rate, drain_rate))
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    print_account(if batched { "raw drain, acks batched" } else { "raw drain" }, &account.per_job(jobs));
+    stop.cancel();
+    let _ = flusher.await;
+    let _ = consume.close(200, "drained".into()).await;
+    Ok(rate)
 }
 
 async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {

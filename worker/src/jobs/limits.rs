@@ -5,19 +5,16 @@
 //! while the attempt runs, renewed with the claim, and given back however the attempt ends; a
 //! worker that dies leaves a lease that runs out.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleet_platform::store::{Pace, SlotGrant, StoreError};
-use fleet_protocol::circuit::CircuitBreaker;
+use fleet_platform::store::{ClaimAfter, Fence, Pace, SlotGrant, StoreError, Transition};
 use fleet_protocol::envelope::{Envelope, Job};
-use fleet_protocol::limits::{RateLimit, ToolLimits};
+use fleet_protocol::limits::RateLimit;
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
 
-use crate::process::Processor;
-use crate::settle::{Held, Outcome};
+use crate::context::Cx;
+use crate::outcome::{Held, Outcome};
 
 /// How soon a call over the concurrency limit asks again. When a slot frees cannot be known (a
 /// lease is renewed while its POST runs), so it asks again soon: the park rounds this up to the
@@ -65,74 +62,40 @@ pub(crate) fn early_allowance(limit: &RateLimit) -> Duration {
     EARLY_RETURN_TOLERANCE.min(Duration::from_secs_f64(limit.interval_ms() / 2000.0))
 }
 
-/// What a tool call's pipeline needs of its tool's registry entry before the attempt: its limits
-/// and its circuit breaker.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct ToolPolicies {
-    pub(crate) limits: ToolLimits,
-    pub(crate) circuit: Option<CircuitBreaker>,
-}
-
-/// A tool's policies, cached like the registry targets (a change reaches every worker within the
-/// cache's ttl).
-pub(crate) struct LimitsCache {
-    ttl: Duration,
-    entries: Mutex<HashMap<String, (Instant, ToolPolicies)>>,
-}
-
-impl LimitsCache {
-    pub(crate) fn new(ttl: Duration) -> Self {
-        LimitsCache { ttl, entries: Mutex::new(HashMap::new()) }
+/// Whether the job's tool has limits (read from the policies cache): its claim then only holds the
+/// record until they let it through.
+pub(crate) async fn applies(cx: &Cx<'_>, envelope: &Envelope) -> bool {
+    match &envelope.job {
+        Job::ToolCall(call) => match cx.policies_of(&call.tool_name).await {
+            Ok(policies) => !policies.limits.is_none(),
+            // Unknown: the claim only holds, and the check below decides.
+            Err(_) => true,
+        },
+        Job::Webhook(_) | Job::Turn(_) => false,
     }
-
-    fn get(&self, tool: &str) -> Option<ToolPolicies> {
-        let entries = self.entries.lock().unwrap();
-        entries.get(tool).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, l)| l.clone())
-    }
-
-    fn put(&self, tool: &str, limits: ToolPolicies) {
-        let mut entries = self.entries.lock().unwrap();
-        if entries.len() > 10_000 {
-            entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
-        }
-        entries.insert(tool.to_string(), (Instant::now(), limits));
-    }
-}
-
-pub(crate) async fn policies_of(p: &Processor, tool: &str) -> Result<ToolPolicies, StoreError> {
-    if let Some(policies) = p.limits.get(tool) {
-        return Ok(policies);
-    }
-    // A tool no longer registered has no policies; its attempt fails on its own.
-    let policies = p
-        .store
-        .get_tool(tool)
-        .await?
-        .map(|t| ToolPolicies { limits: t.limits, circuit: t.circuit_breaker })
-        .unwrap_or_default();
-    p.limits.put(tool, policies.clone());
-    Ok(policies)
-}
-
-async fn limits_of(p: &Processor, tool: &str) -> Result<ToolLimits, StoreError> {
-    policies_of(p, tool).await.map(|policies| policies.limits)
 }
 
 /// Lets the claimed call through its tool's limits, or defers it: `Err` is how the job ends (the
 /// claim given back, the job parked for as long as the limit says).
-pub(crate) async fn admit(p: &Processor, envelope: &Envelope, held: &Held) -> Result<Admission, Outcome> {
-    let Job::ToolCall(call) = &envelope.job else { return Ok(Admission { slot: None }) };
-    let tool = call.tool_name.as_str();
-    match check(p, tool, &envelope.execution_id, held.token).await {
+pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Result<Admission, Outcome> {
+    let tool = match &envelope.job {
+        Job::ToolCall(call) => call.tool_name.as_str(),
+        Job::Webhook(_) | Job::Turn(_) => return Ok(Admission { slot: None }),
+    };
+    match check(cx, tool, &envelope.execution_id, held.token).await {
         Ok(admission) => Ok(admission),
         Err((reason, wait)) => {
-            p.metrics.tool_deferred.with_label_values(&[tool, reason.label()]).inc();
+            cx.metrics.tool_deferred.with_label_values(&[tool, reason.label()]).inc();
             tracing::debug!(
                 reason = reason.label(),
                 wait_ms = wait.as_millis() as u64,
                 "deferred by the tool's limits"
             );
-            if !p.release(held, "released").await {
+            let released = Transition::new(ClaimAfter::Release("released"));
+            let lease = cx.config.claim_lease;
+            if let Ok(false) =
+                cx.store.transition(&envelope.execution_id, Fence::Token(held.token), lease, &released).await
+            {
                 return Err(Outcome::Fenced);
             }
             Err(Outcome::Parked(wait))
@@ -142,29 +105,29 @@ pub(crate) async fn admit(p: &Processor, envelope: &Envelope, held: &Held) -> Re
 
 /// The slot first, then the rate: a slot given back costs nothing, while the rate limiter's go-ahead
 /// is spent once given, so it is asked only by a call that may run at once.
-async fn check(p: &Processor, tool: &str, execution_id: &str, token: u64) -> Result<Admission, (Deferral, Duration)> {
-    let fail_closed = p.config.common.retry.delays()[0];
+async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Result<Admission, (Deferral, Duration)> {
+    let fail_closed = cx.soon();
     let unavailable = |e: StoreError| {
         tracing::warn!(error = %e, "cannot check the tool's limits (Redis unavailable); deferred");
         (Deferral::Unavailable, fail_closed)
     };
-    let limits = limits_of(p, tool).await.map_err(unavailable)?;
+    let limits = cx.policies_of(tool).await.map_err(unavailable)?.limits;
     let mut admission = Admission { slot: None };
     if let Some(limit) = limits.max_concurrency {
         let holder = holder(execution_id, token);
-        match p.store.acquire_tool_slot(tool, &holder, limit, p.config.claim_lease).await.map_err(unavailable)? {
+        match cx.store.acquire_tool_slot(tool, &holder, limit, cx.config.claim_lease).await.map_err(unavailable)? {
             SlotGrant::Acquired => admission.slot = Some(HeldSlot { tool: tool.to_string(), holder }),
             SlotGrant::Full { .. } => return Err((Deferral::Concurrency, CONCURRENCY_RECHECK)),
         }
     }
     if let Some(limit) = &limits.rate_limit {
-        let paced = p.store.pace_tool(tool, execution_id, limit, early_allowance(limit)).await;
+        let paced = cx.store.pace_tool(tool, execution_id, limit, early_allowance(limit)).await;
         let deferral = match paced {
             Ok(Pace::Now) => return Ok(admission),
             Ok(Pace::Wait(wait)) => (Deferral::RateLimit, wait),
             Err(e) => unavailable(e),
         };
-        release(p, admission).await;
+        release(cx, admission).await;
         return Err(deferral);
     }
     Ok(admission)
@@ -172,28 +135,22 @@ async fn check(p: &Processor, tool: &str, execution_id: &str, token: u64) -> Res
 
 /// Runs `work` (the attempt) while renewing the call's concurrency slot every third of the lease,
 /// as the claim is renewed around it.
-pub(crate) async fn holding<T>(p: &Processor, admission: &Admission, work: impl Future<Output = T>) -> T {
+pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &Admission, work: impl Future<Output = T>) -> T {
     let Some(slot) = &admission.slot else { return work.await };
-    let lease = p.config.claim_lease;
-    tokio::pin!(work);
-    let mut renew = tokio::time::interval(lease / 3);
-    renew.tick().await;
-    loop {
-        tokio::select! {
-            done = &mut work => return done,
-            _ = renew.tick() => {
-                if let Ok(false) = Box::pin(p.store.renew_tool_slot(&slot.tool, &slot.holder, lease)).await {
-                    tracing::warn!(tool = %slot.tool, "the tool's concurrency slot ran out during the attempt");
-                }
-            }
+    let (store, lease) = (cx.store, cx.config.claim_lease);
+    let renew = move || async move {
+        if let Ok(false) = store.renew_tool_slot(&slot.tool, &slot.holder, lease).await {
+            tracing::warn!(tool = %slot.tool, "the tool's concurrency slot ran out during the attempt");
         }
-    }
+        true
+    };
+    super::claim::while_renewing(lease, work, renew).await.expect("a slot's renewal never stops the attempt")
 }
 
 /// Gives the slot back. A Redis error leaves it to its lease, which runs out by itself.
-pub(crate) async fn release(p: &Processor, admission: Admission) {
+pub(crate) async fn release(cx: &Cx<'_>, admission: Admission) {
     if let Some(slot) = admission.slot {
-        if let Err(e) = p.store.release_tool_slot(&slot.tool, &slot.holder).await {
+        if let Err(e) = cx.store.release_tool_slot(&slot.tool, &slot.holder).await {
             tracing::warn!(error = %e, tool = %slot.tool, "cannot give the concurrency slot back; its lease runs out");
         }
     }
@@ -222,19 +179,5 @@ mod tests {
         assert_eq!(early_allowance(&slow), EARLY_RETURN_TOLERANCE);
         let fast = RateLimit { per_second: 100.0, burst: 1 };
         assert_eq!(early_allowance(&fast), Duration::from_millis(5));
-    }
-
-    #[test]
-    fn cached_limits_expire() {
-        let cache = LimitsCache::new(Duration::from_millis(30));
-        let limits = ToolPolicies {
-            limits: ToolLimits { max_concurrency: Some(2), rate_limit: None },
-            circuit: Some(CircuitBreaker { failure_threshold: Some(3), probe_interval_seconds: None }),
-        };
-        cache.put("t", limits.clone());
-        assert_eq!(cache.get("t"), Some(limits));
-        assert_eq!(cache.get("u"), None);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(cache.get("t"), None);
     }
 }

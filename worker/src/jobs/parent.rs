@@ -1,45 +1,99 @@
 //! The one hook for "a tool call a turn made has ended", called however it ended (success, a
-//! redelivery of a success, dead letter, delivery limit): the outcome is recorded on the turn, and
-//! the call that completes the round publishes the turn's next step.
+//! copy carrying the report it owed, dead letter, cancel): the outcome is recorded on the turn
+//! under the call's key, and the report that completes the round publishes the turn's next step.
 
-use fleet_platform::broker::Publisher;
-use fleet_protocol::envelope::TurnParent;
+use serde_json::json;
+
+use fleet_platform::store::RoundState;
+use fleet_protocol::envelope::{Envelope, Job, ToolCallJob, TurnJob, TurnParent};
+use fleet_protocol::execution::field;
+use fleet_protocol::history;
+use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{self, CallOutcome};
 
-use crate::process::Processor;
+use super::stream::emit;
+use crate::context::Cx;
+use crate::outcome::{Finished, Outcome};
+use crate::publish::{publish_holding, trace_headers};
 
-/// `Err` means the turn may not know yet: the caller must not ack its job away.
+/// The turn waiting for a tool call's result: which call of which round, the tool, the session.
+pub(crate) struct Parent<'a> {
+    pub turn: &'a TurnParent,
+    pub tool_name: &'a str,
+    pub session_id: Option<&'a str>,
+}
+
+impl<'a> Parent<'a> {
+    /// The turn a tool-call job answers, if a model made the call.
+    pub(crate) fn of(call: &'a ToolCallJob) -> Option<Self> {
+        call.parent.as_ref().map(|turn| Parent {
+            turn,
+            tool_name: &call.tool_name,
+            session_id: call.room_id.as_deref(),
+        })
+    }
+}
+
+/// A call cancelled before it was sent: nothing is sent; its turn gets the cancellation as the
+/// call's result (it must not wait for it).
+pub(crate) async fn cancelled(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>) -> Outcome {
+    tracing::info!("cancelled before its attempt; nothing sent");
+    let Some(parent) = parent else { return Outcome::Done(Finished::Cancelled) };
+    let error = json!({"error": "the tool call was cancelled before it was sent", "cancelled": true});
+    match tool_call_finished(cx, envelope, parent, CallOutcome { ok: false, result: error }).await {
+        Ok(()) => Outcome::Done(Finished::Cancelled),
+        Err(outcome) => outcome,
+    }
+}
+
+/// A call's result joins the session's message log as it comes (once per call).
+async fn log_result(cx: &Cx<'_>, turn_id: &str, parent: &Parent<'_>, outcome: &CallOutcome, session: &str) {
+    let content = turn::tool_message_content(outcome, cx.config.tool_result_max_bytes);
+    let created_at = fleet_protocol::timefmt::rfc3339_from_millis(fleet_platform::now_ms());
+    let entry = history::result_entry(turn_id, &parent.turn.call_key(), &parent.turn.call_id, &content, &created_at);
+    if let Err(e) = cx.store.log_message(session, &entry).await {
+        tracing::warn!(error = %e, "the tool result is not in the session's message log");
+    }
+}
+
+/// `Err` is how the call's delivery ends instead (its turn may not know yet: it must not be acked
+/// away).
 pub(crate) async fn tool_call_finished(
-    p: &Processor,
-    publisher: &Publisher,
-    parent: &TurnParent,
-    tool_name: &str,
+    cx: &Cx<'_>,
+    call: &Envelope,
+    parent: &Parent<'_>,
     outcome: CallOutcome,
-) -> Result<(), String> {
-    let turn_id = &parent.turn_execution_id;
-    let recorded = p.store.record_call_outcome(turn_id, &parent.call_id, &outcome).await;
-    let (first, outcomes) = recorded.map_err(|e| {
-        tracing::warn!(error = %e, "cannot record a tool result for its turn");
-        e.to_string()
-    })?;
-    let state = match p.store.load_turn(turn_id).await {
-        Ok(Some(state)) => state,
-        Ok(None) => return Ok(()),
-        Err(e) => return Err(e.to_string()),
-    };
-    if first {
+) -> Result<(), Outcome> {
+    let turn_id = &parent.turn.turn_execution_id;
+    let round = parent.turn.round + 1;
+    let report =
+        cx.store.record_call_outcome(turn_id, &parent.turn.call_key(), &outcome, round).await.map_err(|e| {
+            tracing::warn!(error = %e, "cannot record a tool result for its turn");
+            Outcome::Parked(cx.soon())
+        })?;
+    let session = parent.session_id.unwrap_or_default();
+    if report.first && !session.is_empty() {
+        log_result(cx, turn_id, parent, &outcome, session).await;
+        let call_id = &parent.turn.call_id;
         let event = if outcome.ok {
-            turn::tool_result_event(&parent.call_id, tool_name, &outcome, &state.message_id)
+            turn::tool_result_event(call_id, parent.tool_name, &outcome, &report.message_id)
         } else {
             let error = outcome.result.to_string();
             let code = if outcome.result["cancelled"] == true { "cancelled" } else { "tool_callback_failed" };
-            turn::error_event(code, &error, Some(&parent.call_id), &state.message_id)
+            turn::error_event(code, &error, Some((call_id, parent.tool_name)), &report.message_id)
         };
-        super::turn::emit(p, &state.session_id, event).await;
+        emit(cx, session, event).await;
     }
-    let round_complete = state.pending.iter().all(|call| outcomes.contains_key(&call.call_id));
-    if state.round == parent.round + 1 && round_complete && !state.dead_lettered {
-        super::turn::continue_turn(p, publisher, turn_id, &state).await?;
+    if report.round != RoundState::Publish {
+        return Ok(());
+    }
+    let step = Job::Turn(TurnJob { session_id: session.to_string(), round });
+    let next = Envelope { gen: report.gen, ..Envelope::new(turn_id.clone(), step, fleet_platform::now_ms()) };
+    let topology = &cx.config.common.topology;
+    publish_holding(cx, call, || cx.publisher.publish_job(topology, &next, trace_headers())).await?;
+    let published = [(field::NEXT_PUBLISHED, round.to_string())];
+    if let Err(e) = cx.store.settle_owed(turn_id, &Owed::TurnNext, &published).await {
+        tracing::debug!(error = %e, "the turn's next step is out but not marked so");
     }
     Ok(())
 }

@@ -3,30 +3,34 @@
 
 use serde_json::json;
 
-use fleet_platform::broker::Publisher;
 use fleet_protocol::deadletter::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, ToolCallJob};
 use fleet_protocol::turn::CallOutcome;
 
-use crate::process::Processor;
-use crate::settle::Outcome;
+use super::parent::{self, Parent};
+use crate::context::Cx;
+use crate::outcome::Outcome;
 
-pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelope, call: &ToolCallJob) -> Outcome {
-    let parent = call.parent.as_ref().map(|turn| (turn, call.tool_name.as_str()));
-    super::callback_job::run(p, publisher, envelope, parent).await
+pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, call: &ToolCallJob) -> Outcome {
+    super::callback_job::run(cx, envelope, Parent::of(call)).await
+}
+
+/// A call cancelled before it was sent: its turn gets the cancellation as the call's result.
+pub(super) async fn cancelled(cx: &Cx<'_>, envelope: &Envelope, call: &ToolCallJob) -> Outcome {
+    parent::cancelled(cx, envelope, Parent::of(call).as_ref()).await
 }
 
 /// A tool call that failed for good: its failure events, then its turn gets the error as the
 /// call's result. Event ids derive from the execution, so a second run delivers them once.
 pub(super) async fn aftermath(
-    p: &Processor,
-    publisher: &Publisher,
+    cx: &Cx<'_>,
+    envelope: &Envelope,
     call: &ToolCallJob,
     dead: &DeadLetterRecord,
 ) -> Result<(), String> {
-    p.emit_failure_events(publisher, dead).await.map_err(|e| format!("cannot emit failure events: {e}"))?;
-    let Some(parent) = &call.parent else { return Ok(()) };
+    crate::notify::emit_failure_events(cx, dead).await.map_err(|e| format!("cannot emit failure events: {e}"))?;
+    let Some(parent) = Parent::of(call) else { return Ok(()) };
     let error = json!({"error": dead.last_error, "dead_lettered": true});
-    let outcome = CallOutcome { ok: false, result: error };
-    super::parent::tool_call_finished(p, publisher, parent, &call.tool_name, outcome).await
+    let told = parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok: false, result: error }).await;
+    told.map_err(|_| "cannot tell the call's turn".to_string())
 }

@@ -1,36 +1,42 @@
 //! A model answer with tool calls: each call is checked (enabled, arguments parse and satisfy the
-//! tool's schema, small enough to travel, its tool's circuit not open) and either answered to the model as an error at once or
-//! published as a tool-call job; the turn then waits, holding no worker slot. The step is marked
-//! done only once every job it owes is confirmed by the broker.
-
-use std::collections::HashMap;
+//! tool's schema, small enough to travel, its tool's circuit not open) and either answered to the
+//! model as an error at once or becomes a tool-call job; the turn then waits, holding no worker
+//! slot. Calls are keyed by their round and place (never by the model's id, which models reuse
+//! and some omit), their publish is owed by the same write that saves the round, and the round's
+//! jobs go out with one confirm wait.
 
 use serde_json::{json, Value};
 
-use fleet_platform::broker::Publisher;
+use fleet_platform::broker::Outgoing;
 use fleet_platform::now_ms;
-use fleet_platform::store::NewExecution;
+use fleet_platform::store::{ClaimAfter, NewExecution, Transition};
+use fleet_protocol::agent_session::{self, ClientCall, PendingClientCall};
 use fleet_protocol::circuit::TOOL_UNAVAILABLE;
 use fleet_protocol::derived_execution_id;
 use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, TurnParent};
-use fleet_protocol::turn::{self, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
+use fleet_protocol::execution::{field, AttemptRecord};
+use fleet_protocol::history;
+use fleet_protocol::life::Owed;
+use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tools::ToolExecution;
+use fleet_protocol::turn::{self, call_key, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
 
-use super::super::circuit::unavailable_answer;
-use super::super::release_and_park;
-use super::{complete_step, continue_turn, emit};
-use crate::process::Processor;
-use crate::settle::{trace_headers, Held, Outcome};
+use super::{emit, Step};
+use crate::context::Cx;
+use crate::jobs::circuit::unavailable_answer;
+use crate::jobs::stream::emit_id;
+use crate::outcome::{Finished, Outcome};
+use crate::publish::{publish_holding, retire, trace_headers};
 
 pub(super) async fn fan_out(
-    p: &Processor,
-    publisher: &Publisher,
-    envelope: &Envelope,
-    job: &TurnJob,
+    step: &Step<'_>,
     state: &mut TurnState,
-    held: &Held,
-    completion: Completion,
+    mut completion: Completion,
+    record: AttemptRecord,
 ) -> Outcome {
-    let turn_id = &envelope.execution_id;
+    let cx = &step.cx;
+    let round = step.job.round;
+    completion.name_calls(round);
     state.conversation.push(Message {
         role: "assistant".into(),
         content: (!completion.content.is_empty()).then(|| completion.content.clone()),
@@ -38,168 +44,255 @@ pub(super) async fn fan_out(
         tool_call_id: None,
     });
     let mut pending = Vec::new();
-    for call in &completion.tool_calls {
-        let parameters = turn::parse_arguments(&call.arguments);
-        let shown = parameters.as_ref().unwrap_or(&Value::Null);
-        emit(p, &state.session_id, turn::tool_call_event(call, shown, &state.message_id)).await;
-        let exec = derived_execution_id(&[turn_id, &job.round.to_string(), &call.id]);
-        let planned = PendingCall { call_id: call.id.clone(), tool_name: call.name.clone(), execution_id: Some(exec) };
-        let refused = match refusal(p, state, turn_id, job.round, call, &planned, &parameters).await {
-            Some((code, error)) => Some((code, json!(error))),
-            None => unavailable_answer(p, &call.name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
-        };
-        match refused {
-            None => pending.push(planned),
-            Some((code, result)) => {
-                let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
-                let refused = CallOutcome { ok: false, result };
-                if p.store.record_call_outcome(turn_id, &call.id, &refused).await.is_err() {
-                    return release_and_park(p, held).await;
-                }
-                emit(p, &state.session_id, turn::error_event(code, &error, Some(&call.id), &state.message_id)).await;
-                pending.push(PendingCall { execution_id: None, ..planned });
-            }
+    for (position, call) in completion.tool_calls.iter().enumerate() {
+        match plan(step, state, round, position as u32, call).await {
+            Ok(planned) => pending.push(planned),
+            Err(stop) => return stop,
         }
     }
+    let waits = pending.iter().any(|c| c.execution_id.is_some() || c.client_event.is_some());
+    let owed = if waits { Owed::TurnCalls } else { Owed::TurnNext };
+    let keys: Vec<&str> = pending.iter().map(|c| c.key.as_str()).collect();
+    let keys = keys.join(",");
     state.tool_calls.extend(pending.iter().cloned());
     state.pending = pending;
     state.round += 1;
-    match p.store.save_turn_fenced(turn_id, Some(state), held.fence).await {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Fenced,
-        Err(_) => return release_and_park(p, held).await,
+    state.streaming = None;
+    let saved = Transition::new(ClaimAfter::Release("released"))
+        .step(step.envelope.step().next_round())
+        .owe(&owed)
+        .attempt(&record)
+        .turn(state)
+        .field(field::PENDING, keys)
+        .field(field::MESSAGE_ID, &state.message_id);
+    if let Err(stop) = step.write(&saved).await {
+        return stop;
     }
-    publish_owed(p, publisher, turn_id, state, held, "success").await
+    log_answer(cx, step.turn_id(), state).await;
+    let published = match owed {
+        Owed::TurnCalls => publish_owed(cx, step.envelope, state).await,
+        _ => publish_next_step(cx, step.envelope, state).await,
+    };
+    published.unwrap_or_else(|stop| stop)
+}
+
+/// The answer that made the calls joins the session's message log, as it is made (once: its id is
+/// the model call's own).
+async fn log_answer(cx: &Cx<'_>, turn_id: &str, state: &TurnState) {
+    let Some(made) = state.conversation.iter().rev().find(|m| !m.tool_calls.is_empty()) else { return };
+    let entry = history::answer_entry(turn_id, &state.message_id, made, &rfc3339_from_millis(now_ms()));
+    if let Err(e) = cx.store.log_message(&state.session_id, &entry).await {
+        tracing::warn!(error = %e, "the answer is not in the session's message log");
+    }
+}
+
+/// One call of the answer: planned as a job, left to the client (a client-executed tool: its
+/// `tool_input` event's id is what the client's answer names), or answered to the model at once
+/// (its outcome recorded, an `error` event sent). The call's execution id derives from the turn,
+/// its generation, round and place, so a fan-out run twice plans the same jobs.
+async fn plan(
+    step: &Step<'_>,
+    state: &TurnState,
+    round: u32,
+    position: u32,
+    call: &ToolCall,
+) -> Result<PendingCall, Outcome> {
+    let cx = &step.cx;
+    let turn_id = step.turn_id();
+    let parameters = turn::parse_arguments(&call.arguments);
+    let shown = parameters.as_ref().unwrap_or(&Value::Null);
+    let event = emit_id(cx, &state.session_id, turn::tool_call_event(call, shown, &state.message_id)).await;
+    let key = call_key(round, position);
+    let gen = step.envelope.gen.to_string();
+    let exec = derived_execution_id(&[turn_id, &gen, &key]);
+    let client = matches!(cx.tool(&call.name).await, Ok(Some(t)) if t.execution == ToolExecution::Client);
+    let planned = PendingCall {
+        call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        execution_id: (!client).then_some(exec),
+        key: key.clone(),
+        client_event: None,
+    };
+    let refused = match refusal(cx, state, turn_id, round, &planned, &parameters).await {
+        Some((code, error)) => Some((code, json!(error))),
+        None if client => None,
+        None => unavailable_answer(cx, &call.name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
+    };
+    let Some((code, result)) = refused else {
+        if !client {
+            return Ok(planned);
+        }
+        // The client can only answer a call whose event it saw: without it, the step runs again.
+        let Some(event) = event else { return Err(step.release_and_park().await) };
+        return Ok(PendingCall { client_event: Some(agent_session::event_id(&event)), ..planned });
+    };
+    let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
+    let refused = CallOutcome { ok: false, result };
+    if cx.store.record_call_outcome(turn_id, &key, &refused, round + 1).await.is_err() {
+        return Err(step.release_and_park().await);
+    }
+    let event = turn::error_event(code, &error, Some((&call.id, &call.name)), &state.message_id);
+    emit(cx, &state.session_id, event).await;
+    Ok(PendingCall { execution_id: None, ..planned })
 }
 
 /// Why a call is answered to the model at once instead of becoming a job, if it is.
 async fn refusal(
-    p: &Processor,
+    cx: &Cx<'_>,
     state: &TurnState,
     turn_id: &str,
     round: u32,
-    call: &ToolCall,
     planned: &PendingCall,
     parameters: &Result<Value, String>,
 ) -> Option<(&'static str, String)> {
-    if !state.enabled(&call.name) {
-        return Some(("tool_not_allowed", format!("tool {:?} is not enabled for this assistant", call.name)));
+    if !state.enabled(&planned.tool_name) {
+        return Some(("tool_not_allowed", format!("tool {:?} is not enabled for this assistant", planned.tool_name)));
     }
     let arguments = match parameters {
         Err(e) => return Some(("tool_not_allowed", e.clone())),
         Ok(arguments) => arguments,
     };
-    if let Some(e) = crate::arguments::schema_problem(&p.store, &call.name, arguments).await {
+    if let Some(e) = crate::arguments::schema_problem(cx, &planned.tool_name, arguments).await {
         return Some(("invalid_arguments", e));
     }
+    // A client tool's call is not published.
+    planned.execution_id.as_ref()?;
     // Published, it would be poison to every worker and the turn would wait forever.
-    let exec = planned.execution_id.as_deref().unwrap_or_default();
-    tool_call_envelope(state, turn_id, planned, exec, arguments.clone(), round)
+    tool_call_envelope(state, turn_id, planned, arguments.clone(), round)
         .check_publishable_size()
         .err()
         .map(|size| ("tool_arguments_too_large", too_large_message(size)))
 }
 
-/// A step redelivered after its model call already moved the turn on: whatever the step owed and
-/// may not have published (tool calls, the next step) is published again (ids are derived, so
-/// nothing runs twice), then the step is done.
-pub(super) async fn after_redelivery(
-    p: &Processor,
-    publisher: &Publisher,
-    turn_id: &str,
-    state: &TurnState,
-    round: u32,
-    held: &Held,
-) -> Outcome {
-    if state.round == round + 1 && state.final_message.is_none() {
-        return publish_owed(p, publisher, turn_id, state, held, "duplicate").await;
-    }
-    if state.round == round + 1 {
-        return super::finish::after_redelivery(p, publisher, turn_id, state, held).await;
-    }
-    complete_step(p, held, "duplicate").await
-}
-
-/// Publishes the round's tool calls that have no outcome yet, and the next step if none is owed.
-async fn publish_owed(
-    p: &Processor,
-    publisher: &Publisher,
-    turn_id: &str,
-    state: &TurnState,
-    held: &Held,
-    label: &'static str,
-) -> Outcome {
-    let Ok(done) = p.store.call_outcomes(turn_id).await else { return release_and_park(p, held).await };
-    let arguments = call_arguments(state);
-    for call in state.pending.iter().filter(|c| !done.contains_key(&c.call_id)) {
-        let Some(exec) = &call.execution_id else { continue };
-        let parameters = arguments.get(&call.call_id).cloned().unwrap_or_else(|| json!({}));
-        let envelope = tool_call_envelope(state, turn_id, call, exec, parameters, state.round - 1);
-        if let Err(e) = publish_call(p, publisher, state, call, &envelope).await {
-            tracing::warn!(error = %e, "cannot publish a tool call; the step comes back to publish it");
-            return release_and_park(p, held).await;
+/// Publishes the round's calls that have no outcome yet (each record created if absent), with one
+/// confirm wait, and tells the client which calls it owes (a client-executed tool's), then retires
+/// what the turn owed. Run by the fan-out, or by a copy of its step after a worker died between
+/// the save and the publish.
+pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnState) -> Result<Outcome, Outcome> {
+    let turn_id = &cause.execution_id;
+    let done = cx.store.call_outcomes(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let arguments = round_arguments(state);
+    let mut messages = Vec::new();
+    let mut client = Vec::new();
+    for (call, args) in state.pending.iter().zip(arguments) {
+        if done.contains_key(call.outcome_key()) {
+            continue;
         }
+        if let Some(event_id) = &call.client_event {
+            client.push((
+                call,
+                PendingClientCall { event_id: event_id.clone(), tool_name: call.tool_name.clone(), arguments: args },
+            ));
+            continue;
+        }
+        let Some(exec) = &call.execution_id else { continue };
+        let envelope = tool_call_envelope(state, turn_id, call, args, state.round - 1);
+        create_record(cx, state, call, exec).await?;
+        let topology = &cx.config.common.topology;
+        messages.push(Outgoing::job(
+            topology.jobs_exchange(),
+            JobKind::ToolCall.as_str().into(),
+            &envelope,
+            trace_headers(),
+        ));
     }
-    let owed = state.pending.iter().any(|c| c.execution_id.is_some() && !done.contains_key(&c.call_id));
-    if !owed && continue_turn(p, publisher, turn_id, state).await.is_err() {
-        return release_and_park(p, held).await;
-    }
-    complete_step(p, held, label).await
+    // All or nothing: a call that went out and is sent again is a copy, acked by its claim.
+    let all = || async { cx.publisher.publish_many(&messages).await.into_iter().collect::<Result<Vec<()>, _>>() };
+    publish_holding(cx, cause, || async { all().await.map(|_| ()) }).await?;
+    cx.metrics.jobs_published.with_label_values(&[JobKind::ToolCall.as_str()]).inc_by(messages.len() as u64);
+    announce_client_calls(cx, turn_id, state, &client).await?;
+    retire(cx, cause, &Owed::TurnCalls).await;
+    Ok(Outcome::Done(Finished::Success))
 }
 
-async fn publish_call(
-    p: &Processor,
-    publisher: &Publisher,
+/// Records which turn's call each client event names (what the client's `tool_output` is checked
+/// against), then sends the `client_tool_pending` event: the client learns of a call only once its
+/// answer can be taken.
+async fn announce_client_calls(
+    cx: &Cx<'_>,
+    turn_id: &str,
     state: &TurnState,
-    call: &PendingCall,
-    envelope: &Envelope,
-) -> Result<(), String> {
-    let _ = p
-        .store
-        .create_execution(&NewExecution {
-            execution_id: &envelope.execution_id,
-            kind: JobKind::ToolCall.as_str(),
-            tool_name: Some(&call.tool_name),
-            room_id: Some(&state.session_id),
-            assistant_id: Some(&state.assistant.id),
-            now_ms: now_ms(),
-            run_at_ms: None,
+    calls: &[(&PendingCall, PendingClientCall)],
+) -> Result<(), Outcome> {
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let made_in = state.round - 1;
+    let refs: Vec<(String, ClientCall)> = calls
+        .iter()
+        .map(|(call, pending)| {
+            let named = ClientCall {
+                turn: turn_id.to_string(),
+                key: call.key.clone(),
+                round: made_in,
+                call_id: call.call_id.clone(),
+                tool_name: call.tool_name.clone(),
+            };
+            (pending.event_id.clone(), named)
         })
-        .await;
-    publisher.publish_job(&p.config.common.topology, envelope, trace_headers()).await.map_err(|e| e.to_string())?;
-    p.metrics.jobs_published.with_label_values(&[JobKind::ToolCall.as_str()]).inc();
+        .collect();
+    cx.store.put_client_calls(&state.session_id, &refs).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let pending: Vec<PendingClientCall> = calls.iter().map(|(_, p)| p.clone()).collect();
+    emit(cx, &state.session_id, agent_session::client_tool_pending_event(&pending, &state.message_id)).await;
     Ok(())
 }
 
-/// The arguments of the round's calls, from the assistant message that made them.
-fn call_arguments(state: &TurnState) -> HashMap<String, Value> {
-    let made = state.conversation.iter().rev().find(|m| !m.tool_calls.is_empty());
-    made.map(|m| {
-        m.tool_calls
-            .iter()
-            .filter_map(|c| turn::parse_arguments(&c.arguments).ok().map(|a| (c.id.clone(), a)))
-            .collect()
-    })
-    .unwrap_or_default()
+async fn create_record(cx: &Cx<'_>, state: &TurnState, call: &PendingCall, exec: &str) -> Result<(), Outcome> {
+    let record = NewExecution {
+        execution_id: exec,
+        kind: JobKind::ToolCall.as_str(),
+        tool_name: Some(&call.tool_name),
+        room_id: Some(&state.session_id),
+        assistant_id: Some(&state.assistant.id),
+        tenant: state.tenant.as_deref(),
+        now_ms: now_ms(),
+        run_at_ms: None,
+    };
+    cx.store.create_execution(&record, None).await.map(|_| ()).map_err(|_| Outcome::Parked(cx.soon()))
 }
 
-/// The job that runs `call` (made in the turn's `round`) as execution `exec`.
-fn tool_call_envelope(
-    state: &TurnState,
-    turn_id: &str,
-    call: &PendingCall,
-    exec: &str,
-    parameters: Value,
-    round: u32,
-) -> Envelope {
+/// Publishes the turn's next step for a round whose calls all ended (or were all answered at
+/// once), then retires what the turn owed.
+pub(super) async fn publish_next_step(cx: &Cx<'_>, cause: &Envelope, state: &TurnState) -> Result<Outcome, Outcome> {
+    let step = Job::Turn(TurnJob { session_id: state.session_id.clone(), round: state.round });
+    let next = Envelope { gen: cause.gen, ..Envelope::new(cause.execution_id.clone(), step, now_ms()) };
+    let topology = &cx.config.common.topology;
+    publish_holding(cx, cause, || cx.publisher.publish_job(topology, &next, trace_headers())).await?;
+    let published = [(field::NEXT_PUBLISHED, state.round.to_string())];
+    if let Err(e) = cx.store.settle_owed(&cause.execution_id, &Owed::TurnNext, &published).await {
+        tracing::debug!(error = %e, "the turn's next step is out but not marked so");
+    }
+    Ok(Outcome::Done(Finished::Success))
+}
+
+/// The arguments of the round's calls, by place, from the assistant message that made them.
+fn round_arguments(state: &TurnState) -> Vec<Value> {
+    let made = state.conversation.iter().rev().find(|m| !m.tool_calls.is_empty());
+    let calls = made.map(|m| m.tool_calls.as_slice()).unwrap_or_default();
+    state
+        .pending
+        .iter()
+        .enumerate()
+        .map(|(i, _)| calls.get(i).and_then(|c| turn::parse_arguments(&c.arguments).ok()).unwrap_or_else(|| json!({})))
+        .collect()
+}
+
+/// The job that runs `call` (made in the turn's `round`).
+fn tool_call_envelope(state: &TurnState, turn_id: &str, call: &PendingCall, parameters: Value, round: u32) -> Envelope {
+    let position = call.key.rsplit('.').next().and_then(|p| p.parse().ok());
     let job = Job::ToolCall(ToolCallJob {
         tool_name: call.tool_name.clone(),
         parameters,
         room_id: Some(state.session_id.clone()),
         assistant_id: Some(state.assistant.id.clone()),
-        parent: Some(TurnParent { turn_execution_id: turn_id.to_string(), call_id: call.call_id.clone(), round }),
+        parent: Some(TurnParent {
+            turn_execution_id: turn_id.to_string(),
+            call_id: call.call_id.clone(),
+            round,
+            position,
+        }),
     });
-    Envelope::new(exec.to_string(), job, now_ms())
+    Envelope::new(call.execution_id.clone().unwrap_or_default(), job, now_ms())
 }
 
 /// What the model is told about a call whose job would be `size` bytes (its arguments are not echoed).

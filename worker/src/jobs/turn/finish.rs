@@ -1,36 +1,36 @@
-//! How a turn ends. Finished: its exchange joins the session's history, the session goes to the
-//! next turn (or the turn goes on with steers that arrived), the client gets the message, and
-//! subscribers get `agent.room.message`. Abandoned (a dead letter of any kind): the client gets the
-//! error, the turn is marked so no step runs again, and its session moves on.
+//! How a turn ends. Finished: the answer is saved with the finish owed (one write), then its
+//! exchange joins the session's history and the session goes to the next turn (or the turn goes on
+//! with steers that arrived), subscribers get `agent.room.message`, the next turn is woken, the
+//! record says `succeeded`, and only then the client gets `message_complete` and `done`. A worker
+//! lost anywhere in between leaves the rest owed to the next copy of the step. Abandoned (a dead
+//! letter of any kind) or cancelled: the client gets the error, and its session moves on.
 
 use serde_json::json;
 
-use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
-use fleet_platform::store::SessionFinish;
+use fleet_platform::store::{ClaimAfter, Fence, SessionFinish, Transition};
 use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
-use fleet_protocol::envelope::{Envelope, TurnJob};
+use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::events;
-use fleet_protocol::execution::ExecutionStatus;
+use fleet_protocol::execution::{AttemptRecord, ExecutionStatus};
 use fleet_protocol::history;
+use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::turn::{self, Completion, Message, TurnState, FINAL_FENCE};
+use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
-use super::super::release_and_park;
 use super::session::wake;
-use super::{complete_step, continue_turn, emit};
-use crate::process::Processor;
-use crate::settle::{Held, Outcome};
+use super::{emit, Step};
+use crate::context::Cx;
+use crate::jobs::stream::batched;
+use crate::outcome::{Finished, Outcome};
+use crate::publish::{publish_next, retire};
 
 pub(super) async fn finish(
-    p: &Processor,
-    publisher: &Publisher,
-    envelope: &Envelope,
+    step: &Step<'_>,
     state: &mut TurnState,
-    held: &Held,
     completion: Completion,
+    record: AttemptRecord,
 ) -> Outcome {
-    let turn_id = &envelope.execution_id;
     let mut message = json!({
         "id": state.message_id,
         "role": "assistant",
@@ -44,130 +44,163 @@ pub(super) async fn finish(
     }
     state.conversation.push(Message::text("assistant", &completion.content));
     state.round += 1;
-    remember(p, turn_id, state).await;
-    if let Ok(SessionFinish::SteerPending) = p.store.session_finish(&state.session_id, turn_id).await {
-        // Steers arrived while the model answered: the turn keeps its session and goes on.
-        return match p.store.save_turn_fenced(turn_id, Some(state), held.fence).await {
-            Ok(true) if continue_turn(p, publisher, turn_id, state).await.is_ok() => {
-                complete_step(p, held, "success").await
-            }
-            Ok(false) => Outcome::Fenced,
-            _ => release_and_park(p, held).await,
-        };
+    state.streaming = None;
+    state.final_message = Some(message);
+    let saved = Transition::new(ClaimAfter::Keep)
+        .step(step.envelope.step().next_round())
+        .owe(&Owed::TurnFinish)
+        .attempt(&record)
+        .turn(state);
+    if let Err(stop) = step.write(&saved).await {
+        return stop;
     }
-    state.final_message = Some(message.clone());
-    match p.store.save_turn_fenced(turn_id, Some(state), held.fence).await {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Fenced,
-        Err(_) => return release_and_park(p, held).await,
-    }
-    emit(p, &state.session_id, turn::message_complete_event(&message)).await;
-    emit(p, &state.session_id, turn::done_event(&state.message_id)).await;
-    after_redelivery(p, publisher, turn_id, state, held).await
+    complete(&step.cx, step.envelope, state, Fence::Token(step.held.token)).await.unwrap_or_else(|stop| stop)
 }
 
-/// The end of a finished turn that must hold however often it runs: the record says succeeded,
-/// subscribers are told (delivery ids derive from the turn), the session's next turn is woken.
-pub(super) async fn after_redelivery(
-    p: &Processor,
-    publisher: &Publisher,
-    turn_id: &str,
+/// The finish a saved answer owes, run by the step that saved it or by a copy (`fence`): the
+/// session first (history and lock, or the turn goes on with steers), then subscribers, the next
+/// turn, the record, the announcement.
+pub(super) async fn complete(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
     state: &TurnState,
-    held: &Held,
-) -> Outcome {
-    let message = state.final_message.clone().unwrap_or_default();
-    let _ = p.store.mark_succeeded(turn_id, &json!({"message": message}), now_ms()).await;
-    let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": state.session_id, "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
-    if let Err(e) = p.notify(publisher, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
-        tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries; the step comes back");
-        return release_and_park(p, held).await;
+    fence: Fence<'_>,
+) -> Result<Outcome, Outcome> {
+    if state.compaction.is_some() {
+        return super::compact::complete(cx, envelope, state, fence).await;
     }
-    match p.store.session_finish(&state.session_id, turn_id).await {
-        Ok(SessionFinish::Released { next: Some(next) }) => {
-            if let Err(e) = wake(p, publisher, &next, &state.session_id).await {
-                tracing::debug!(error = %e, "the next turn's parked job comes back by itself");
-            }
-        }
-        Ok(_) => {}
-        Err(_) => return release_and_park(p, held).await,
-    }
-    complete_step(p, held, "success").await
-}
-
-/// Appends what the turn said since its last append to the session's history, while it still
-/// holds the session, so the next turn reads it. Once per (turn, round): a finish run twice
-/// appends once.
-async fn remember(p: &Processor, turn_id: &str, state: &mut TurnState) {
+    let turn_id = &envelope.execution_id;
     let (first, own) = state.unremembered();
     let created_at = rfc3339_from_millis(now_ms());
     let entries = history::exchange_entries(turn_id, first, own, &state.message_id, &created_at);
     let append_id = format!("{turn_id}:{}", state.round);
-    let (max_messages, max_bytes) = (p.config.history_max_messages, p.config.history_max_bytes);
-    match p.store.history_append(&state.session_id, &append_id, &entries, max_messages, max_bytes).await {
-        Ok(()) => state.remembered = first + entries.len(),
-        Err(e) => tracing::warn!(error = %e, "cannot append the turn to its session's history"),
+    let lock_fence = match fence {
+        Fence::Token(token) => token,
+        // The record owes the finish: no newer step of the turn exists to be fenced from.
+        Fence::Owed(_) => u64::MAX,
+    };
+    let session = &state.session_id;
+    let finished = cx.store.session_finish(session, turn_id, lock_fence, &append_id, &entries).await;
+    let next = match finished.map_err(|_| Outcome::Parked(cx.soon()))? {
+        SessionFinish::SteerPending => return go_on(cx, envelope, state, fence).await,
+        SessionFinish::Stale => return Err(Outcome::Fenced),
+        SessionFinish::Released { next, history } => {
+            trim_history(cx, session, history).await;
+            next
+        }
+        SessionFinish::NotHolder { next, free } => next.filter(|_| free),
+    };
+    let message = state.final_message.clone().unwrap_or_default();
+    let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": session, "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
+    if let Err(e) = crate::notify::notify(cx, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
+        tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries; the step comes back");
+        return Err(Outcome::Parked(cx.soon()));
+    }
+    if let Some(next) = next {
+        wake(cx, envelope, &next, session).await?;
+    }
+    super::succeed(cx, turn_id, fence, &json!({"message": message})).await?;
+    announce(cx, envelope, state).await
+}
+
+/// Drops the oldest whole exchanges of the session's history once it is over its budget (best
+/// effort: the next finish trims what this one could not).
+async fn trim_history(cx: &Cx<'_>, session: &str, (messages, bytes): (usize, usize)) {
+    let (max_messages, max_bytes) = (cx.config.history_max_messages, cx.config.history_max_bytes);
+    if messages <= max_messages && bytes <= max_bytes {
+        return;
+    }
+    if let Err(e) = cx.store.trim_history(session, max_messages, max_bytes).await {
+        tracing::debug!(error = %e, "the session's history was not trimmed");
     }
 }
 
+/// Steers arrived while the model answered: the turn keeps its session and calls the model again
+/// with them (its answer so far stays in the conversation, and joins the history with the rest).
+async fn go_on(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState, fence: Fence<'_>) -> Result<Outcome, Outcome> {
+    let mut state = state.clone();
+    state.final_message = None;
+    let step = Job::Turn(TurnJob { session_id: state.session_id.clone(), round: state.round });
+    let next = Envelope { gen: envelope.gen, ..Envelope::new(envelope.execution_id.clone(), step, now_ms()) };
+    let owed = Owed::Next { envelope: Box::new(next.clone()) };
+    let on = Transition::new(ClaimAfter::Release("released")).owe(&owed).turn(&state);
+    match cx.store.transition(&envelope.execution_id, fence, cx.config.claim_lease, &on).await {
+        Ok(true) => {}
+        Ok(false) => return Err(Outcome::Fenced),
+        Err(_) => return Err(Outcome::Parked(cx.soon())),
+    }
+    publish_next(cx, &next).await.map_err(Outcome::from)?;
+    retire(cx, envelope, &owed).await;
+    Ok(Outcome::Done(Finished::Success))
+}
+
+/// A finished turn's answer in the session's message log, then `message_complete` and `done`,
+/// sent after its record says `succeeded`.
+pub(super) async fn announce(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState) -> Result<Outcome, Outcome> {
+    if let Some(done) = state.compaction.as_ref().and_then(|c| c.done.as_ref()) {
+        return super::compact::announce(cx, envelope, state, &done.report).await;
+    }
+    let message = state.final_message.clone().unwrap_or_default();
+    let answer = Message::text("assistant", message["content"].as_str().unwrap_or_default());
+    let created_at = message["created_at"].as_str().unwrap_or_default();
+    let entry = history::answer_entry(&envelope.execution_id, &state.message_id, &answer, created_at);
+    if let Err(e) = cx.store.log_message(&state.session_id, &entry).await {
+        tracing::warn!(error = %e, "the answer is not in the session's message log");
+    }
+    // Both events in one write, in order.
+    let (events, writer) = batched(cx, &state.session_id);
+    events.send(turn::message_complete_event(&message));
+    events.send(turn::done_event(&state.message_id));
+    drop(events);
+    writer.await;
+    retire(cx, envelope, &Owed::Announce).await;
+    Ok(Outcome::Done(Finished::Success))
+}
+
 /// A turn that ends as a dead letter (model failure, too many rounds, delivery limit): the client
-/// is told, no step of it runs again until a replay, its session moves on — and turns that had
-/// steered into it run on their own, first in line.
+/// is told once, no step of it runs again until a replay, its session moves on — and turns that
+/// had steered into it run on their own, first in line.
 pub(crate) async fn abandon(
-    p: &Processor,
-    publisher: &Publisher,
+    cx: &Cx<'_>,
     envelope: &Envelope,
     job: &TurnJob,
     dead: &DeadLetterRecord,
     code: Option<&'static str>,
 ) -> Result<(), String> {
     let code = code.unwrap_or(failure_code(dead.reason));
-    end_turn(p, publisher, &envelope.execution_id, &job.session_id, code, &dead.last_error).await
+    end_turn(cx, envelope, &job.session_id, code, &dead.last_error).await.map_err(|_| "cannot end the turn".to_string())
 }
 
 /// A turn a client cancelled (`POST /v1/executions/{id}/cancel`), found by its step before the
 /// model call: it ends like an abandoned one (error `cancelled`, then `done`; its session moves
-/// on), its record says `cancelled`, and the step is marked run so no copy of it runs again.
-pub(super) async fn cancel(
-    p: &Processor,
-    publisher: &Publisher,
-    envelope: &Envelope,
-    job: &TurnJob,
-    held: &Held,
-) -> Outcome {
-    let turn_id = &envelope.execution_id;
+/// on), then its record says `cancelled`, and copies of its step are only acked.
+pub(super) async fn cancel(step: &Step<'_>, _state: &TurnState) -> Outcome {
     tracing::info!("the turn was cancelled; it ends before its model call");
-    // The status first: a copy of this step that runs after the turn ended would not write it.
-    if p.store.set_status(turn_id, ExecutionStatus::Cancelled, None, now_ms(), Some(held.fence)).await.is_err() {
-        return release_and_park(p, held).await;
-    }
-    let _ = p.store.mark_started(turn_id, envelope.kind().as_str()).await;
     let error = "the turn was cancelled";
-    if end_turn(p, publisher, turn_id, &job.session_id, "cancelled", error).await.is_err() {
-        return release_and_park(p, held).await;
+    if let Err(stop) = end_turn(&step.cx, step.envelope, &step.job.session_id, "cancelled", error).await {
+        return stop;
     }
-    complete_step(p, held, "cancelled").await
+    let cancelled = Transition::new(ClaimAfter::Release("cancelled")).status(ExecutionStatus::Cancelled);
+    match step.write(&cancelled).await {
+        Ok(()) => Outcome::Done(Finished::Cancelled),
+        Err(stop) => stop,
+    }
 }
 
-/// Ends a turn that will not finish: the client gets `error` (`code`) and `done` once, the turn is
-/// marked so no step of it runs again, and its session moves on to the next turn in line.
-async fn end_turn(
-    p: &Processor,
-    publisher: &Publisher,
-    turn_id: &str,
-    session_id: &str,
-    code: &str,
-    error: &str,
-) -> Result<(), String> {
-    let state = p.store.load_turn(turn_id).await.map_err(|e| e.to_string())?;
+/// Ends a turn that will not finish: the client gets `error` (`code`) and `done` once (the state
+/// says it was told), and its session moves on to the next turn in line.
+async fn end_turn(cx: &Cx<'_>, envelope: &Envelope, session_id: &str, code: &str, error: &str) -> Result<(), Outcome> {
+    let turn_id = &envelope.execution_id;
+    let state = cx.store.load_turn(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     if let Some(mut state) = state.filter(|s| !s.dead_lettered) {
-        emit(p, session_id, turn::error_event(code, error, None, &state.message_id)).await;
-        emit(p, session_id, turn::done_event(&state.message_id)).await;
+        emit(cx, session_id, turn::error_event(code, error, None, &state.message_id)).await;
+        emit(cx, session_id, turn::done_event(&state.message_id)).await;
         state.dead_lettered = true;
-        p.store.save_turn_fenced(turn_id, Some(&state), FINAL_FENCE).await.map_err(|e| e.to_string())?;
+        cx.store.save_turn(turn_id, &state).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     }
-    let next = p.store.session_abandon(session_id, turn_id).await.map_err(|e| e.to_string())?;
+    let next = cx.store.session_abandon(session_id, turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     match next {
-        Some(next) => wake(p, publisher, &next, session_id).await,
+        Some(next) => wake(cx, envelope, &next, session_id).await,
         None => Ok(()),
     }
 }

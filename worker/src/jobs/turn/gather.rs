@@ -1,47 +1,39 @@
 //! What a step's model call sees besides the turn's own conversation: the session's history (first
-//! step, read under the session's lock), the previous round's tool results, and steers. The state
-//! is saved (fenced) before the model call, so a retried call sees the same conversation and a
-//! taken steer is never lost.
+//! step, read under the session's lock), the previous round's tool results, and steers; then the
+//! model call begins: its message id, and the state saved under the claim before anything streams,
+//! so a retried or re-run call sees the same conversation and a steer is taken exactly once.
 
 use std::collections::BTreeSet;
 
 use serde_json::json;
 
-use fleet_platform::now_ms;
-use fleet_protocol::envelope::{Envelope, JobKind, TurnJob};
-use fleet_protocol::execution::ExecutionStatus;
+use fleet_platform::store::{ClaimAfter, Transition};
+use fleet_protocol::execution::{field, ExecutionStatus};
 use fleet_protocol::history::HistoryEntry;
-use fleet_protocol::turn::{self, step_claim_id, CallOutcome, Message, Steer, TurnState};
+use fleet_protocol::turn::{self, CallOutcome, Message, Steer, StreamingCall, TurnState};
 
-use super::super::release_and_park;
-use crate::process::Processor;
-use crate::settle::{Held, Outcome};
+use super::{emit, Step};
+use crate::outcome::Outcome;
 
-pub(super) async fn prepare(
-    p: &Processor,
-    envelope: &Envelope,
-    job: &TurnJob,
-    state: &mut TurnState,
-    held: &Held,
-) -> Result<(), Outcome> {
-    let turn_id = &envelope.execution_id;
-    if job.round == 0 && envelope.attempt == 1 {
-        let _ = p.store.mark_started(turn_id, JobKind::Turn.as_str()).await;
-    }
-    if job.round == 0 {
-        match p.store.history(&state.session_id).await {
+/// Gathers what the model must see into the state, in memory only: nothing is written, so a step
+/// parked now (by its provider's budget) gathers it again when it comes back. Returns the turns
+/// whose steers it took, for `begin`.
+pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState) -> Result<Vec<String>, Outcome> {
+    let cx = &step.cx;
+    if step.job.round == 0 && !state.history_read {
+        match cx.store.history(&state.session_id).await {
             Ok(history) => state.insert_history(history.iter().map(HistoryEntry::to_message).collect()),
-            Err(_) => return Err(release_and_park(p, held).await),
+            Err(_) => return Err(step.release_and_park().await),
         }
     }
     if !state.pending.is_empty() {
-        let Ok(outcomes) = p.store.call_outcomes(turn_id).await else {
-            return Err(release_and_park(p, held).await);
+        let Ok(outcomes) = cx.store.call_outcomes(step.turn_id()).await else {
+            return Err(step.release_and_park().await);
         };
         for call in std::mem::take(&mut state.pending) {
             let missing = CallOutcome { ok: false, result: json!({"error": "no result"}) };
-            let outcome = outcomes.get(&call.call_id).unwrap_or(&missing);
-            let content = turn::tool_message_content(outcome, p.config.tool_result_max_bytes);
+            let outcome = outcomes.get(call.outcome_key()).unwrap_or(&missing);
+            let content = turn::tool_message_content(outcome, cx.config.tool_result_max_bytes);
             state.conversation.push(Message {
                 role: "tool".into(),
                 content: Some(content),
@@ -50,43 +42,78 @@ pub(super) async fn prepare(
             });
         }
     }
-    let steered = take_steers(p, state).await;
-    match p.store.save_turn_fenced(turn_id, Some(state), held.fence).await {
-        Ok(true) => {}
-        Ok(false) => return Err(Outcome::Fenced),
-        Err(_) => return Err(release_and_park(p, held).await),
+    Ok(take_steers(step, state).await)
+}
+
+/// Begins the model call: its message id, and the state saved under the claim before anything
+/// streams; the steers taken leave the session's list once that is saved.
+pub(super) async fn begin(step: &Step<'_>, state: &mut TurnState, taken: Vec<String>) -> Result<(), Outcome> {
+    let cx = &step.cx;
+    let abandoned = begin_model_call(step, state);
+    let begun = Transition::new(ClaimAfter::Keep)
+        .status(ExecutionStatus::Running)
+        .turn(state)
+        .field(field::ATTEMPTS, step.envelope.attempt);
+    step.write(&begun).await?;
+    if let Some(abandoned) = abandoned {
+        let why = "the model call was interrupted (its worker was lost); it is made again under a new message id";
+        emit(cx, &state.session_id, turn::retry_event(&abandoned, step.envelope.attempt, "model_call_abandoned", why))
+            .await;
     }
-    answer_steers(p, turn_id, &steered).await;
-    let _ =
-        p.store.set_status(turn_id, ExecutionStatus::Running, Some(envelope.attempt), now_ms(), Some(held.fence)).await;
+    if !taken.is_empty() {
+        let trimmed = cx.store.session_trim_steers(&state.session_id, step.turn_id(), step.held.token, &taken).await;
+        if let Err(e) = trimmed {
+            tracing::debug!(error = %e, "taken steers stay listed; the turn skips them next time");
+        }
+    }
+    answer_steers(step, state).await;
     Ok(())
 }
 
-/// Moves waiting steers into the conversation; returns the turns they came from.
-async fn take_steers(p: &Processor, state: &mut TurnState) -> BTreeSet<String> {
-    let mut from = BTreeSet::new();
-    let raw = match p.store.session_take_steer(&state.session_id).await {
+/// The model call's own message id (each call streams under its own), and the call of this same
+/// attempt that began before and never finished (its worker was lost), if any: it is announced.
+fn begin_model_call(step: &Step<'_>, state: &mut TurnState) -> Option<String> {
+    let abandoned = state.streaming.take().filter(|s| s.attempt == step.envelope.attempt).map(|s| s.message_id);
+    state.message_id = turn::model_call_message_id(step.turn_id(), state.model_calls);
+    state.model_calls += 1;
+    state.streaming = Some(StreamingCall { message_id: state.message_id.clone(), attempt: step.envelope.attempt });
+    abandoned
+}
+
+/// Moves waiting steers into the conversation, each once (a steer the turn took before, listed
+/// still because its trim failed, is skipped); returns the turns they came from. Read, not
+/// taken: they leave the session's list only after the state holding them is saved.
+async fn take_steers(step: &Step<'_>, state: &mut TurnState) -> Vec<String> {
+    let raw = match step.cx.store.session_steers(&state.session_id).await {
         Ok(raw) => raw,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read steers; the next model call reads them");
-            return from;
+            return vec![];
         }
     };
+    let mut from = BTreeSet::new();
     for steer in raw.iter().filter_map(|r| Steer::parse(r)) {
-        if !steer.from.is_empty() {
-            from.insert(steer.from);
+        if !steer.from.is_empty() && state.steers_taken.contains(&steer.from) {
+            continue;
+        }
+        if !steer.from.is_empty() && from.insert(steer.from.clone()) {
+            state.steers_taken.push(steer.from.clone());
+            state.steers_unanswered.push(steer.from.clone());
         }
         state.conversation.push(steer.message);
     }
-    from
+    from.into_iter().collect()
 }
 
-/// A steer is answered by the turn it joined: its own execution succeeds, pointing there, and its
-/// step is done.
-async fn answer_steers(p: &Processor, turn_id: &str, steered: &BTreeSet<String>) {
-    for from in steered {
-        let result = json!({"steered": true, "steered_into": turn_id});
-        let _ = p.store.mark_succeeded(from, &result, now_ms()).await;
-        let _ = p.store.force_done(&step_claim_id(from, 0), &result).await;
+/// A steer is answered by the turn it joined: its own execution succeeds, pointing here. The
+/// answered ones leave the state with its next save.
+async fn answer_steers(step: &Step<'_>, state: &mut TurnState) {
+    let result = json!({"steered": true, "steered_into": step.turn_id()});
+    let mut unanswered = Vec::new();
+    for from in std::mem::take(&mut state.steers_unanswered) {
+        if step.cx.store.answer_steer(&from, &result).await.is_err() {
+            unanswered.push(from);
+        }
     }
+    state.steers_unanswered = unanswered;
 }

@@ -1,114 +1,173 @@
 //! An agent turn's step (one model call) as a linear pipeline: claim the step, take the session,
 //! gather what the model must see (history, tool results, steers), call the model with the claim
-//! renewed, then fan the tool calls out or finish. Every write after the claim is fenced by
-//! `step_fence`, and nothing the turn needs next is acked away before it is durable.
+//! renewed, then fan the tool calls out or finish. Every write of the turn after the claim carries
+//! the claim's token (the turn's state and record in their slot, the session's lock in its own),
+//! and nothing the turn needs next is acked away before it is durable.
 
+mod budget;
+mod compact;
 mod fanout;
 mod finish;
 mod gather;
 mod model;
 mod session;
 
-use serde_json::{json, Value};
-
-use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
-use fleet_protocol::envelope::{Envelope, Job, TurnJob};
-use fleet_protocol::turn::{self, step_claim_id, step_fence, TurnState};
+use fleet_platform::store::{ClaimAfter, Fence, Transition};
+use fleet_protocol::deadletter::DeadLetterReason;
+use fleet_protocol::envelope::{Envelope, TurnJob};
+use fleet_protocol::execution::ExecutionStatus;
+use fleet_protocol::life::Owed;
+use fleet_protocol::turn::{self, TurnState};
 
-use super::{claim, release_and_park, Claimed};
-use crate::process::Processor;
-use crate::settle::{trace_headers, Held, Outcome};
+use super::claim::{self, Admitted, Mode};
+pub(super) use super::stream::emit;
+use crate::context::Cx;
+use crate::outcome::{DeadLetter, Finished, Held, Outcome};
 
 pub(super) use finish::abandon;
 
-pub(super) async fn run(p: &Processor, publisher: &Publisher, envelope: &Envelope, job: &TurnJob) -> Outcome {
-    let turn_id = &envelope.execution_id;
-    let held = match claim(p, &step_claim_id(turn_id, job.round), |token| step_fence(job.round, token)).await {
-        Claimed::Held(held) => held,
-        Claimed::Done(_) => return Outcome::Done("duplicate"),
-        Claimed::Later(wait) => return Outcome::Parked(wait),
-    };
-    let mut state = match p.store.load_turn(turn_id).await {
-        Ok(Some(state)) if !state.dead_lettered => state,
-        Ok(_) => {
-            tracing::info!("the turn ended or is gone; the step does nothing");
-            let _ = p.store.complete(&held.claim_id, held.token, &json!({"step": "ended"})).await;
-            return Outcome::Done("duplicate");
+/// One claimed step of a turn: what its stages share.
+pub(super) struct Step<'a> {
+    pub cx: Cx<'a>,
+    pub envelope: &'a Envelope,
+    pub job: &'a TurnJob,
+    pub held: Held,
+}
+
+impl Step<'_> {
+    fn turn_id(&self) -> &str {
+        &self.envelope.execution_id
+    }
+
+    /// Writes `transition` under the step's claim; `Err` is how the step ends: fenced off by a
+    /// newer claim, or parked (Redis unavailable, the claim given back).
+    async fn write(&self, transition: &Transition<'_>) -> Result<(), Outcome> {
+        let lease = self.cx.config.claim_lease;
+        match self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, transition).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Outcome::Fenced),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the turn's step; parked");
+                Err(self.release_and_park().await)
+            }
         }
-        Err(_) => return release_and_park(p, &held).await,
+    }
+
+    /// Gives the claim back and parks the step: something it needs failed before its model call.
+    async fn release_and_park(&self) -> Outcome {
+        self.release_and_park_for(self.cx.soon()).await
+    }
+
+    /// Gives the claim back and parks the step for `wait` (its provider's budget has no room yet).
+    async fn release_and_park_for(&self, wait: std::time::Duration) -> Outcome {
+        let released = Transition::new(ClaimAfter::Release("released"));
+        let lease = self.cx.config.claim_lease;
+        let _ = self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, &released).await;
+        Outcome::Parked(wait)
+    }
+}
+
+pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Outcome {
+    pipeline(cx, envelope, job).await.unwrap_or_else(|stop| stop)
+}
+
+async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Outcome, Outcome> {
+    let (held, cancel_requested) = match claim::admit(cx, envelope, Mode::Hold).await? {
+        Admitted::Step { held, cancel_requested } => (held, cancel_requested),
+        Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
+        // A turn's cancel ends it at its step; a later copy finds it cancelled.
+        Admitted::Cancelled => return Err(Outcome::Copy),
     };
-    if state.round != job.round {
-        return fanout::after_redelivery(p, publisher, turn_id, &state, job.round, &held).await;
+    let step = Step { cx: *cx, envelope, job, held };
+    let mut state = load(&step).await?;
+    if cancel_requested {
+        return Ok(finish::cancel(&step, &state).await);
     }
-    // From here on no older copy of this step (or of an earlier one) writes the turn.
-    match p.store.save_turn_fenced(turn_id, None, held.fence).await {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Fenced,
-        Err(_) => return release_and_park(p, &held).await,
+    session::take(&step, &state).await?;
+    if state.round >= cx.config.max_rounds {
+        let error = format!("the turn took more than {} model rounds", cx.config.max_rounds);
+        let dead = DeadLetter {
+            reason: DeadLetterReason::Permanent,
+            error,
+            record: None,
+            held: Some(held),
+            code: Some("max_rounds"),
+        };
+        return Err(Outcome::DeadLetter(dead));
     }
-    match p.store.cancel_requested(turn_id).await {
-        Ok(false) => {}
-        Ok(true) => return finish::cancel(p, publisher, envelope, job, &held).await,
-        Err(_) => return release_and_park(p, &held).await,
+    budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
+    if state.compaction.is_some() {
+        return Ok(compact::compact(&step, &mut state).await);
     }
-    if let Some(outcome) = session::take(p, envelope, job, &state, &held).await {
-        return outcome;
-    }
-    if let Err(outcome) = gather::prepare(p, envelope, job, &mut state, &held).await {
-        return outcome;
-    }
-    if state.round >= p.config.max_rounds {
-        let error = format!("the turn took more than {} model rounds", p.config.max_rounds);
-        let reason = fleet_protocol::deadletter::DeadLetterReason::Permanent;
-        return Outcome::DeadLetter { reason, error, record: None, held: Some(held), code: Some("max_rounds") };
-    }
-    let completion = match model::call(p, envelope, job, &mut state, &held).await {
-        Ok(completion) => completion,
-        Err(outcome) => return outcome,
-    };
-    if completion.tool_calls.is_empty() {
-        finish::finish(p, publisher, envelope, &mut state, &held, completion).await
+    let taken = gather::collect(&step, &mut state).await?;
+    let reserved = model::reserve(&step, &state, model::Purpose::Answer).await?;
+    gather::begin(&step, &mut state, taken).await?;
+    let (completion, record) = model::call(&step, &mut state, model::Purpose::Answer, reserved).await?;
+    Ok(if completion.tool_calls.is_empty() {
+        finish::finish(&step, &mut state, completion, record).await
     } else {
-        fanout::fan_out(p, publisher, envelope, job, &mut state, &held, completion).await
-    }
-}
-
-/// Appends an event to the session's stream, with the seed's base fields (`session_id`,
-/// `created_at`); best effort: the stream is a view, the record is the truth.
-pub(super) async fn emit(p: &Processor, session_id: &str, event: Value) {
-    let event = turn::with_base_fields(event, session_id, now_ms());
-    if let Err(e) = p.store.publish_event(session_id, &event).await {
-        tracing::warn!(error = %e, "cannot publish a stream event");
-    }
-}
-
-/// Publishes the turn's next step (confirmed); `Err` names what failed.
-pub(super) async fn continue_turn(
-    p: &Processor,
-    publisher: &Publisher,
-    turn_id: &str,
-    state: &TurnState,
-) -> Result<(), String> {
-    let step = Job::Turn(TurnJob { session_id: state.session_id.clone(), round: state.round });
-    let next = Envelope::new(turn_id.to_string(), step, now_ms());
-    publisher.publish_job(&p.config.common.topology, &next, trace_headers()).await.map_err(|e| {
-        tracing::warn!(error = %e, "cannot publish the turn's next step");
-        format!("cannot publish the turn's next step: {e}")
+        fanout::fan_out(&step, &mut state, completion, record).await
     })
 }
 
-/// Before a model call is retried: the client drops the abandoned attempt's tokens.
-pub(super) async fn announce_retry(p: &Processor, envelope: &Envelope, job: &TurnJob, error: &str) {
-    let message_id = turn::attempt_message_id(&envelope.execution_id, job.round, envelope.attempt);
-    emit(p, &job.session_id, turn::retry_event(&message_id, envelope.attempt, error)).await;
+/// The turn's state; a turn whose state is gone has nothing left to run.
+async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
+    match step.cx.store.load_turn(step.turn_id()).await {
+        Ok(Some(state)) => Ok(state),
+        Ok(None) => {
+            tracing::warn!("the turn's state is gone; the step does nothing");
+            Err(Outcome::Done(Finished::Duplicate))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the turn's state; parked");
+            Err(step.release_and_park().await)
+        }
+    }
 }
 
-/// Marks the step as run: its redelivered or duplicated copies do nothing.
-async fn complete_step(p: &Processor, held: &Held, label: &'static str) -> Outcome {
-    match p.store.complete(&held.claim_id, held.token, &json!({"step": "done"})).await {
-        Ok(false) => Outcome::Fenced,
-        // Not marked: a copy would find the turn's round moved on and only check the fan-out.
-        Ok(true) | Err(_) => Outcome::Done(label),
+/// What a turn's record owes, carried out by a copy of an earlier step.
+pub(super) async fn carry(cx: &Cx<'_>, envelope: &Envelope, owed: &Owed) -> Outcome {
+    let turn_id = &envelope.execution_id;
+    let state = match cx.store.load_turn(turn_id).await {
+        Ok(Some(state)) => state,
+        Ok(None) => return Outcome::Copy,
+        Err(_) => return Outcome::Parked(cx.soon()),
+    };
+    let carried = match owed {
+        Owed::TurnCalls => fanout::publish_owed(cx, envelope, &state).await,
+        Owed::TurnNext => fanout::publish_next_step(cx, envelope, &state).await,
+        Owed::TurnFinish => finish::complete(cx, envelope, &state, Fence::Owed(owed)).await,
+        Owed::Announce => finish::announce(cx, envelope, &state).await,
+        // A callback's owed work: not a turn's record's.
+        Owed::Next { .. } | Owed::Settle { .. } | Owed::Parent => Ok(Outcome::Copy),
+    };
+    carried.unwrap_or_else(|stop| stop)
+}
+
+/// The record says `succeeded` with `result`, owing the announcement (under a lease, so a copy
+/// arriving meanwhile leaves it to the step making it).
+pub(super) async fn succeed(
+    cx: &Cx<'_>,
+    turn_id: &str,
+    fence: Fence<'_>,
+    result: &serde_json::Value,
+) -> Result<(), Outcome> {
+    let owed_until = now_ms() + cx.config.claim_lease.as_millis() as i64;
+    let succeeded = Transition::new(ClaimAfter::Complete(result))
+        .status(ExecutionStatus::Succeeded)
+        .owe(&Owed::Announce)
+        .field("owed_until", owed_until);
+    match cx.store.transition(turn_id, fence, cx.config.claim_lease, &succeeded).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Outcome::Fenced),
+        Err(_) => Err(Outcome::Parked(cx.soon())),
     }
+}
+
+/// Before a model call is retried: the client drops the abandoned attempt's tokens.
+pub(super) async fn announce_retry(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob, error: &str) {
+    let Ok(Some(state)) = cx.store.load_turn(&envelope.execution_id).await else { return };
+    let event = turn::retry_event(&state.message_id, envelope.attempt, "llm_retry", error);
+    emit(cx, &job.session_id, event).await;
 }

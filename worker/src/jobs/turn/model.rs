@@ -1,6 +1,7 @@
 //! One model call of a turn: the request (instructions, history, conversation, enabled tools),
-//! tokens streamed to the session under this attempt's message id, the claim renewed throughout
-//! (a model may think longer than the lease), and the attempt recorded like a callback attempt.
+//! tokens streamed to the session under the call's own message id, the claim renewed throughout
+//! (a model may think longer than the lease, and a lost lease drops the call), and the attempt
+//! kept for the step's next write, like a callback attempt.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -9,58 +10,94 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 
 use fleet_platform::now_ms;
-use fleet_protocol::envelope::{Envelope, TurnJob};
-use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::budget::estimate_tokens;
+use fleet_protocol::execution::{AttemptOutcome, AttemptRecord};
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
-use super::super::renewing;
-use super::emit;
-use crate::llm::{ChatRequest, LlmError};
-use crate::process::Processor;
-use crate::settle::{Failure, Held, Outcome};
+use super::budget::{self, Reserved};
+use super::Step;
+use crate::context::Cx;
+use crate::jobs::claim::renewing;
+use crate::jobs::stream::batched;
+use crate::llm::{ChatRequest, LlmClient, LlmError};
+use crate::outcome::{Failure, Outcome};
 
-pub(super) async fn call(
-    p: &Processor,
-    envelope: &Envelope,
-    job: &TurnJob,
-    state: &mut TurnState,
-    held: &Held,
-) -> Result<Completion, Outcome> {
-    let turn_id = &envelope.execution_id;
+/// What a model call is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// The turn's answer: the enabled tools offered, tokens streamed to the session.
+    Answer,
+    /// A compaction's summary: no tools, nothing streamed (it is not a message of the conversation).
+    Summary,
+}
+
+/// The provider, model and answer bound a call of the turn uses.
+fn target(cx: &Cx<'_>, state: &TurnState) -> (String, String, u32) {
     let config = &state.assistant.model_config;
-    let model = config.model.clone().unwrap_or_else(|| p.llm.default_model().to_string());
-    let provider = config.provider.clone();
+    let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
+    let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
+    (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
+}
+
+/// Takes the call's estimate from its provider's budget, or parks the step until its slot.
+pub(super) async fn reserve(step: &Step<'_>, state: &TurnState, purpose: Purpose) -> Result<Reserved, Outcome> {
+    let (provider, model, max_tokens) = target(&step.cx, state);
+    let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
+    let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
+    budget::admit(step, &provider, &model, estimate_tokens(&messages, &tools, max_tokens)).await
+}
+
+/// The model call, its tokens streamed under the call's message id. `Ok` carries the attempt for
+/// the history, written with the step's next transition.
+pub(super) async fn call(
+    step: &Step<'_>,
+    state: &mut TurnState,
+    purpose: Purpose,
+    reserved: Reserved,
+) -> Result<(Completion, AttemptRecord), Outcome> {
+    let cx = &step.cx;
+    let config = &state.assistant.model_config;
+    let (_, model, max_tokens) = target(cx, state);
     let request = ChatRequest {
         model: &model,
         temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
-        max_tokens: config.max_tokens.unwrap_or(p.config.llm_max_tokens),
+        max_tokens,
         messages: state.conversation.iter().map(Message::to_openai).collect(),
-        tools: tool_specs(p, state).await,
+        tools: if purpose == Purpose::Answer { tool_specs(cx, state).await } else { vec![] },
     };
-    // Every attempt streams under its own message id: a retried attempt's tokens are never mixed
-    // with the next one's (the client is told to drop them with a `retry` event).
-    state.message_id = turn::attempt_message_id(turn_id, job.round, envelope.attempt);
     let (message_id, session) = (state.message_id.clone(), state.session_id.clone());
+    let label = model_label(cx, &model);
     let span =
-        tracing::info_span!("llm", otel.name = "chat.completions", otel.kind = "client", gen_ai.request.model = %model);
+        tracing::info_span!("llm", otel.name = "chat.completions", otel.kind = "client", gen_ai.request.model = %label);
     let traceparent = fleet_platform::telemetry::http_headers(&span);
     let started_ms = now_ms();
     let clock = Instant::now();
     let index = AtomicU64::new(0);
-    let on_token = |token: String| {
-        let event = turn::token_event(&token, index.fetch_add(1, Ordering::Relaxed), &message_id);
-        emit(p, &session, event)
+    // Tokens are handed to a writer that runs beside the call: the call never waits for Redis per
+    // token, and a run of tokens that arrived during one write goes out as the next.
+    let (tokens, writer) = batched(cx, &session);
+    let (counter, message_id) = (&index, &message_id);
+    let on_token = move |token: String| {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if purpose == Purpose::Answer {
+            tokens.send(turn::token_event(&token, n, message_id));
+        }
+        std::future::ready(())
     };
-    let streamed = complete_with_fallback(p, provider.as_deref(), request, traceparent, &index, &on_token);
-    let Some(result) = renewing(p, held, true, streamed.instrument(span)).await else {
+    let fallback_id = format!("{}:{}:fallback:{}", step.turn_id(), step.envelope.gen, step.envelope.attempt);
+    let streamed = complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token);
+    // The call's closure (and the sender in it) is dropped when the call ends: the writer then
+    // writes what is left and ends, before any later event of the step.
+    let streamed = async { tokio::join!(streamed, writer).0 };
+    let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed.instrument(span)).await else {
         return Err(Outcome::Fenced);
     };
     let elapsed = clock.elapsed();
-    p.metrics.llm_request_duration.with_label_values(&[&model]).observe(elapsed.as_secs_f64());
-    log_model_attempt(envelope.attempt, elapsed, &result);
-    let record = attempt_record(envelope.attempt, started_ms, elapsed, &result);
+    cx.metrics.llm_request_duration.with_label_values(&[label]).observe(elapsed.as_secs_f64());
+    log_model_attempt(step.envelope.attempt, elapsed, &result);
+    let mut record = attempt_record(step.envelope.attempt, started_ms, elapsed, &result);
     let completion = match result {
         Ok(completion) => completion,
         Err(e) => {
@@ -69,36 +106,40 @@ pub(super) async fn call(
                 LlmError::Permanent { .. } => (None, true),
             };
             let error = e.message().to_string();
-            return Err(Outcome::Failed(Failure {
-                record,
-                error,
-                retry_after,
-                permanent,
-                held: held.clone(),
-                started_ms,
-            }));
+            let held = step.held;
+            return Err(Outcome::Failed(Failure { record, error, retry_after, permanent, held, started_ms }));
         }
     };
-    state.usage.prompt_tokens += completion.prompt_tokens.unwrap_or(0);
-    state.usage.completion_tokens += completion.completion_tokens.unwrap_or(0);
+    let (prompt, completed) = (completion.prompt_tokens.unwrap_or(0), completion.completion_tokens.unwrap_or(0));
+    state.usage.prompt_tokens += prompt;
+    state.usage.completion_tokens += completed;
+    budget::count_usage(cx, state.tenant.as_deref(), &state.assistant.id, prompt, completed).await;
     for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
         if let Some(n) = n {
-            p.metrics.llm_tokens.with_label_values(&[&model, kind]).inc_by(n);
+            cx.metrics.llm_tokens.with_label_values(&[label, kind]).inc_by(n);
         }
     }
-    let recorded =
-        p.store.record_attempt(turn_id, &record, ExecutionStatus::Running, None, now_ms(), Some(held.fence)).await;
-    if let Ok(false) = recorded {
-        return Err(Outcome::Fenced);
+    record.outcome = AttemptOutcome::Success;
+    Ok((completion, record))
+}
+
+/// The `model` label: a model the fleet is configured with, else `other` (a client may name any
+/// model, and a label per name would be a series per name).
+fn model_label<'a>(cx: &'a Cx<'_>, model: &'a str) -> &'a str {
+    if cx.config.llm_models.iter().any(|m| m == model) {
+        model
+    } else {
+        "other"
     }
-    Ok(completion)
 }
 
 /// Calls the turn's provider; after a retryable failure before any token streamed (`streamed`
-/// still 0), its fallback provider once, within the same attempt and under the same message id.
+/// still 0), its fallback provider once, within the same attempt and under the same message id,
+/// if the fallback's budget has room now.
 async fn complete_with_fallback<F, Fut>(
-    p: &Processor,
-    provider: Option<&str>,
+    cx: &Cx<'_>,
+    reserved: &Reserved,
+    fallback_id: &str,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
     streamed: &AtomicU64,
@@ -108,17 +149,51 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (name, client) = p.llm.get(provider)?;
-    let fallback = p.llm.fallback_of(name).map(|f| (f, request.clone(), traceparent.clone()));
-    let first = client.complete(request, traceparent, &on_token).await;
+    let (name, client) = cx.llm.get(Some(&reserved.provider))?;
+    let fallback = cx.llm.fallback_of(name).map(|f| (f, request.clone(), traceparent.clone()));
+    let model = request.model;
+    let first = spend(cx, client, reserved, request, traceparent, &on_token).await;
     let Some((fallback, request, traceparent)) = fallback else { return first };
     match first {
         Err(LlmError::Retryable { message, .. }) if streamed.load(Ordering::Relaxed) == 0 => {
+            let Some(room) = budget::try_now(cx, fallback_id, fallback, model, reserved.tokens).await else {
+                tracing::warn!(provider = name, fallback, error = %message, "model provider failed; its fallback has no budget left now");
+                return Err(LlmError::Retryable { status: None, retry_after: None, message });
+            };
             tracing::warn!(provider = name, fallback, error = %message, "model provider failed; trying its fallback");
-            let (_, client) = p.llm.get(Some(fallback))?;
-            client.complete(request, traceparent, &on_token).await
+            let (_, client) = cx.llm.get(Some(fallback))?;
+            spend(cx, client, &room, request, traceparent, &on_token).await
         }
         other => other,
+    }
+}
+
+/// One provider's call, settled with its budget: the tokens it used, or its 429's pause (which the
+/// step's retry then waits out at least).
+async fn spend<F, Fut>(
+    cx: &Cx<'_>,
+    client: &LlmClient,
+    reserved: &Reserved,
+    request: ChatRequest<'_>,
+    traceparent: Vec<(String, String)>,
+    on_token: &F,
+) -> Result<Completion, LlmError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (result, limits) = client.complete(request, traceparent, on_token).await;
+    match result {
+        Ok(completion) => {
+            let used = completion.prompt_tokens.zip(completion.completion_tokens).map(|(p, c)| p + c);
+            budget::settle(cx, reserved, used, &limits).await;
+            Ok(completion)
+        }
+        Err(LlmError::Retryable { status: Some(429), retry_after, message }) => {
+            let pause = budget::rate_limited(cx, reserved, retry_after, &limits).await;
+            Err(LlmError::Retryable { status: Some(429), retry_after: Some(pause), message })
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -145,10 +220,10 @@ fn attempt_record(
 }
 
 /// The registered, enabled tools as OpenAI function specs.
-async fn tool_specs(p: &Processor, state: &TurnState) -> Vec<Value> {
+async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     let mut specs = Vec::new();
     for name in &state.assistant.enabled_tools {
-        if let Ok(Some(tool)) = p.store.get_tool(name).await {
+        if let Ok(Some(tool)) = cx.tool(name).await {
             specs.push(json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}));
         }
     }

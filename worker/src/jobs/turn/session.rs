@@ -1,37 +1,35 @@
 //! A turn and its session: one turn at a time per session, in arrival order; a `steer` turn that
-//! finds the session busy hands its messages to the running turn instead of waiting.
+//! finds the session busy hands its messages to the running turn instead of waiting. The lock
+//! carries the token of the step holding it, so an older step of the turn cannot act for it.
 
-use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
-use fleet_platform::store::SessionSlot;
+use fleet_platform::store::{ClaimAfter, SessionSlot, Transition};
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::turn::{self, Steer, TurnState};
 
-use super::super::release_and_park;
-use crate::process::Processor;
-use crate::settle::{trace_headers, Held, Outcome};
+use super::Step;
+use crate::context::Cx;
+use crate::outcome::{Finished, Outcome};
+use crate::publish::{publish_holding, trace_headers};
 
-/// Takes the session for the step; `Some` is the outcome when the step cannot run now.
-pub(super) async fn take(
-    p: &Processor,
-    envelope: &Envelope,
-    job: &TurnJob,
-    state: &TurnState,
-    held: &Held,
-) -> Option<Outcome> {
-    let turn_id = &envelope.execution_id;
-    match p.store.session_acquire(&state.session_id, turn_id).await {
-        Ok(SessionSlot::Acquired) => None,
-        Ok(SessionSlot::Wait) if job.round == 0 && state.behavior == turn::Behavior::Steer => {
-            Some(steer(p, turn_id, state, held).await)
+/// Takes the session for the step; `Err` is how the step ends when it cannot run now.
+pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<(), Outcome> {
+    let cx = &step.cx;
+    match cx.store.session_acquire(&state.session_id, step.turn_id(), step.held.token).await {
+        Ok(SessionSlot::Acquired) => Ok(()),
+        Ok(SessionSlot::Stale) => Err(Outcome::Fenced),
+        Ok(SessionSlot::Wait) if step.job.round == 0 && state.behavior == turn::Behavior::Steer => {
+            Err(steer(step, state).await)
         }
-        Ok(SessionSlot::Wait) | Err(_) => Some(release_and_park(p, held).await),
+        Ok(SessionSlot::Wait) | Err(_) => Err(step.release_and_park().await),
     }
 }
 
-/// Hands the turn's user messages to the session's running turn. The step's claim is released,
-/// not done: if the running turn fails before reading them, this turn runs on its own.
-async fn steer(p: &Processor, turn_id: &str, state: &TurnState, held: &Held) -> Outcome {
+/// Hands the turn's user messages to the session's running turn (once, whatever copies of this
+/// step arrive). The claim is released, not done: if the running turn fails before reading them,
+/// this turn runs on its own.
+async fn steer(step: &Step<'_>, state: &TurnState) -> Outcome {
+    let turn_id = step.turn_id();
     let steers: Vec<String> = state
         .conversation
         .iter()
@@ -39,22 +37,32 @@ async fn steer(p: &Processor, turn_id: &str, state: &TurnState, held: &Held) -> 
         .map(|m| serde_json::to_string(&Steer { from: turn_id.to_string(), message: m.clone() }))
         .filter_map(Result::ok)
         .collect();
-    match p.store.session_steer(&state.session_id, turn_id, &steers).await {
-        Ok(true) => {
-            let _ = p.store.release(&held.claim_id, held.token, "steered").await;
-            Outcome::Done("steered")
-        }
-        Ok(false) | Err(_) => release_and_park(p, held).await,
+    match step.cx.store.session_steer(&state.session_id, turn_id, &steers).await {
+        Ok(true) => match step.write(&Transition::new(ClaimAfter::Release("steered"))).await {
+            Ok(()) => Outcome::Done(Finished::Steered),
+            Err(stop) => stop,
+        },
+        Ok(false) | Err(_) => step.release_and_park().await,
     }
 }
 
-/// Publishes the first step of the next turn in a session's line. A waiting turn's own parked job
-/// also comes back; a turn that had steered into a failed one has no other job.
-pub(super) async fn wake(p: &Processor, publisher: &Publisher, next: &str, session_id: &str) -> Result<(), String> {
-    let step = Job::Turn(TurnJob { session_id: session_id.to_string(), round: 0 });
-    let envelope = Envelope::new(next.to_string(), step, now_ms());
-    publisher
-        .publish_job(&p.config.common.topology, &envelope, trace_headers())
+/// Publishes the step the session's next turn in line expects (its generation, round and attempt,
+/// read from its record), holding the delivery until the broker takes it: a turn that had steered
+/// into one that failed has no other job to wake it.
+pub(super) async fn wake(cx: &Cx<'_>, cause: &Envelope, next: &str, session_id: &str) -> Result<(), Outcome> {
+    let expected = match cx.store.expected(next).await {
+        Ok(Some(expected)) if !expected.status.is_final() => expected,
+        Ok(_) => return Ok(()),
+        Err(_) => return Err(Outcome::Parked(cx.soon())),
+    };
+    let job = Job::Turn(TurnJob { session_id: session_id.to_string(), round: expected.step.round });
+    let envelope = Envelope {
+        gen: expected.step.gen,
+        attempt: expected.step.attempt,
+        ..Envelope::new(next.to_string(), job, now_ms())
+    };
+    let topology = &cx.config.common.topology;
+    publish_holding(cx, cause, || cx.publisher.publish_job(topology, &envelope, trace_headers()))
         .await
-        .map_err(|e| format!("cannot wake the session's next turn: {e}"))
+        .map_err(Outcome::from)
 }

@@ -1,0 +1,199 @@
+//! Seed 001's session events: `POST /v2/agents/{agent_key}/sessions/{session_key}/events`. An
+//! input is a turn of the session (the same submit path as `POST /v1/turns`), a `tool_output`
+//! answers a client tool's pending calls, a `compaction` is a turn that summarises the history.
+//! The answer is 201 with the events the request's turn produced until it ends or waits for the
+//! client, or the same events as SSE with `stream_response`.
+
+mod compaction;
+mod input;
+mod tool_output;
+mod wire;
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use fleet_protocol::agents::AssistantRecord;
+
+use crate::error::ApiError;
+use crate::routes::common::{require_json, Body};
+use crate::stream::{Awaited, Follow, StreamId, Window};
+use crate::{validate, AppState};
+use wire::AgentEvent;
+
+pub(crate) use wire::SessionInput;
+
+/// How long a 201 answer waits for its turn when the request names no `Request-Timeout`.
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// The longest wait a request may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// What a request started: the session's feed (joined before it appended anything), where its
+/// answer starts, and whose end it waits for.
+pub(super) struct Started {
+    subscription: crate::stream::Subscription,
+    after: StreamId,
+    ends_after: StreamId,
+    awaited: Awaited,
+}
+
+/// Creates an input event: 201 with the events it produced, or SSE with `stream_response`.
+#[utoipa::path(post, path = "/v2/agents/{agent_key}/sessions/{session_key}/events", tag = "agent-sessions",
+    security(("bearer" = ["turns:write"])),
+    params(("agent_key" = String, Path, description = "The agent: an assistant's id (`asst_…`) or name"),
+        ("session_key" = String, Path, description = "The session (a room's id, or any key: the first input makes it the agent's session)"),
+        ("Request-Timeout" = Option<u64>, Header, description = "Seconds the 201 answer waits for the turn (default 300, at most 3600)"),
+        ("Request-Timeout-Millis" = Option<u64>, Header, description = "The same in milliseconds")),
+    request_body = SessionInput,
+    responses((status = 201, description = "The input was created; the events it produced (`text/event-stream` with `stream_response`)", body = AgentResponse),
+        (status = 400, description = "The request is malformed (the message names the field)", body = crate::routes::docs::ErrorBody),
+        (status = 404, description = "No such agent, or the session is another agent's", body = crate::routes::docs::ErrorBody),
+        (status = 409, description = "The session is already running (give `behavior` or `since`), the room is closed, or the tool call was answered", body = crate::routes::docs::ErrorBody),
+        (status = 422, description = "The agent's configuration is invalid (an enabled tool is not registered)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
+pub(crate) async fn create_event(
+    State(state): State<AppState>,
+    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    Path((agent_key, session_key)): Path<(String, String)>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    require_json(&headers)?;
+    let request: SessionInput = validate::parse_body(&body).map_err(as_bad_request)?;
+    validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
+    let wait = request_timeout(&headers)?;
+    let agent = agent(&state, &agent_key).await?;
+    own_session(&state, &agent, &session_key).await?;
+    let tenancy = tenancy.map(|t| t.0).unwrap_or_default();
+    // A bound token's tool outputs and compactions only touch its own tenant's sessions (its
+    // inputs are checked as every turn is).
+    if tenancy.bound.is_some() {
+        crate::routes::common::claim_session(&state, &tenancy, &session_key, &tenancy.resolve(None)?).await?;
+    }
+    let started = match &request {
+        SessionInput::Input(input) => input::submit(&state, &agent, &session_key, input, &headers, &tenancy).await?,
+        SessionInput::ToolOutput(outputs) => tool_output::submit(&state, &session_key, outputs).await?,
+        SessionInput::Compaction(c) => {
+            compaction::submit(&state, &agent, &session_key, c, &headers, tenancy.resolve(None)?).await?
+        }
+    };
+    let window = Window { after: started.after, ends_after: started.ends_after };
+    let follow = Follow::new(
+        state.streams.clone(),
+        state.store.clone(),
+        session_key,
+        started.subscription,
+        window,
+        started.awaited,
+    );
+    Ok(if request.stream_response() {
+        let headers = [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (header::HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no")),
+        ];
+        (StatusCode::CREATED, headers, follow.into_sse()).into_response()
+    } else {
+        let events = follow.gather(wait).await;
+        (StatusCode::CREATED, Json(AgentResponse { events })).into_response()
+    })
+}
+
+/// Seed 001's answer: the events the input produced, until its turn ended or waits for the
+/// client's tool outputs.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AgentResponse {
+    /// Each as the session's stream carries it.
+    #[schema(value_type = Vec<AgentEvent>)]
+    events: Vec<Value>,
+}
+
+/// The agent a key names: an assistant's id, else its name.
+async fn agent(state: &AppState, key: &str) -> Result<AssistantRecord, ApiError> {
+    let found = if fleet_protocol::agents::is_id("asst_", key) {
+        state.store.get_assistant(key).await?
+    } else {
+        state.store.assistant_by_name(key).await?
+    };
+    found.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "agent_not_found", format!("no agent {key:?}")))
+}
+
+/// A session belongs to one agent: a room to its assistant (and a closed room takes no input),
+/// any other key to the agent that used it first.
+async fn own_session(state: &AppState, agent: &AssistantRecord, session: &str) -> Result<(), ApiError> {
+    let other = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            format!("session {session:?} is not a session of agent {:?}", agent.name),
+        )
+    };
+    if let Some(room) = state.store.get_room(session).await? {
+        if room.assistant_id != agent.id {
+            return Err(other());
+        }
+        if room.status == fleet_protocol::agents::RoomStatus::Closed {
+            return Err(crate::routes::rooms::closed(session));
+        }
+        return Ok(());
+    }
+    if state.store.session_agent(session, &agent.id).await? != agent.id {
+        return Err(other());
+    }
+    Ok(())
+}
+
+/// `Request-Timeout` (seconds) or `Request-Timeout-Millis`: how long a 201 answer waits.
+fn request_timeout(headers: &HeaderMap) -> Result<Duration, ApiError> {
+    let read = |name: &str| -> Result<Option<u64>, ApiError> {
+        let Some(v) = headers.get(name) else { return Ok(None) };
+        v.to_str().ok().and_then(|s| s.trim().parse().ok()).map(Some).ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("{name} must be a whole number"))
+        })
+    };
+    let wait = match (read("request-timeout-millis")?, read("request-timeout")?) {
+        (Some(ms), _) => Duration::from_millis(ms),
+        (None, Some(s)) => Duration::from_secs(s),
+        (None, None) => DEFAULT_WAIT,
+    };
+    Ok(wait.min(MAX_WAIT))
+}
+
+/// Seed 001 answers a malformed request with 400 (the fleet's other routes say 422 for a body
+/// that parses but does not fit).
+fn as_bad_request(e: ApiError) -> ApiError {
+    if e.status == StatusCode::UNPROCESSABLE_ENTITY {
+        ApiError { status: StatusCode::BAD_REQUEST, ..e }
+    } else {
+        e
+    }
+}
+
+pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_comes_from_either_header_and_is_bounded() {
+        let mut h = HeaderMap::new();
+        assert_eq!(request_timeout(&h).unwrap(), DEFAULT_WAIT);
+        h.insert("request-timeout", HeaderValue::from_static("7"));
+        assert_eq!(request_timeout(&h).unwrap(), Duration::from_secs(7));
+        h.insert("request-timeout-millis", HeaderValue::from_static("1500"));
+        assert_eq!(request_timeout(&h).unwrap(), Duration::from_millis(1500), "millis win");
+        h.insert("request-timeout-millis", HeaderValue::from_static("99999999"));
+        assert_eq!(request_timeout(&h).unwrap(), MAX_WAIT);
+        h.insert("request-timeout-millis", HeaderValue::from_static("soon"));
+        assert_eq!(request_timeout(&h).unwrap_err().status, StatusCode::BAD_REQUEST);
+    }
+}

@@ -1,0 +1,89 @@
+//! A session's message log: every message of its conversation as it is made (a user's message
+//! when it is sent, the assistant's messages when the model answers, tool results when they come),
+//! for listing (a room's `GET …/messages`). It is not what the model remembers (the session's
+//! history, appended a whole exchange at a time when a turn finishes, and trimmed by budget). Each
+//! message is appended once, whatever copies of the step that makes it run.
+
+use redis::Script;
+
+use fleet_protocol::history::{HistoryEntry, HISTORY_TTL_SECS};
+
+use crate::store::{Store, StoreError};
+
+/// The most messages a session's log keeps (the oldest go first).
+pub const MAX_LOGGED_MESSAGES: usize = 10_000;
+
+/// KEYS: log, seq, ids. ARGV: message id, ttl, max entries, entry (JSON object). Appends the entry
+/// once per id, numbered from the session's counter (`seq` spliced in front).
+const APPEND_LUA: &str = r#"
+if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return 0 end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('RPUSH', KEYS[1], '{"seq":' .. seq .. ',' .. string.sub(ARGV[4], 2))
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+return seq
+"#;
+
+/// KEYS: log, ids. ARGV: message id. Removes a message whose sending was refused (its turn was
+/// certainly not accepted).
+const REMOVE_LUA: &str = r#"
+redis.call('SREM', KEYS[2], ARGV[1])
+for _, raw in ipairs(redis.call('LRANGE', KEYS[1], -50, -1)) do
+  local ok, m = pcall(cjson.decode, raw)
+  if ok and type(m) == 'table' and m.id == ARGV[1] then redis.call('LREM', KEYS[1], 0, raw) end
+end
+return 1
+"#;
+
+static APPEND: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(APPEND_LUA));
+static REMOVE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(REMOVE_LUA));
+
+impl Store {
+    /// Appends `entry` to the session's message log, once per message id; `false` if it was there.
+    pub async fn log_message(&self, session_id: &str, entry: &HistoryEntry) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(entry).expect("a message serialises");
+        let r: Result<i64, _> = APPEND
+            .key(self.keys().session(session_id, "messages"))
+            .key(self.keys().session(session_id, "messages_seq"))
+            .key(self.keys().session(session_id, "messages_ids"))
+            .arg(&entry.id)
+            .arg(HISTORY_TTL_SECS)
+            .arg(MAX_LOGGED_MESSAGES)
+            .arg(json)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? > 0)
+    }
+
+    /// Takes back a message whose turn was certainly not accepted.
+    pub async fn unlog_message(&self, session_id: &str, message_id: &str) -> Result<(), StoreError> {
+        let r: Result<i64, _> = REMOVE
+            .key(self.keys().session(session_id, "messages"))
+            .key(self.keys().session(session_id, "messages_ids"))
+            .arg(message_id)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        self.count(r).map(|_| ())
+    }
+
+    /// The session's logged messages, oldest first.
+    pub async fn logged_messages(&self, session_id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let r: Result<Vec<String>, _> = redis::cmd("LRANGE")
+            .arg(self.keys().session(session_id, "messages"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)?.iter().filter_map(|raw| serde_json::from_str(raw).ok()).collect())
+    }
+
+    /// How many messages the log holds, and the newest one (for a room's `message_count` and
+    /// `last_message_at`).
+    pub async fn log_summary(&self, session_id: &str) -> Result<(u64, Option<HistoryEntry>), StoreError> {
+        let key = self.keys().session(session_id, "messages");
+        let r: Result<(u64, Option<String>), _> =
+            redis::pipe().llen(&key).lindex(&key, -1).query_async(&mut self.conn().await?).await;
+        let (count, last) = self.count(r)?;
+        Ok((count, last.and_then(|raw| serde_json::from_str(&raw).ok())))
+    }
+}

@@ -1,0 +1,55 @@
+//! What the operator console keeps in Redis: login sessions and a bulk operation's progress, each
+//! a small hash that expires on its own (one key per operation: any dispatcher can read it).
+
+use std::collections::HashMap;
+
+use super::{Store, StoreError};
+
+impl Store {
+    /// Writes (or extends) the hash `key` with `fields`, living `ttl_secs`.
+    async fn put_hash(&self, key: String, fields: &[(&str, String)], ttl_secs: u64) -> Result<(), StoreError> {
+        let r: Result<(), _> = redis::pipe()
+            .atomic()
+            .hset_multiple(&key, fields)
+            .ignore()
+            .expire(&key, ttl_secs as i64)
+            .ignore()
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r)
+    }
+
+    async fn read_hash(&self, key: String) -> Result<HashMap<String, String>, StoreError> {
+        let r: Result<HashMap<String, String>, _> =
+            redis::cmd("HGETALL").arg(key).query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    pub async fn console_session_put(
+        &self,
+        id: &str,
+        fields: &[(&str, String)],
+        ttl_secs: u64,
+    ) -> Result<(), StoreError> {
+        self.put_hash(self.keys().console_session(id), fields, ttl_secs).await
+    }
+
+    /// A session's fields (empty once it expired or was ended).
+    pub async fn console_session(&self, id: &str) -> Result<HashMap<String, String>, StoreError> {
+        self.read_hash(self.keys().console_session(id)).await
+    }
+
+    pub async fn console_session_end(&self, id: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> =
+            redis::cmd("DEL").arg(self.keys().console_session(id)).query_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    pub async fn console_job_put(&self, id: &str, fields: &[(&str, String)], ttl_secs: u64) -> Result<(), StoreError> {
+        self.put_hash(self.keys().console_job(id), fields, ttl_secs).await
+    }
+
+    pub async fn console_job(&self, id: &str) -> Result<HashMap<String, String>, StoreError> {
+        self.read_hash(self.keys().console_job(id)).await
+    }
+}

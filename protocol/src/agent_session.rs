@@ -1,0 +1,277 @@
+//! Seed 001's session events as plain data: the events only seed 001 has (the input, a client
+//! tool's pending calls, a compaction), and the view that turns a session's stream (the seed 000
+//! events the workers append) into seed 001's events, each with `id`, `session_key`, `created_at`
+//! and `type`. One stream serves both seeds; this view decides what a seed 001 client sees.
+
+use serde_json::{json, Map, Value};
+
+/// Seed 001's event ids: the stream entry's id behind a prefix (`aev_1733312345678-0`), so an id
+/// is also a cursor into the stream.
+const EVENT_ID_PREFIX: &str = "aev_";
+
+/// The seed 001 id of the stream entry `stream_id`.
+pub fn event_id(stream_id: &str) -> String {
+    format!("{EVENT_ID_PREFIX}{stream_id}")
+}
+
+/// The stream entry an event id names, if it is one of ours (`<ms>-<seq>` after the prefix).
+pub fn stream_id_of(event_id: &str) -> Option<&str> {
+    let id = event_id.strip_prefix(EVENT_ID_PREFIX)?;
+    let (ms, seq) = id.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(ms) && digits(seq)).then_some(id)
+}
+
+/// The turn (`exec_…`) whose model call streamed under `message_id` (`msg_<hex>`, or
+/// `msg_<hex>_<n>` for its later calls; see `turn::model_call_message_id`).
+pub fn turn_of_message(message_id: &str) -> Option<String> {
+    let rest = message_id.strip_prefix("msg_")?;
+    let hex = rest.split('_').next()?;
+    (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| format!("exec_{hex}"))
+}
+
+/// The turn an internal event belongs to: named by an input, else by its message id.
+pub fn turn_of(event: &Value) -> Option<String> {
+    if let Some(id) = event["execution_id"].as_str() {
+        return Some(id.to_string());
+    }
+    turn_of_message(event["message_id"].as_str()?)
+}
+
+/// Whether the event ends what a seed 001 response waits for: its turn finished (`done`), or it
+/// waits for the client's tool outputs (`client_tool_pending`).
+pub fn is_terminal(event: &Value) -> bool {
+    matches!(event["type"].as_str(), Some("done" | "client_tool_pending"))
+}
+
+/// The input event a seed 001 input makes, appended before its turn is published.
+pub fn input_message_event(execution_id: &str, messages: &[String], surface: Option<&Value>) -> Value {
+    let messages: Vec<Value> = messages.iter().map(|c| json!({"type": "text", "content": c})).collect();
+    let mut event = json!({"type": "input_message", "messages": messages, "execution_id": execution_id});
+    if let Some(surface) = surface {
+        event["surface_description"] = surface.clone();
+    }
+    event
+}
+
+/// Which turn's call a client tool's event names: what a `tool_output` answering it records.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClientCall {
+    pub turn: String,
+    /// The call's key in its turn (`turn::call_key`).
+    pub key: String,
+    /// The round whose model answer made the call.
+    pub round: u32,
+    /// The model's id for the call.
+    pub call_id: String,
+    pub tool_name: String,
+}
+
+/// One call a turn waits on the client for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingClientCall {
+    /// The seed 001 id of the call's `tool_input` event.
+    pub event_id: String,
+    pub tool_name: String,
+    pub arguments: Value,
+}
+
+/// The turn waits for the client's `tool_output` for each of `calls`.
+pub fn client_tool_pending_event(calls: &[PendingClientCall], message_id: &str) -> Value {
+    let pending: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            json!({"event_id": c.event_id, "tool_configuration_name": c.tool_name, "tool_name": c.tool_name,
+                "arguments": c.arguments})
+        })
+        .collect();
+    json!({"type": "client_tool_pending", "pending_calls": pending, "message_id": message_id})
+}
+
+/// What a compaction did, as its event reports it.
+pub fn compaction_event(report: &crate::compaction::Report, message_id: &str) -> Value {
+    json!({
+        "type": "compaction",
+        "turns_compacted": report.turns_compacted,
+        "events_compacted": report.events_compacted,
+        "summary_text": report.summary_text,
+        "summary_key": report.summary_key,
+        "message_id": message_id,
+    })
+}
+
+/// An internal event (`stream_id`, its JSON as the stream holds it) as seed 001 shows it, or
+/// `None` for what seed 001 has no event for (tokens, retries, `done`, an empty answer).
+pub fn to_v2(stream_id: &str, event: &Value) -> Option<Value> {
+    let (kind, mut fields) = match event["type"].as_str()? {
+        "input_message" => ("input_message", input_fields(event)),
+        "tool_call" => ("tool_input", tool_input_fields(&event["tool_call"])),
+        "tool_result" => ("tool_output", tool_output_fields(&event["tool_call"])),
+        "error" if event["error"]["tool_call_id"].is_string() => ("tool_output", tool_error_fields(&event["error"])),
+        "error" => ("error", error_fields(&event["error"])),
+        "message_complete" => {
+            let content = event["message"]["content"].as_str().filter(|c| !c.is_empty())?;
+            ("agent_output", object(json!({"content": content})))
+        }
+        "client_tool_pending" => ("client_tool_pending", object(json!({"pending_calls": event["pending_calls"]}))),
+        "compaction" => ("compaction", compaction_fields(event)),
+        _ => return None,
+    };
+    fields.insert("id".into(), json!(event_id(stream_id)));
+    fields.insert("session_key".into(), event["session_id"].clone());
+    fields.insert("created_at".into(), event["created_at"].clone());
+    fields.insert("type".into(), json!(kind));
+    Some(Value::Object(fields))
+}
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+fn input_fields(event: &Value) -> Map<String, Value> {
+    let mut fields = object(json!({"messages": event["messages"]}));
+    if let Some(surface) = event.get("surface_description") {
+        fields.insert("surface_description".into(), surface.clone());
+    }
+    fields
+}
+
+fn tool_input_fields(call: &Value) -> Map<String, Value> {
+    let input = if call["parameters"].is_object() { call["parameters"].clone() } else { json!({}) };
+    object(json!({"tool_call_id": call["id"], "tool_configuration_name": call["tool_name"],
+        "tool_name": call["tool_name"], "tool_input": input}))
+}
+
+/// A result that is not a JSON object is wrapped as `{"content": …}` (`output_wrapped`), so the
+/// event's `tool_output` is always an object, as seed 001 has it.
+fn tool_output_fields(call: &Value) -> Map<String, Value> {
+    let result = &call["result"];
+    let (output, wrapped) =
+        if result.is_object() { (result.clone(), false) } else { (json!({"content": result}), true) };
+    object(json!({"tool_call_id": call["id"], "tool_configuration_name": call["tool_name"],
+        "tool_name": call["tool_name"], "tool_output": output, "output_wrapped": wrapped, "error": false}))
+}
+
+fn tool_error_fields(error: &Value) -> Map<String, Value> {
+    let tool = error["tool_name"].as_str().unwrap_or_default();
+    object(json!({"tool_call_id": error["tool_call_id"], "tool_configuration_name": tool, "tool_name": tool,
+        "tool_output": {"error": error["message"], "code": error["code"]}, "error": true}))
+}
+
+fn error_fields(error: &Value) -> Map<String, Value> {
+    let message = error["message"].as_str().unwrap_or("the turn failed");
+    object(json!({"messages": [message], "code": error["code"]}))
+}
+
+fn compaction_fields(event: &Value) -> Map<String, Value> {
+    let mut fields = Map::new();
+    for key in ["turns_compacted", "events_compacted", "summary_text", "summary_key"] {
+        fields.insert(key.into(), event[key].clone());
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::turn;
+
+    fn stamped(event: Value) -> Value {
+        turn::with_base_fields(event, "s1", 1_768_910_400_000)
+    }
+
+    #[test]
+    fn event_ids_are_stream_cursors() {
+        assert_eq!(event_id("17-0"), "aev_17-0");
+        assert_eq!(stream_id_of("aev_17-0"), Some("17-0"));
+        for bad in ["17-0", "aev_", "aev_x-0", "aev_17", "aev_17-", "aev_-1"] {
+            assert_eq!(stream_id_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_message_id_names_its_turn() {
+        assert_eq!(turn_of_message("msg_0aF9"), Some("exec_0aF9".into()));
+        assert_eq!(turn_of_message("msg_0af9_3"), Some("exec_0af9".into()));
+        assert_eq!(turn_of_message("msg_"), None);
+        assert_eq!(turn_of_message("nope"), None);
+        let input = input_message_event("exec_ab", &["hi".into()], None);
+        assert_eq!(turn_of(&input), Some("exec_ab".into()));
+        assert_eq!(turn_of(&turn::done_event("msg_ab_2")), Some("exec_ab".into()));
+    }
+
+    #[test]
+    fn every_v2_event_has_the_base_fields() {
+        let events = [
+            input_message_event("exec_ab", &["hi".into()], Some(&json!({"type": "slack"}))),
+            turn::tool_call_event(
+                &turn::ToolCall { id: "c1".into(), name: "t".into(), arguments: "{}".into() },
+                &json!({"q": 1}),
+                "msg_ab",
+            ),
+            turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!("text") }, "msg_ab"),
+            turn::error_event("tool_callback_failed", "HTTP 500", Some(("c1", "t")), "msg_ab"),
+            turn::error_event("llm_error", "bad", None, "msg_ab"),
+            turn::message_complete_event(&json!({"id": "msg_ab", "content": "Hello"})),
+            client_tool_pending_event(
+                &[PendingClientCall { event_id: "aev_1-0".into(), tool_name: "t".into(), arguments: json!({}) }],
+                "msg_ab",
+            ),
+        ];
+        let kinds: Vec<String> = events
+            .iter()
+            .map(|e| {
+                let v2 = to_v2("5-1", &stamped(e.clone())).expect("a v2 event");
+                assert_eq!(v2["id"], "aev_5-1");
+                assert_eq!(v2["session_key"], "s1");
+                assert_eq!(v2["created_at"], "2026-01-20T12:00:00.000Z");
+                v2["type"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "input_message",
+                "tool_input",
+                "tool_output",
+                "tool_output",
+                "error",
+                "agent_output",
+                "client_tool_pending"
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_outputs_are_objects_and_errors_say_so() {
+        let text = turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!("sunny") }, "m");
+        let v2 = to_v2("1-0", &stamped(text)).unwrap();
+        assert_eq!(
+            (v2["tool_output"].clone(), v2["output_wrapped"].clone(), v2["error"].clone()),
+            (json!({"content": "sunny"}), json!(true), json!(false))
+        );
+        let obj = turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!({"t": 20}) }, "m");
+        assert_eq!(to_v2("1-0", &stamped(obj)).unwrap()["tool_output"], json!({"t": 20}));
+        let failed = turn::error_event("tool_callback_failed", "HTTP 500", Some(("c1", "weather")), "m");
+        let v2 = to_v2("1-0", &stamped(failed)).unwrap();
+        assert_eq!((v2["error"].clone(), v2["tool_name"].clone()), (json!(true), json!("weather")));
+        assert_eq!(v2["tool_output"]["error"], "HTTP 500");
+    }
+
+    #[test]
+    fn tokens_retries_done_and_empty_answers_have_no_v2_event() {
+        for e in [
+            turn::token_event("x", 0, "m"),
+            turn::retry_event("m", 1, "llm_retry", "e"),
+            turn::done_event("m"),
+            turn::message_complete_event(&json!({"id": "m", "content": ""})),
+        ] {
+            assert_eq!(to_v2("1-0", &stamped(e.clone())), None, "{e}");
+        }
+        assert!(is_terminal(&turn::done_event("m")));
+        assert!(!is_terminal(&turn::token_event("x", 0, "m")));
+    }
+}

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# The documentation check (`make check-docs`, part of `make test`). Offline, python3 only:
+#
+# 1. Links: every relative link (and image) in every Markdown file of the repository (tracked, or
+#    new and not ignored) names a file or folder that exists inside the repository, never outside
+#    it; a `#anchor` names a heading of its target page (GitHub's rule: lowercase, punctuation
+#    dropped, spaces to '-', repeats numbered -1, -2, ...). Links in code blocks and code spans are
+#    not links. Web links (https:, mailto:) are not fetched.
+# 2. ARCHITECTURE.md: every path it names in backticks (`worker/src/settle.rs`, `store/cancel.rs`,
+#    `jobs/`, `tests/tests/`) exists. A full path is taken from the repository's root; a short one
+#    must be the end of an existing path under the folder of its row in the code map (the first
+#    column: `worker/`), or, in the prose below the map, anywhere in the repository. A name counts
+#    as a path when it ends in '/' or a known extension (.rs .sh .py .md .yml .yaml .json .toml .tpl
+#    .txt .lock); `jobs::run`, `{tools}:ids` or `/readyz` are not paths.
+# 3. Every other page: a backticked path that starts at one of the repository's top-level folders
+#    (`tests/tests/fleet/batch.rs`, `scripts/check-api.sh`, `helm/agent-fleet`) exists. Files a reader
+#    creates (KNOWN_ABSENT below) are exempt.
+# 4. Every page under docs/ can be reached from README.md by following links.
+#
+# Prints each problem as file:line: what, and exits 1 if there is any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python3 - "$@" <<'PY'
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from urllib.parse import unquote
+
+ROOT = os.getcwd()
+SKIP_DIRS = {".git", "target", "node_modules", ".fleet-run", ".schemathesis", "__pycache__"}
+EXTS = {"rs", "sh", "py", "md", "yml", "yaml", "json", "toml", "tpl", "txt", "lock"}
+# Paths the pages name on purpose although the repository does not hold them: files a reader makes.
+KNOWN_ABSENT = {"deploy/.env"}
+PATH_RE = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*/?$")
+FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
+CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
+LINK_RE = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+(?:\"[^\"]*\"|'[^']*'))?\s*\)")
+REF_DEF_RE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
+HEADING_RE = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
+HTML_ID_RE = re.compile(r"<a\s+[^>]*(?:name|id)\s*=\s*\"([^\"]+)\"", re.I)
+SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+problems = []
+
+
+def problem(path, line, what):
+    problems.append(f"{path}:{line}: {what}")
+
+
+def walk():
+    """Every file and folder of the working tree (relative paths), but build output and caches."""
+    files, dirs = set(), set()
+    for here, subdirs, names in os.walk(ROOT):
+        subdirs[:] = [d for d in subdirs if d not in SKIP_DIRS]
+        rel = os.path.relpath(here, ROOT)
+        if rel != ".":
+            dirs.add(rel.replace(os.sep, "/"))
+        for name in names:
+            files.add(os.path.normpath(os.path.join(rel, name)).replace(os.sep, "/"))
+    return files, dirs
+
+
+FILES, DIRS = walk()
+
+
+def markdown_files():
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.md"],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        names = [n for n in out.split("\0") if n]
+    except (OSError, subprocess.CalledProcessError):
+        names = [f for f in FILES if f.endswith(".md")]
+    return sorted(n for n in set(names) if os.path.isfile(n) and n.split("/")[0] not in SKIP_DIRS)
+
+
+def prose_lines(text):
+    """(line number, line) outside fenced code blocks."""
+    fence = None
+    for number, line in enumerate(text.splitlines(), 1):
+        m = FENCE_RE.match(line)
+        if fence:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None
+            continue
+        if m:
+            fence = m.group(1)
+            continue
+        yield number, line
+
+
+def slug(heading):
+    """GitHub's anchor for a heading's text."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text
+    text = re.sub(r"<[^>]+>", "", text)                          # inline HTML
+    text = text.replace("`", "").replace("*", "").replace("~", "")
+    out = []
+    for ch in text.lower():
+        if ch == " ":
+            out.append("-")
+        elif ch in "-_" or ch.isalnum() or unicodedata.category(ch).startswith("M"):
+            out.append(ch)
+    return "".join(out)
+
+
+ANCHORS = {}
+
+
+def anchors(page):
+    if page not in ANCHORS:
+        seen, found = {}, set()
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for _, line in prose_lines(text):
+            found.update(HTML_ID_RE.findall(line))
+            m = HEADING_RE.match(line)
+            if not m:
+                continue
+            base = slug(m.group(2))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
+        ANCHORS[page] = found
+    return ANCHORS[page]
+
+
+def without_code_spans(line):
+    return CODE_SPAN_RE.sub(lambda m: "code", line)
+
+
+def code_spans(line):
+    return [m.group(2).strip() for m in CODE_SPAN_RE.finditer(line)]
+
+
+# 1. Links and anchors; the link graph for 4.
+pages = markdown_files()
+links_checked = 0
+graph = {}
+for page in pages:
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    here = os.path.dirname(page)
+    graph[page] = set()
+    for number, line in prose_lines(text):
+        bare = without_code_spans(line)
+        targets = [m.group(1) for m in LINK_RE.finditer(bare)]
+        m = REF_DEF_RE.match(bare)
+        if m:
+            targets.append(m.group(1))
+        for target in targets:
+            if not target or SCHEME_RE.match(target) or target.startswith("//"):
+                continue
+            links_checked += 1
+            path, _, anchor = target.partition("#")
+            path = unquote(path.split("?")[0])
+            if path:
+                base = ROOT if path.startswith("/") else os.path.join(ROOT, here)
+                resolved = os.path.normpath(os.path.join(base, path.lstrip("/")))
+                rel = os.path.relpath(resolved, ROOT).replace(os.sep, "/")
+                if rel == ".." or rel.startswith("../"):
+                    problem(page, number, f"link {target!r} points outside the repository")
+                    continue
+                if not os.path.exists(resolved):
+                    problem(page, number, f"link {target!r}: no such file or folder ({rel})")
+                    continue
+            else:
+                rel = page
+            if rel.endswith(".md"):
+                graph[page].add(rel)
+            if anchor and rel.endswith(".md") and os.path.isfile(rel):
+                if unquote(anchor).lower() not in anchors(rel):
+                    problem(page, number, f"link {target!r}: {rel} has no heading with the anchor #{anchor}")
+
+
+def is_path(token):
+    if not PATH_RE.match(token) or token.startswith("/"):
+        return False
+    if token.endswith("/"):
+        return True
+    name = token.rsplit("/", 1)[-1]
+    return "." in name and name.rsplit(".", 1)[1] in EXTS
+
+
+def exists_under(token, roots):
+    """Whether `token` names an existing file or folder: from the root, or ending a path under one of
+    `roots` ('' is the whole repository)."""
+    t = token.rstrip("/")
+    if (token.endswith("/") and t in DIRS) or (not token.endswith("/") and (t in FILES or t in DIRS)):
+        return True
+    pool = DIRS if token.endswith("/") else FILES | DIRS
+    for root in roots:
+        prefix = root.rstrip("/") + "/" if root else ""
+        for p in pool:
+            if p.startswith(prefix) and (p == prefix + t or p.endswith("/" + t)):
+                return True
+    return False
+
+
+# 2. The paths ARCHITECTURE.md names.
+arch_checked = 0
+if os.path.isfile("ARCHITECTURE.md"):
+    with open("ARCHITECTURE.md", encoding="utf-8") as f:
+        text = f.read()
+    for number, line in prose_lines(text):
+        roots = [""]
+        if line.lstrip().startswith("|"):
+            cells = line.strip().strip("|").split("|")
+            folders = [t for t in code_spans(cells[0]) if t.endswith("/") and t.rstrip("/") in DIRS]
+            if folders:
+                roots = folders
+        for token in code_spans(line):
+            if not is_path(token):
+                continue
+            arch_checked += 1
+            if not exists_under(token, roots):
+                where = " or under ".join(roots) if roots != [""] else "anywhere below it"
+                problem("ARCHITECTURE.md", number,
+                        f"names `{token}`, found neither from the repository's root nor {'under ' if roots != [''] else ''}{where}")
+
+# 3. Full paths named by every other page.
+TOP = {d for d in DIRS if "/" not in d}
+paths_checked = 0
+for page in pages:
+    if page == "ARCHITECTURE.md":
+        continue
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    for number, line in prose_lines(text):
+        for token in code_spans(line):
+            if "/" not in token or not PATH_RE.match(token) or token.split("/")[0] not in TOP:
+                continue
+            if token.rstrip("/") in KNOWN_ABSENT:
+                continue
+            paths_checked += 1
+            if not os.path.exists(token):
+                problem(page, number, f"names `{token}`, which does not exist")
+
+# 4. Every page under docs/ reachable from README.md.
+reached, todo = set(), ["README.md"] if "README.md" in graph else []
+while todo:
+    page = todo.pop()
+    if page in reached:
+        continue
+    reached.add(page)
+    todo.extend(graph.get(page, ()))
+for page in pages:
+    if page.startswith("docs/") and page not in reached:
+        problem(page, 1, "cannot be reached from README.md by following links")
+
+for p in problems:
+    print(p)
+summary = (f"{len(pages)} Markdown files, {links_checked} links, {arch_checked} paths in ARCHITECTURE.md, "
+           f"{paths_checked} repository paths elsewhere")
+if problems:
+    print(f"check-docs: {len(problems)} problem(s) ({summary})", file=sys.stderr)
+    sys.exit(1)
+print(f"check-docs: ok ({summary})")
+PY

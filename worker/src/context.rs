@@ -1,0 +1,242 @@
+//! What a job's stages may touch: the worker's shared parts (`Shared`, built once) lent to one
+//! delivery as a `Cx`, with the publisher of the connection the delivery came on.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fleet_platform::broker::Publisher;
+use fleet_platform::metrics::Metrics;
+use fleet_platform::store::Store;
+use fleet_platform::store::{StoreError, StoredTool, StoredWebhook};
+use fleet_protocol::circuit::CircuitBreaker;
+use fleet_protocol::limits::ToolLimits;
+
+use crate::config::WorkerConfig;
+use crate::http::CallbackClient;
+use crate::llm::LlmClients;
+use crate::registry::TargetCache;
+
+/// The worker's parts every job shares, built once at start.
+pub struct Shared {
+    pub config: WorkerConfig,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub client: CallbackClient,
+    pub llm: LlmClients,
+    pub targets: TargetCache,
+    pub(crate) tools: ToolCache,
+    pub(crate) subscribers: SubscriberCache,
+    pub(crate) pickups: Pickups,
+    pub(crate) health_writes: Throttle,
+}
+
+impl Shared {
+    /// This delivery's view: the shared parts and the publisher of its connection.
+    pub(crate) fn cx<'a>(&'a self, publisher: &'a Publisher) -> Cx<'a> {
+        Cx {
+            config: &self.config,
+            store: &self.store,
+            metrics: &self.metrics,
+            client: &self.client,
+            llm: &self.llm,
+            targets: &self.targets,
+            tools: &self.tools,
+            subscribers: &self.subscribers,
+            pickups: &self.pickups,
+            health_writes: &self.health_writes,
+            publisher,
+        }
+    }
+}
+
+/// What a stage may touch, borrowed for one delivery.
+#[derive(Clone, Copy)]
+pub(crate) struct Cx<'a> {
+    pub config: &'a WorkerConfig,
+    pub store: &'a Store,
+    pub publisher: &'a Publisher,
+    pub metrics: &'a Metrics,
+    pub client: &'a CallbackClient,
+    pub llm: &'a LlmClients,
+    pub targets: &'a TargetCache,
+    pub tools: &'a ToolCache,
+    pub subscribers: &'a SubscriberCache,
+    pub pickups: &'a Pickups,
+    pub health_writes: &'a Throttle,
+}
+
+impl Cx<'_> {
+    /// The first retry delay: how soon a job that could not go on (Redis unavailable, a session
+    /// busy) asks again.
+    pub(crate) fn soon(&self) -> Duration {
+        self.config.common.retry.delays()[0]
+    }
+
+    pub(crate) fn finished(&self, kind: &str, outcome: &str) {
+        self.metrics.jobs_finished.with_label_values(&[kind, outcome]).inc();
+    }
+}
+
+/// What a tool call's pipeline needs of its tool's registry entry before the attempt: its limits
+/// and its circuit breaker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ToolPolicies {
+    pub(crate) limits: ToolLimits,
+    pub(crate) circuit: Option<CircuitBreaker>,
+}
+
+/// A short-lived cache (the registry cache's ttl): a change reaches every worker within it.
+pub(crate) struct TtlCache<V> {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Instant, V)>>,
+}
+
+impl<V: Clone> TtlCache<V> {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        TtlCache { ttl, entries: Mutex::new(HashMap::new()) }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<V> {
+        let entries = self.entries.lock().unwrap();
+        entries.get(key).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, v)| v.clone())
+    }
+
+    pub(crate) fn put(&self, key: &str, value: V) {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.len() > 10_000 {
+            entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
+        }
+        entries.insert(key.to_string(), (Instant::now(), value));
+    }
+}
+
+/// Registered tools by name (`None`: not registered), as stored: the secret only as ciphertext.
+pub(crate) type ToolCache = TtlCache<Option<std::sync::Arc<StoredTool>>>;
+
+/// Webhook subscribers by event.
+pub(crate) type SubscriberCache = TtlCache<std::sync::Arc<Vec<StoredWebhook>>>;
+
+impl Cx<'_> {
+    /// A registered tool (cached).
+    pub(crate) async fn tool(&self, name: &str) -> Result<Option<std::sync::Arc<StoredTool>>, StoreError> {
+        if let Some(tool) = self.tools.get(name) {
+            return Ok(tool);
+        }
+        let tool = self.store.get_tool(name).await?.map(std::sync::Arc::new);
+        self.tools.put(name, tool.clone());
+        Ok(tool)
+    }
+
+    /// A tool's policies: a tool no longer registered has none; its attempt fails on its own.
+    pub(crate) async fn policies_of(&self, tool: &str) -> Result<ToolPolicies, StoreError> {
+        let tool = self.tool(tool).await?;
+        Ok(tool.map(|t| ToolPolicies { limits: t.limits.clone(), circuit: t.circuit_breaker }).unwrap_or_default())
+    }
+
+    /// The webhooks subscribed to `event` (cached).
+    pub(crate) async fn subscribers_of(&self, event: &str) -> Result<std::sync::Arc<Vec<StoredWebhook>>, StoreError> {
+        if let Some(hooks) = self.subscribers.get(event) {
+            return Ok(hooks);
+        }
+        let hooks = std::sync::Arc::new(self.store.subscribers(event).await?);
+        self.subscribers.put(event, hooks.clone());
+        Ok(hooks)
+    }
+}
+
+/// The newest work-queue entry time each kind's jobs were picked up at, written to Redis at most
+/// once a second (the oldest-job-age gauge reads it beside the queue's depth).
+#[derive(Default)]
+pub(crate) struct Pickups {
+    newest: Mutex<HashMap<&'static str, (i64, bool)>>,
+}
+
+impl Pickups {
+    /// Notes a job of `kind` that entered its work queue at `entered_ms`.
+    pub(crate) fn note(&self, kind: &'static str, entered_ms: i64) {
+        let mut newest = self.newest.lock().unwrap();
+        let entry = newest.entry(kind).or_insert((0, false));
+        if entered_ms > entry.0 {
+            *entry = (entered_ms, true);
+        }
+    }
+
+    /// The pickups not yet written, marked written.
+    pub(crate) fn take_unwritten(&self) -> Vec<(&'static str, i64)> {
+        let mut newest = self.newest.lock().unwrap();
+        newest
+            .iter_mut()
+            .filter(|(_, (_, dirty))| *dirty)
+            .map(|(kind, (at, dirty))| {
+                *dirty = false;
+                (*kind, *at)
+            })
+            .collect()
+    }
+}
+
+/// At most one go per key per interval (per worker).
+pub(crate) struct Throttle {
+    every: Duration,
+    last: Mutex<HashMap<String, Instant>>,
+}
+
+impl Throttle {
+    pub(crate) fn new(every: Duration) -> Self {
+        Throttle { every, last: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether `key` may go now (and, if so, its interval starts).
+    pub(crate) fn due(&self, key: &str) -> bool {
+        let mut last = self.last.lock().unwrap();
+        let now = Instant::now();
+        match last.get(key) {
+            Some(at) if now.duration_since(*at) < self.every => false,
+            _ => {
+                if last.len() > 10_000 {
+                    last.retain(|_, at| now.duration_since(*at) < self.every);
+                }
+                last.insert(key.to_string(), now);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_entries_expire() {
+        let cache: TtlCache<u32> = TtlCache::new(Duration::from_millis(30));
+        cache.put("t", 7);
+        assert_eq!(cache.get("t"), Some(7));
+        assert_eq!(cache.get("u"), None);
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(cache.get("t"), None);
+    }
+
+    #[test]
+    fn a_throttle_lets_one_go_per_interval() {
+        let t = Throttle::new(Duration::from_millis(30));
+        assert!(t.due("a") && !t.due("a") && t.due("b"));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(t.due("a"));
+    }
+
+    #[test]
+    fn pickups_keep_the_newest_and_are_written_once() {
+        let p = Pickups::default();
+        p.note("tool_call", 5);
+        p.note("tool_call", 3);
+        p.note("turn", 9);
+        let mut unwritten = p.take_unwritten();
+        unwritten.sort();
+        assert_eq!(unwritten, vec![("tool_call", 5), ("turn", 9)]);
+        assert!(p.take_unwritten().is_empty());
+        p.note("turn", 8);
+        assert!(p.take_unwritten().is_empty(), "older than what was written");
+    }
+}

@@ -1,0 +1,142 @@
+//! The claim before any side effect: what a delivery is (the record's step, a copy, owed work, a
+//! finished or cancelled execution, a step another worker runs), decided by one script, and the
+//! lease renewed while the step's work runs.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use fleet_platform::now_ms;
+use fleet_platform::store::NewExecution;
+use fleet_protocol::envelope::{Envelope, Job};
+use fleet_protocol::life::{Claimed, Owed};
+
+use crate::context::Cx;
+use crate::outcome::{Finished, Held, Outcome};
+
+pub(crate) use fleet_platform::store::AdmitMode as Mode;
+
+/// A delivery that may go on.
+#[derive(Debug)]
+pub(crate) enum Admitted {
+    /// The record's step, claimed; `cancel_requested` says a client asked to cancel (a turn).
+    Step { held: Held, cancel_requested: bool },
+    /// An earlier step while the record owes something: the delivery carries it out.
+    Owed { owed: Owed, result: Option<Value> },
+    /// The execution was cancelled before this step ran.
+    Cancelled,
+}
+
+/// Claims the delivery's step. `Err` is how the delivery ends instead: a copy (counted), done
+/// already, or busy elsewhere or Redis unavailable (parked, no attempt spent).
+pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Result<Admitted, Outcome> {
+    let id = &envelope.execution_id;
+    let kind = envelope.kind().as_str();
+    for _ in 0..2 {
+        let claimed = cx.store.admit(id, &cx.config.worker_id, cx.config.claim_lease, envelope.step(), mode).await;
+        let (claimed, cancel_requested) = match claimed {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot claim (Redis unavailable); parked");
+                return Err(Outcome::Parked(cx.soon()));
+            }
+        };
+        match claimed {
+            Claimed::Held { token } => return Ok(Admitted::Step { held: Held { token }, cancel_requested }),
+            Claimed::Owed { owed, result } => return Ok(Admitted::Owed { owed, result }),
+            Claimed::Cancelled => return Ok(Admitted::Cancelled),
+            Claimed::Copy => {
+                tracing::info!("a copy of an earlier step, or of an execution that ended; only acked");
+                cx.metrics.duplicate_deliveries.with_label_values(&[kind]).inc();
+                return Err(Outcome::Copy);
+            }
+            Claimed::Done { .. } => {
+                tracing::info!("already succeeded; not run again");
+                cx.metrics.idempotency_hits.with_label_values(&[kind]).inc();
+                cx.metrics.duplicate_deliveries.with_label_values(&[kind]).inc();
+                return Err(Outcome::Done(Finished::Duplicate));
+            }
+            Claimed::Busy { remaining_ms } => {
+                tracing::info!(remaining_ms, "this step runs under another claim; parked until its lease ends");
+                return Err(Outcome::Parked(Duration::from_millis(remaining_ms)));
+            }
+            Claimed::Missing => {
+                if let Err(e) = restore_record(cx, envelope).await {
+                    tracing::warn!(error = %e, "cannot restore the execution's record; parked");
+                    return Err(Outcome::Parked(cx.soon()));
+                }
+            }
+        }
+    }
+    Err(Outcome::Parked(cx.soon()))
+}
+
+/// A job whose record is not beside its claim: one written before records moved there is moved;
+/// one that is gone altogether (past its retention) starts over, queued.
+async fn restore_record(cx: &Cx<'_>, envelope: &Envelope) -> Result<(), fleet_platform::store::StoreError> {
+    let id = &envelope.execution_id;
+    if cx.store.migrate_legacy(id).await? {
+        return Ok(());
+    }
+    tracing::warn!("the job's execution record is gone; it starts a new one");
+    let (tool_name, room_id, assistant_id) = match &envelope.job {
+        Job::ToolCall(call) => (Some(call.tool_name.as_str()), call.room_id.as_deref(), call.assistant_id.as_deref()),
+        Job::Turn(step) => (None, Some(step.session_id.as_str()), None),
+        Job::Webhook(_) => (None, None, None),
+    };
+    let new = NewExecution {
+        execution_id: id,
+        kind: envelope.kind().as_str(),
+        tool_name,
+        room_id,
+        assistant_id,
+        tenant: None,
+        now_ms: now_ms(),
+        run_at_ms: None,
+    };
+    cx.store.create_execution(&new, None).await.map(|_| ())
+}
+
+/// Runs `work` while renewing the claim every third of the lease. `None`: a newer claim took the
+/// job meanwhile and `stop_when_lost` dropped the work.
+pub(crate) async fn renewing<T>(
+    cx: &Cx<'_>,
+    execution_id: &str,
+    held: Held,
+    stop_when_lost: bool,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let (store, lease) = (cx.store, cx.config.claim_lease);
+    let renew = move || async move {
+        let kept = !matches!(store.renew(execution_id, held.token, lease).await, Ok(false));
+        if !kept {
+            tracing::warn!("lease lost to another worker during the step");
+        }
+        kept || !stop_when_lost
+    };
+    while_renewing(lease, work, renew).await
+}
+
+/// Runs `work` while `renew` runs every third of `lease` (the claim's, a tool slot's). `None`:
+/// `renew` answered that the work must stop. Every renewal is boxed: the wait it sits beside is
+/// what a thousand in-flight jobs hold.
+pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
+    lease: std::time::Duration,
+    work: impl Future<Output = T>,
+    mut renew: impl FnMut() -> F,
+) -> Option<T> {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(lease / 3);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            done = &mut work => return Some(done),
+            _ = tick.tick() => {
+                if !Box::pin(renew()).await {
+                    return None;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! A model call against its provider's fleet-wide budget: before the call the step reserves its
+//! estimate (one request, its prompt and `max_tokens`) or is parked until its slot, giving its
+//! claim back (no worker slot held, no attempt spent, nothing written), exactly as a tool's rate
+//! limit defers a call; after it, the reservation is settled with the tokens the provider reported,
+//! and a 429 pauses the provider for every worker. A provider without a budget is still checked
+//! for a pause.
+
+use std::time::Duration;
+
+use fleet_platform::store::{Spend, StoreError};
+use fleet_protocol::budget::{pause_after_429, Bucket, ProviderLimits, Unit};
+use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
+
+use super::Step;
+use crate::context::Cx;
+use crate::outcome::{DeadLetter, Outcome};
+use fleet_protocol::deadletter::DeadLetterReason;
+
+/// What a step took from its provider's budget for its call.
+pub(super) struct Reserved {
+    pub provider: String,
+    pub buckets: Vec<Bucket>,
+    pub tokens: u64,
+}
+
+/// Why a step was parked before its model call: the `reason` of `fleet_llm_budget_parked_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Parked {
+    Budget,
+    Paused,
+    Unavailable,
+}
+
+impl Parked {
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Parked::Budget => "budget",
+            Parked::Paused => "paused",
+            Parked::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// The buckets a call of `model` through `provider` spends from (none without a budget).
+pub(super) fn buckets(cx: &Cx<'_>, provider: &str, model: &str) -> Vec<Bucket> {
+    cx.config.common.llm.budget_of(provider).map(|b| b.buckets(model)).unwrap_or_default()
+}
+
+/// The reservation's id: one per step and attempt, so a parked step finds its own slot again.
+fn reservation_id(step: &Step<'_>) -> String {
+    let e = step.envelope;
+    format!("{}:{}:{}:{}", e.execution_id, e.gen, step.job.round, e.attempt)
+}
+
+/// Reserves `tokens` for the step's call, or parks the step until its slot; `Err` is how the step
+/// ends. Redis unavailable parks it too when the provider has a budget (fail closed, as the claim
+/// does); without one, only a pause could have stopped the call, and the call goes on.
+pub(super) async fn admit(step: &Step<'_>, provider: &str, model: &str, tokens: u64) -> Result<Reserved, Outcome> {
+    let cx = &step.cx;
+    let buckets = buckets(cx, provider, model);
+    let id = reservation_id(step);
+    let asked = cx.store.budget_reserve(provider, &buckets, &id, tokens, EARLY_RETURN_TOLERANCE, false).await;
+    let (reason, wait) = match asked {
+        Ok(Spend::Now { reserved }) => {
+            return Ok(Reserved { provider: provider.to_string(), buckets, tokens: reserved });
+        }
+        Ok(Spend::Wait(wait)) => (Parked::Budget, wait),
+        Ok(Spend::Paused(wait)) => (Parked::Paused, wait),
+        Err(e) if buckets.is_empty() => {
+            tracing::debug!(error = %e, "cannot check the provider's pause; the call goes on");
+            return Ok(Reserved { provider: provider.to_string(), buckets, tokens });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the provider's budget (Redis unavailable); parked");
+            (Parked::Unavailable, cx.soon())
+        }
+    };
+    cx.metrics.llm_budget_parked.with_label_values(&[provider, reason.label()]).inc();
+    cx.metrics.llm_budget_wait.with_label_values(&[provider]).observe(wait.as_secs_f64());
+    tracing::debug!(reason = reason.label(), wait_ms = wait.as_millis() as u64, "parked by the provider's budget");
+    Err(step.release_and_park_for(wait).await)
+}
+
+/// A fallback provider's go-ahead within the same attempt: only if its budget has room now
+/// (nothing is reserved for later: the attempt does not wait).
+pub(super) async fn try_now(cx: &Cx<'_>, id: &str, provider: &str, model: &str, tokens: u64) -> Option<Reserved> {
+    let buckets = buckets(cx, provider, model);
+    match cx.store.budget_reserve(provider, &buckets, id, tokens, Duration::ZERO, true).await {
+        Ok(Spend::Now { reserved }) => Some(Reserved { provider: provider.to_string(), buckets, tokens: reserved }),
+        Ok(_) => None,
+        Err(_) => buckets.is_empty().then(|| Reserved { provider: provider.to_string(), buckets, tokens }),
+    }
+}
+
+/// After a call answered: the tokens it used (the reservation stands when none were reported)
+/// and what the provider said of its limits. A failure leaves the reservation as it was.
+pub(super) async fn settle(cx: &Cx<'_>, reserved: &Reserved, used: Option<u64>, limits: &ProviderLimits) {
+    let provider = reserved.provider.as_str();
+    cx.metrics.llm_budget_used.with_label_values(&[provider, Unit::Requests.label()]).inc();
+    cx.metrics.llm_budget_used.with_label_values(&[provider, Unit::Tokens.label()]).inc_by(used.unwrap_or(0));
+    let told = limits.remaining_requests.is_some() || limits.remaining_tokens.is_some();
+    if !reserved.buckets.is_empty() && (used.is_some() || told) {
+        let used = used.unwrap_or(reserved.tokens);
+        if let Err(e) = cx.store.budget_settle(provider, &reserved.buckets, reserved.tokens, used, limits).await {
+            log_unsettled(&e);
+        }
+    }
+    // A provider with nothing left until its reset is paused like one that answered 429.
+    if let Some(pause) = limits.exhausted_for() {
+        if let Err(e) = cx.store.budget_pause(provider, &reserved.buckets, pause).await {
+            log_unsettled(&e);
+        }
+    }
+}
+
+/// A provider's 429: it is paused for every worker for what it asked (or its reset, or a second).
+/// Answers the pause, for the step's retry to wait at least as long.
+pub(super) async fn rate_limited(
+    cx: &Cx<'_>,
+    reserved: &Reserved,
+    retry_after: Option<Duration>,
+    limits: &ProviderLimits,
+) -> Duration {
+    cx.metrics.llm_rate_limited.with_label_values(&[&reserved.provider]).inc();
+    let pause = pause_after_429(retry_after, limits);
+    tracing::warn!(provider = %reserved.provider, pause_ms = pause.as_millis() as u64, "the provider answered 429; paused fleet-wide");
+    match cx.store.budget_pause(&reserved.provider, &reserved.buckets, pause).await {
+        Ok(lasts) => lasts.max(pause),
+        Err(e) => {
+            log_unsettled(&e);
+            pause
+        }
+    }
+}
+
+/// A turn whose tenant has a daily cap (`FLEET_TENANT_DAILY_TOKENS`) and has used it up today ends
+/// before its model call, dead-lettered with `budget_exceeded` (its `error` event says so). Redis
+/// unavailable parks the step (fail closed, as the provider's budget does).
+pub(super) async fn within_tenant_cap(step: &Step<'_>, tenant: Option<&str>) -> Result<(), Outcome> {
+    let cx = &step.cx;
+    let Some((tenant, cap)) = tenant.and_then(|t| cx.config.tenant_daily_tokens.get(t).map(|cap| (t, *cap))) else {
+        return Ok(());
+    };
+    let used = match cx.store.usage_today(tenant, fleet_platform::now_ms()).await {
+        Ok(used) => used,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the tenant's usage (Redis unavailable); parked");
+            return Err(step.release_and_park().await);
+        }
+    };
+    if fleet_protocol::tenant::within_cap(Some(cap), used) {
+        return Ok(());
+    }
+    let error = format!("tenant {tenant} used {used} of its {cap} tokens for today (UTC): no model call is made");
+    Err(Outcome::DeadLetter(DeadLetter {
+        reason: DeadLetterReason::Permanent,
+        error,
+        record: None,
+        held: Some(step.held),
+        code: Some("budget_exceeded"),
+    }))
+}
+
+/// After a model call answered: its tokens join its tenant's and assistant's hourly usage. A
+/// failure to count is logged, never the turn's failure.
+pub(super) async fn count_usage(cx: &Cx<'_>, tenant: Option<&str>, assistant: &str, prompt: u64, completion: u64) {
+    let Some(tenant) = tenant else { return };
+    if let Err(e) = cx.store.usage_record(tenant, assistant, fleet_platform::now_ms(), prompt, completion).await {
+        tracing::warn!(error = %e, "cannot count the model call's usage");
+    }
+}
+
+fn log_unsettled(e: &StoreError) {
+    tracing::debug!(error = %e, "cannot settle the provider's budget; its reservation stands");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn park_reasons_are_the_metrics_labels() {
+        let labels: Vec<_> = [Parked::Budget, Parked::Paused, Parked::Unavailable].iter().map(|p| p.label()).collect();
+        assert_eq!(labels, ["budget", "paused", "unavailable"]);
+    }
+}
