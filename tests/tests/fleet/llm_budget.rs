@@ -100,7 +100,11 @@ async fn a_429_pauses_the_provider_for_every_worker() {
     let workers = 2;
     let fleet = spawn_fleet(llm_fleet(&llm).workers(workers)).await;
     let first = post_turn(&fleet, &turn_body("s_pause_first", "hi", &[])).await;
-    fleet_tests::wait_for("the 429", Duration::from_secs(10), || async { llm.requests().first()?.ended }).await;
+    // The pause is stored before the 429 is counted: turns posted after this meet it.
+    fleet_tests::wait_for("the 429 counted", Duration::from_secs(10), || async {
+        (counted(&fleet, workers, "fleet_llm_rate_limited_total", &[]).await >= 1.0).then_some(())
+    })
+    .await;
     let refused = Instant::now();
     let others = post_turns(&fleet, "paused", 4).await;
     fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;

@@ -121,16 +121,18 @@ pub(super) async fn rate_limited(
     retry_after: Option<Duration>,
     limits: &ProviderLimits,
 ) -> Duration {
-    cx.metrics.llm_rate_limited.with_label_values(&[&reserved.provider]).inc();
     let pause = pause_after_429(retry_after, limits);
     tracing::warn!(provider = %reserved.provider, pause_ms = pause.as_millis() as u64, "the provider answered 429; paused fleet-wide");
-    match cx.store.budget_pause(&reserved.provider, &reserved.buckets, pause).await {
+    let lasts = match cx.store.budget_pause(&reserved.provider, &reserved.buckets, pause).await {
         Ok(lasts) => lasts.max(pause),
         Err(e) => {
             log_unsettled(&e);
             pause
         }
-    }
+    };
+    // Counted once the pause is stored: a 429 counted is a provider every worker now waits for.
+    cx.metrics.llm_rate_limited.with_label_values(&[&reserved.provider]).inc();
+    lasts
 }
 
 /// A turn whose tenant has a daily cap (`FLEET_TENANT_DAILY_TOKENS`) and has used it up today ends
