@@ -77,6 +77,10 @@ pub struct MetricSet {
     pub llm_budget_wait: HistogramVec,
     /// 429 answers from a provider (each pauses it fleet-wide).
     pub llm_rate_limited: IntCounterVec,
+    /// Turn steps parked because their tenant's turns were all running
+    /// (`FLEET_TENANT_MAX_CONCURRENT_TURNS`; `tenant` is one of the configured tenants, so the
+    /// label is bounded; `reason`: `concurrency`, `unavailable`).
+    pub tenant_turns_parked: IntCounterVec,
 }
 
 impl Metrics {
@@ -262,6 +266,11 @@ impl Metrics {
                 "fleet_llm_rate_limited_total",
                 "429 answers from a model provider (each pauses the provider fleet-wide).",
                 &["provider"],
+            ),
+            tenant_turns_parked: counter(
+                "fleet_tenant_turns_parked_total",
+                "Turn steps parked because their tenant's turns were all running (its max concurrent turns).",
+                &["tenant", "reason"],
             ),
             registry,
         }))

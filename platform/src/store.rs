@@ -37,14 +37,14 @@ mod usage;
 
 pub use activity::ActivityReport;
 pub use agents::{AssistantVersion, AssistantWrite, Listed, RoomVersion};
-pub use budget::Spend;
+pub use budget::{Spend, Waiter};
 pub use cancel::CancelRequest;
 pub(crate) use connection::Conn;
 use connection::{Backend, Connector};
 pub use health::{Admission, CircuitChange, CircuitEvent, ToolHealth, CIRCUIT_HISTORY_MAX};
 pub use index::{default_index_retention, ExecutionFilter, ExecutionSummary};
 pub use life::{record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Expected, Fence, Transition};
-pub use limits::{Pace, SlotGrant};
+pub use limits::{Pace, Semaphore, SlotGrant};
 pub use records::{ExecutionView, NewExecution};
 pub use registry::{StoredTool, StoredWebhook, ToolVersion};
 pub use requests::{RequestHold, Reservation};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fleet_platform::metrics::Metrics;
-use fleet_platform::store::{Pace, SlotGrant, Store};
+use fleet_platform::store::{Pace, Semaphore, SlotGrant, Store};
 use fleet_protocol::keys::Keys;
 use fleet_protocol::limits::RateLimit;
 
@@ -30,29 +30,36 @@ fn cluster() -> String {
 
 async fn semaphore(store: &Store) {
     let lease = Duration::from_secs(30);
-    assert_eq!(store.acquire_tool_slot("t", "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
-    assert_eq!(store.acquire_tool_slot("t", "b:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "b:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
     assert_eq!(
-        store.acquire_tool_slot("t", "a:1", 2, lease).await.unwrap(),
+        store.acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(),
         SlotGrant::Acquired,
         "a holder keeps its slot"
     );
-    match store.acquire_tool_slot("t", "c:1", 2, lease).await.unwrap() {
+    match store.acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap() {
         SlotGrant::Full { earliest_expiry } => assert!(earliest_expiry <= lease, "{earliest_expiry:?}"),
         other => panic!("a third holder of 2 slots: {other:?}"),
     }
-    assert_eq!(store.acquire_tool_slot("other", "c:1", 2, lease).await.unwrap(), SlotGrant::Acquired, "per tool");
-    assert!(store.renew_tool_slot("t", "a:1", lease).await.unwrap());
-    store.release_tool_slot("t", "a:1").await.unwrap();
-    assert!(!store.renew_tool_slot("t", "a:1", lease).await.unwrap(), "released: nothing to renew");
-    assert_eq!(store.acquire_tool_slot("t", "c:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(
+        store.acquire_slot(Semaphore::Tool("other"), "c:1", 2, lease).await.unwrap(),
+        SlotGrant::Acquired,
+        "per tool"
+    );
+    assert!(store.renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap());
+    store.release_slot(Semaphore::Tool("t"), "a:1").await.unwrap();
+    assert!(!store.renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap(), "released: nothing to renew");
+    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
 
     // A holder that dies leaves a lease that runs out.
     let short = Duration::from_millis(200);
-    assert_eq!(store.acquire_tool_slot("u", "dead:1", 1, short).await.unwrap(), SlotGrant::Acquired);
-    assert!(matches!(store.acquire_tool_slot("u", "live:1", 1, short).await.unwrap(), SlotGrant::Full { .. }));
+    assert_eq!(store.acquire_slot(Semaphore::Tool("u"), "dead:1", 1, short).await.unwrap(), SlotGrant::Acquired);
+    assert!(matches!(
+        store.acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(),
+        SlotGrant::Full { .. }
+    ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.acquire_tool_slot("u", "live:1", 1, short).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(store.acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(), SlotGrant::Acquired);
 }
 
 /// Millisecond truncation on both clocks (Redis's and this one): far below the 200 ms between

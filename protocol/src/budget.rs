@@ -1,7 +1,7 @@
 //! Model-provider budgets: a provider's (and optionally a model's) `requests_per_minute` and
-//! `tokens_per_minute`, as the GCRA buckets one Redis script reserves from fleet-wide; what a
-//! model call is estimated to cost before it runs; and what a provider's answer says about its
-//! own limits (`Retry-After`, `x-ratelimit-*`). The Redis script is `reserve`'s atomic twin.
+//! `tokens_per_minute`, as the GCRA buckets one Redis script spends from fleet-wide (in the fair
+//! order of `crate::fair`); what a model call is estimated to cost before it runs; and what a
+//! provider's answer says about its own limits (`Retry-After`, `x-ratelimit-*`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -132,20 +132,6 @@ impl Bucket {
     }
 }
 
-/// The GCRA with reservations over several buckets at once, as a plain function (the Redis
-/// script does the same atomically): the call's slot is the earliest time every bucket allows
-/// its cost, and each bucket's theoretical arrival time moves by the cost from there. A call
-/// costing more than a bucket's tolerance still gets a slot (later), so it never waits forever.
-/// Returns (the slot, the new `tat`s); all in milliseconds.
-pub fn reserve(buckets: &[Bucket], tats: &[Option<f64>], now: f64, tokens: u64) -> (f64, Vec<f64>) {
-    let slot = buckets.iter().zip(tats).fold(now, |slot, (b, tat)| {
-        let tat = tat.unwrap_or(now).max(now);
-        slot.max(tat + b.cost(tokens) * b.interval_ms - b.tolerance_ms)
-    });
-    let tats = buckets.iter().zip(tats).map(|(b, tat)| tat.unwrap_or(now).max(slot) + b.cost(tokens) * b.interval_ms);
-    (slot, tats.collect())
-}
-
 /// The tokens a model call may use, reserved before it runs: its prompt, estimated at four bytes
 /// of JSON per token (messages and tool specs), plus every token it may answer with.
 pub fn estimate_tokens(messages: &[Value], tools: &[Value], max_tokens: u32) -> u64 {
@@ -248,29 +234,6 @@ mod tests {
         assert_eq!(names("anything-else"), ["req", "tok"]);
         let req = &b.buckets("x")[0];
         assert_eq!((req.interval_ms, req.tolerance_ms), (100.0, 10_000.0));
-    }
-
-    #[test]
-    fn reservations_hold_the_rate_after_the_burst() {
-        // 60 requests a minute, 2 s of burst: two calls at once, then one a second.
-        let b = Budget { burst_seconds: Some(2), ..budget(60, 1_000_000) }.buckets("m");
-        let mut tats = vec![None, None];
-        let mut slots = vec![];
-        for _ in 0..4 {
-            let (slot, next) = reserve(&b, &tats, 0.0, 10);
-            slots.push(slot);
-            tats = next.into_iter().map(Some).collect();
-        }
-        assert_eq!(slots, [0.0, 0.0, 1000.0, 2000.0]);
-    }
-
-    #[test]
-    fn the_scarcest_bucket_decides_and_every_bucket_pays() {
-        // 6,000 tokens a minute (100 a second), 1 s of burst: a 300-token call waits 2 s.
-        let b = Budget { burst_seconds: Some(1), ..budget(600, 6_000) }.buckets("m");
-        let (slot, tats) = reserve(&b, &[None, None], 0.0, 300);
-        assert_eq!(slot, 2000.0);
-        assert_eq!(tats, [2100.0, 5000.0]);
     }
 
     #[test]

@@ -144,7 +144,7 @@ impl Keys {
     }
 
     /// A model provider's fleet-wide budget (a sorted set: each bucket's theoretical arrival
-    /// time, the pause a 429 set, and the slots reserved by steps waiting in the broker).
+    /// time and the pause a 429 set).
     pub fn llm_budget(&self, provider: &str) -> String {
         format!("{}llm-budget:{{{}}}:pace", self.prefix, hash_tag_safe(provider))
     }
@@ -152,6 +152,36 @@ impl Keys {
     /// The tokens each waiting step reserved from its provider's budget (a hash, same tag).
     pub fn llm_budget_costs(&self, provider: &str) -> String {
         format!("{}llm-budget:{{{}}}:costs", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// The budget's fair line (`fleet_protocol::fair`): a hash of the line's virtual time and each
+    /// tenant's finish tag and use; the script keeps each tenant's waiters and places under this
+    /// name with `:w:TENANT` and `:p:TENANT` (same tag, so it works on Redis Cluster).
+    pub fn llm_budget_fair(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:fair", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// Every tenant's places in the budget's line, by start tag (a sorted set, same tag).
+    pub fn llm_budget_line(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:line", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// When each waiting step is given up for gone unless it asks again (a sorted set, same tag).
+    pub fn llm_budget_seen(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:seen", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// A tenant's turns running now, fleet-wide (`FLEET_TENANT_MAX_CONCURRENT_TURNS`): a semaphore
+    /// like a tool's.
+    pub fn tenant_turns(&self, tenant: &str) -> String {
+        format!("{}tenant-turns:{{{}}}", self.prefix, hash_tag_safe(tenant))
+    }
+
+    /// The turns waiting for one of their tenant's slots, in arrival order (a sorted set), and
+    /// when each is given up for gone unless it asks again (a hash); same tag as the semaphore.
+    pub fn tenant_turns_line(&self, tenant: &str) -> (String, String) {
+        let tag = hash_tag_safe(tenant);
+        (format!("{}tenant-turns:{{{tag}}}:line", self.prefix), format!("{}tenant-turns:{{{tag}}}:due", self.prefix))
     }
 
     /// An assistant (seed 000; JSON). Assistants and their indexes share the `{assistants}` tag.

@@ -15,6 +15,7 @@ pub mod deadletter;
 pub mod envelope;
 pub mod events;
 pub mod execution;
+pub mod fair;
 pub mod history;
 pub mod idempotency;
 pub mod keys;

@@ -41,6 +41,12 @@ pub struct WorkerConfig {
     /// `FLEET_TENANT_DAILY_TOKENS`: tokens (prompt and completion) each listed tenant may use per
     /// UTC day; a turn over its tenant's cap ends with `budget_exceeded` before its model call.
     pub tenant_daily_tokens: std::collections::BTreeMap<String, u64>,
+    /// `FLEET_TENANT_WEIGHTS`: each listed tenant's share of a provider's budget when tenants
+    /// wait for it together (default 1).
+    pub tenant_weights: std::collections::BTreeMap<String, u32>,
+    /// `FLEET_TENANT_MAX_CONCURRENT_TURNS`: the most turns of each listed tenant running a step at
+    /// once, fleet-wide; more are parked until a slot frees.
+    pub tenant_max_turns: std::collections::BTreeMap<String, u32>,
     /// How long a session stays held by its turn without the turn touching it.
     /// Deliveries after which a job is dead-lettered without running (`FLEET_MAX_DELIVERIES`).
     pub max_deliveries: u64,
@@ -155,6 +161,8 @@ impl WorkerConfig {
                 src.get("FLEET_TENANT_DAILY_TOKENS").unwrap_or(""),
             )
             .map_err(|why| ConfigError::new("FLEET_TENANT_DAILY_TOKENS", why))?,
+            tenant_weights: per_tenant(src, "FLEET_TENANT_WEIGHTS")?,
+            tenant_max_turns: per_tenant(src, "FLEET_TENANT_MAX_CONCURRENT_TURNS")?,
             max_deliveries,
             tool_result_max_bytes,
             history_max_messages,
@@ -164,6 +172,11 @@ impl WorkerConfig {
             circuit: circuit_policy(src)?,
         })
     }
+}
+
+/// A `TENANT=N` list (each N at least 1).
+fn per_tenant(src: &Source, name: &'static str) -> Result<std::collections::BTreeMap<String, u32>, ConfigError> {
+    fleet_protocol::fair::parse_per_tenant(src.get(name).unwrap_or(""), 1).map_err(|why| ConfigError::new(name, why))
 }
 
 /// `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: circuits never open) and `FLEET_CIRCUIT_PROBE_INTERVAL`.

@@ -268,6 +268,7 @@ pub(crate) async fn send_message(
         messages: vec![InputMessage { role: "user".into(), content: input.content.clone() }],
         behavior: input.behavior,
         tenant: None,
+        priority: Default::default(),
     };
     check_turn(&state, &tenancy, &mut turn, &format!("assistant {}'s enabled_tools", assistant.id)).await?;
     let canonical = json!({"room_id": room.id, "role": "user", "content": input.content, "behavior": input.behavior});

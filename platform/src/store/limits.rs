@@ -30,6 +30,47 @@ redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
 return {1, 0}
 "#;
 
+/// KEYS: a tenant's turn semaphore, its line, the line's deadlines. ARGV: holder (the claim),
+/// the turn, limit, lease (ms), recheck (ms). Slots go to the turns in line in their order: a turn
+/// takes one if fewer stand before it than slots are free; else it keeps its place and asks again
+/// later the further back it stands. A turn that stops asking is dropped from the head of the
+/// line after three of its waits. Answers {1} or {0, ms to wait}.
+const ACQUIRE_IN_LINE_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder, turn, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local lease, recheck = tonumber(ARGV[4]), tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local function grant()
+  redis.call('ZADD', KEYS[1], now + lease, holder)
+  redis.call('ZREM', KEYS[2], turn)
+  redis.call('HDEL', KEYS[3], turn)
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+  return {1, 0}
+end
+if redis.call('ZSCORE', KEYS[1], holder) then return grant() end
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, 9)) do
+  if m ~= turn and tonumber(redis.call('HGET', KEYS[3], m) or 0) < now then
+    redis.call('ZREM', KEYS[2], m)
+    redis.call('HDEL', KEYS[3], m)
+  end
+end
+local free = limit - redis.call('ZCARD', KEYS[1])
+local rank = redis.call('ZRANK', KEYS[2], turn)
+if not rank then
+  if free > redis.call('ZCARD', KEYS[2]) then return grant() end
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
+  redis.call('ZADD', KEYS[2], tonumber(last or 0) + 1, turn)
+  rank = redis.call('ZRANK', KEYS[2], turn)
+end
+if rank < free then return grant() end
+local wait = recheck * (1 + math.floor((rank - math.max(free, 0)) / limit))
+redis.call('HSET', KEYS[3], turn, now + 3 * wait + 1000)
+for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], 3 * wait + 60000) end
+return {0, wait}
+"#;
+
 /// KEYS: the semaphore. ARGV: holder, lease (ms). Extends the holder's lease; 0 if it has none
 /// any more (it expired and was dropped).
 const RENEW_LUA: &str = r#"
@@ -79,6 +120,7 @@ return {1, 0}
 "#;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static ACQUIRE_IN_LINE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_IN_LINE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 static PACE: LazyLock<Script> = LazyLock::new(|| Script::new(PACE_LUA));
 
@@ -103,17 +145,32 @@ pub enum Pace {
     Wait(Duration),
 }
 
+/// A fleet-wide concurrency semaphore: a tool's (`max_concurrency`) or a tenant's running turns
+/// (`FLEET_TENANT_MAX_CONCURRENT_TURNS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Semaphore<'a> {
+    Tool(&'a str),
+    TenantTurns(&'a str),
+}
+
 impl Store {
-    /// Takes one of `tool`'s `limit` concurrency slots for `holder`, leased for `lease`.
-    pub async fn acquire_tool_slot(
+    fn semaphore_key(&self, semaphore: Semaphore<'_>) -> String {
+        match semaphore {
+            Semaphore::Tool(tool) => self.keys.tool_concurrency(tool),
+            Semaphore::TenantTurns(tenant) => self.keys.tenant_turns(tenant),
+        }
+    }
+
+    /// Takes one of the semaphore's `limit` slots for `holder`, leased for `lease`.
+    pub async fn acquire_slot(
         &self,
-        tool: &str,
+        semaphore: Semaphore<'_>,
         holder: &str,
         limit: u32,
         lease: Duration,
     ) -> Result<SlotGrant, StoreError> {
         let r: Result<Vec<i64>, _> = ACQUIRE
-            .key(self.keys.tool_concurrency(tool))
+            .key(self.semaphore_key(semaphore))
             .arg(holder)
             .arg(limit)
             .arg(lease.as_millis() as u64)
@@ -126,10 +183,45 @@ impl Store {
         }
     }
 
+    /// Takes one of `tenant`'s `limit` turn slots for `holder` (the claim of a step of `turn`),
+    /// leased for `lease`, in the order the tenant's turns asked; `Wait` keeps the turn's place.
+    pub async fn acquire_turn_slot(
+        &self,
+        tenant: &str,
+        holder: &str,
+        turn: &str,
+        limit: u32,
+        lease: Duration,
+        recheck: Duration,
+    ) -> Result<Pace, StoreError> {
+        let (line, due) = self.keys.tenant_turns_line(tenant);
+        let r: Result<Vec<i64>, _> = ACQUIRE_IN_LINE
+            .key(self.keys.tenant_turns(tenant))
+            .key(line)
+            .key(due)
+            .arg(holder)
+            .arg(turn)
+            .arg(limit)
+            .arg(lease.as_millis() as u64)
+            .arg(recheck.as_millis() as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        match self.count(r)?.as_slice() {
+            [1, ..] => Ok(Pace::Now),
+            [0, ms] => Ok(Pace::Wait(Duration::from_millis((*ms).max(1) as u64))),
+            other => Err(StoreError::Corrupt(format!("the turn slot script answered {other:?}"))),
+        }
+    }
+
     /// Extends `holder`'s lease; `false` if it had run out (and may have been given to another).
-    pub async fn renew_tool_slot(&self, tool: &str, holder: &str, lease: Duration) -> Result<bool, StoreError> {
+    pub async fn renew_slot(
+        &self,
+        semaphore: Semaphore<'_>,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         let r: Result<i64, _> = RENEW
-            .key(self.keys.tool_concurrency(tool))
+            .key(self.semaphore_key(semaphore))
             .arg(holder)
             .arg(lease.as_millis() as u64)
             .invoke_async(&mut self.conn().await?)
@@ -138,8 +230,8 @@ impl Store {
     }
 
     /// Gives `holder`'s slot back.
-    pub async fn release_tool_slot(&self, tool: &str, holder: &str) -> Result<(), StoreError> {
-        let r: Result<(), _> = self.conn().await?.zrem(self.keys.tool_concurrency(tool), holder).await;
+    pub async fn release_slot(&self, semaphore: Semaphore<'_>, holder: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = self.conn().await?.zrem(self.semaphore_key(semaphore), holder).await;
         self.count(r)
     }
 

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fair::Priority;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -108,6 +110,10 @@ pub struct TurnInput {
     /// one is refused), else this, else the token's name (`token-` and 8 hex digits).
     #[serde(default)]
     pub tenant: Option<String>,
+    /// `high`, `normal` (default) or `low`: the order of the tenant's own turns waiting for a
+    /// provider's budget (it never moves a turn ahead of another tenant's).
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 impl TurnInput {

@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::input::{Assistant, Behavior, TurnInput};
+use crate::fair::Priority;
+
+fn is_normal(p: &Priority) -> bool {
+    *p == Priority::Normal
+}
 
 /// Model rounds a turn may take before it is stopped (configurable per fleet).
 pub const DEFAULT_MAX_ROUNDS: u32 = 8;
@@ -119,6 +124,9 @@ pub struct TurnState {
     /// Whose turn it is (`tenant::resolve`); `None` for a turn stored before tenants existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The turn's priority within its tenant (`fair::Priority`).
+    #[serde(default, skip_serializing_if = "is_normal")]
+    pub priority: Priority,
     /// Messages of the session's history placed in `conversation` after the instructions.
     #[serde(default)]
     pub history_len: usize,
@@ -209,6 +217,7 @@ impl TurnState {
             message_id,
             usage: Usage::default(),
             tenant: input.tenant.clone(),
+            priority: input.priority,
             history_len: 0,
             history_read: false,
             remembered: 0,

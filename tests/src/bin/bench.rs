@@ -651,8 +651,10 @@ async fn gap_after_done(
 }
 
 /// Posts a turn whose user message is `marker` in a session of its own; when it was sent.
+/// A turn of the tenant its marker names (`A-…` is tenant A's; `B-…` and `idle-…` tenant B's).
 async fn post_marked_turn(fleet: &BenchFleet, marker: String) -> anyhow::Result<(String, Instant)> {
-    let body = json!({"session_id": format!("s_{marker}"), "assistant": {"id": "a", "instructions": "Answer briefly.", "model_config": {"model": "m", "max_tokens": 300}}, "messages": [{"role": "user", "content": marker}]});
+    let tenant = if marker.starts_with("A-") { "tenant-a" } else { "tenant-b" };
+    let body = json!({"session_id": format!("s_{marker}"), "tenant": tenant, "assistant": {"id": "a", "instructions": "Answer briefly.", "model_config": {"model": "m", "max_tokens": 300}}, "messages": [{"role": "user", "content": marker}]});
     let sent = Instant::now();
     let resp = fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?;
     anyhow::ensure!(resp.status().as_u16() == 202, "a turn answered {}", resp.status());

@@ -146,3 +146,108 @@ async fn a_provider_saying_nothing_remains_is_paused_until_its_reset() {
     let gap = requests[1].started.duration_since(requests[0].ended.unwrap()).as_secs_f64();
     assert!(gap >= 1.4, "the next call waited for the provider's reset ({gap:.2} s)");
 }
+
+/// A turn of `tenant` at `priority` whose user message is `text`.
+fn tenant_turn(session: &str, text: &str, tenant: &str, priority: &str) -> serde_json::Value {
+    let mut body = turn_body(session, text, &[]);
+    body["tenant"] = json!(tenant);
+    body["priority"] = json!(priority);
+    body
+}
+
+/// When each model call whose conversation carries `marker` started, in order.
+fn starts_of(llm: &MockLlm, marker: &str) -> Vec<Instant> {
+    let mut starts: Vec<_> =
+        llm.requests().iter().filter(|r| r.contents().iter().any(|c| c == marker)).map(|r| r.started).collect();
+    starts.sort();
+    starts
+}
+
+/// 600 requests a minute with two seconds of burst: a tenant alone runs 10 calls at once (half
+/// the burst), then one every 100 ms.
+fn fair_fleet(llm: &MockLlm) -> fleet_tests::FleetOptions {
+    llm_fleet(llm).workers(2).env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 600, "burst_seconds": 2}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_arriving_behind_anothers_backlog_runs_at_once() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let fleet = spawn_fleet(fair_fleet(&llm)).await;
+    let bodies: Vec<_> = (0..40).map(|i| tenant_turn(&format!("s_fair_a{i}"), "from-a", "acme", "normal")).collect();
+    let a_ids = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    // A's burst has run and its backlog stands in line (about 3 s of the budget).
+    fleet_tests::wait_for("A's burst", Duration::from_secs(20), || async {
+        (starts_of(&llm, "from-a").len() >= 10).then_some(())
+    })
+    .await;
+    let posted = Instant::now();
+    let bodies: Vec<_> = (0..3).map(|i| tenant_turn(&format!("s_fair_b{i}"), "from-b", "globex", "normal")).collect();
+    let b_ids = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    for id in a_ids.iter().chain(&b_ids) {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+    }
+    let b_last = starts_of(&llm, "from-b").last().unwrap().duration_since(posted).as_secs_f64();
+    let a_last = starts_of(&llm, "from-a").last().unwrap().duration_since(posted).as_secs_f64();
+    println!("after B posted: B's last call {b_last:.2} s, A's last call {a_last:.2} s");
+    assert!(a_last > 1.5, "A's backlog was still waiting when B arrived ({a_last:.2} s)");
+    assert!(b_last < 1.0, "B's calls waited behind A's backlog: last {b_last:.2} s after posting");
+    assert_first_attempts(&fleet, &b_ids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_high_priority_turns_go_before_its_normal_ones() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let fleet = spawn_fleet(fair_fleet(&llm)).await;
+    let bodies: Vec<_> = (0..40).map(|i| tenant_turn(&format!("s_prio_n{i}"), "normal", "acme", "normal")).collect();
+    let normal = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    fleet_tests::wait_for("the burst", Duration::from_secs(20), || async {
+        (starts_of(&llm, "normal").len() >= 10).then_some(())
+    })
+    .await;
+    let bodies: Vec<_> = (0..2).map(|i| tenant_turn(&format!("s_prio_h{i}"), "high", "acme", "high")).collect();
+    let high = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    for id in normal.iter().chain(&high) {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+    }
+    let last_high = *starts_of(&llm, "high").last().unwrap();
+    let normal_after = starts_of(&llm, "normal").iter().filter(|s| **s > last_high).count();
+    println!("normal calls after the last high one: {normal_after} of 40");
+    assert!(
+        normal_after >= 8,
+        "the high turns waited behind the normal backlog ({normal_after} normal calls after them)"
+    );
+    let (status, resp) = fleet.post("/v1/turns", &tenant_turn("s_prio_bad", "x", "acme", "urgent")).await;
+    assert_eq!(status, 422, "{resp}");
+    assert!(resp.to_string().contains("priority"), "the error names the field: {resp}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_turns_beyond_its_cap_wait_for_a_slot() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine").after(Duration::from_millis(400))).await;
+    let workers = 2;
+    let options = llm_fleet(&llm).workers(workers).env("FLEET_TENANT_MAX_CONCURRENT_TURNS", "capped=2");
+    let fleet = spawn_fleet(options).await;
+    let bodies: Vec<_> = (0..6).map(|i| tenant_turn(&format!("s_cap_c{i}"), "capped", "capped", "normal")).collect();
+    let capped = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    let bodies: Vec<_> = (0..2).map(|i| tenant_turn(&format!("s_cap_f{i}"), "free", "free", "normal")).collect();
+    let free = join_all(bodies.iter().map(|b| post_turn(&fleet, b))).await;
+    assert_first_attempts(&fleet, &capped).await;
+    assert_first_attempts(&fleet, &free).await;
+    let requests = llm.requests();
+    let spans: Vec<_> = requests
+        .iter()
+        .filter(|r| r.contents().iter().any(|c| c == "capped"))
+        .map(|r| (r.started, r.ended.unwrap()))
+        .collect();
+    assert_eq!(spans.len(), 6);
+    let most = spans.iter().map(|(s, _)| spans.iter().filter(|(s2, e2)| s2 <= s && e2 > s).count()).max().unwrap();
+    println!("capped tenant: at most {most} calls at once");
+    assert!(most <= 2, "{most} of the capped tenant's calls ran at once");
+    let last_capped = spans.iter().map(|(s, _)| *s).max().unwrap();
+    let free_first = *starts_of(&llm, "free").first().unwrap();
+    assert!(free_first < last_capped, "the other tenant's turns waited behind the capped ones");
+    let parked =
+        counted(&fleet, workers, "fleet_tenant_turns_parked_total", &["tenant=\"capped\"", "reason=\"concurrency\""])
+            .await;
+    assert!(parked >= 1.0, "steps over the cap were parked ({parked})");
+}

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use fleet_platform::store::{ClaimAfter, Fence, Pace, SlotGrant, StoreError, Transition};
+use fleet_platform::store::{ClaimAfter, Fence, Pace, Semaphore, SlotGrant, StoreError, Transition};
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::limits::RateLimit;
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
@@ -115,7 +115,12 @@ async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Resul
     let mut admission = Admission { slot: None };
     if let Some(limit) = limits.max_concurrency {
         let holder = holder(execution_id, token);
-        match cx.store.acquire_tool_slot(tool, &holder, limit, cx.config.claim_lease).await.map_err(unavailable)? {
+        match cx
+            .store
+            .acquire_slot(Semaphore::Tool(tool), &holder, limit, cx.config.claim_lease)
+            .await
+            .map_err(unavailable)?
+        {
             SlotGrant::Acquired => admission.slot = Some(HeldSlot { tool: tool.to_string(), holder }),
             SlotGrant::Full { .. } => return Err((Deferral::Concurrency, CONCURRENCY_RECHECK)),
         }
@@ -139,7 +144,7 @@ pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &Admission, work: impl Fu
     let Some(slot) = &admission.slot else { return work.await };
     let (store, lease) = (cx.store, cx.config.claim_lease);
     let renew = move || async move {
-        if let Ok(false) = store.renew_tool_slot(&slot.tool, &slot.holder, lease).await {
+        if let Ok(false) = store.renew_slot(Semaphore::Tool(&slot.tool), &slot.holder, lease).await {
             tracing::warn!(tool = %slot.tool, "the tool's concurrency slot ran out during the attempt");
         }
         true
@@ -150,7 +155,7 @@ pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &Admission, work: impl Fu
 /// Gives the slot back. A Redis error leaves it to its lease, which runs out by itself.
 pub(crate) async fn release(cx: &Cx<'_>, admission: Admission) {
     if let Some(slot) = admission.slot {
-        if let Err(e) = cx.store.release_tool_slot(&slot.tool, &slot.holder).await {
+        if let Err(e) = cx.store.release_slot(Semaphore::Tool(&slot.tool), &slot.holder).await {
             tracing::warn!(error = %e, tool = %slot.tool, "cannot give the concurrency slot back; its lease runs out");
         }
     }

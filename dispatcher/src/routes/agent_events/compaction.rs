@@ -87,6 +87,7 @@ impl Submission for NewCompaction {
             messages: vec![],
             behavior: Behavior::FollowUp,
             tenant: self.tenant.clone(),
+            priority: Default::default(),
         };
         let mut turn = TurnState::new(&input, turn::model_call_message_id(execution_id, 0));
         turn.conversation.clear();

@@ -46,6 +46,7 @@ pub(super) async fn submit(
         messages: texts.iter().map(|t| InputMessage { role: "user".into(), content: t.clone() }).collect(),
         behavior,
         tenant: None,
+        priority: Default::default(),
     };
     check_turn(state, tenancy, &mut input, "the agent's enabled_tools").await?;
     let surface = request.surface_description.as_ref().map(|s| serde_json::to_value(s).unwrap_or_default());

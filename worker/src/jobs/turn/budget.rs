@@ -5,14 +5,18 @@
 //! and a 429 pauses the provider for every worker. A provider without a budget is still checked
 //! for a pause.
 
+use std::future::Future;
 use std::time::Duration;
 
-use fleet_platform::store::{Spend, StoreError};
+use fleet_platform::store::{Pace, Semaphore, Spend, StoreError, Waiter};
 use fleet_protocol::budget::{pause_after_429, Bucket, ProviderLimits, Unit};
+use fleet_protocol::fair::{self, Priority};
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
+use fleet_protocol::turn::TurnState;
 
 use super::Step;
 use crate::context::Cx;
+use crate::jobs::{claim, limits};
 use crate::outcome::{DeadLetter, Outcome};
 use fleet_protocol::deadletter::DeadLetterReason;
 
@@ -21,6 +25,8 @@ pub(super) struct Reserved {
     pub provider: String,
     pub buckets: Vec<Bucket>,
     pub tokens: u64,
+    /// Whose call it is: a fallback provider's budget counts it for the same tenant.
+    pub tenant: String,
 }
 
 /// Why a step was parked before its model call: the `reason` of `fleet_llm_budget_parked_total`.
@@ -52,23 +58,38 @@ fn reservation_id(step: &Step<'_>) -> String {
     format!("{}:{}:{}:{}", e.execution_id, e.gen, step.job.round, e.attempt)
 }
 
-/// Reserves `tokens` for the step's call, or parks the step until its slot; `Err` is how the step
+/// The tenant a step waits as, and its share (`FLEET_TENANT_WEIGHTS`).
+fn tenant_of<'a>(cx: &Cx<'_>, state: &'a TurnState) -> (&'a str, u32) {
+    let tenant = state.tenant.as_deref().unwrap_or(fair::NO_TENANT);
+    (tenant, cx.config.tenant_weights.get(tenant).copied().unwrap_or(1))
+}
+
+/// Spends `tokens` of the provider's budget for the step's call now, or parks the step until its
+/// place in the provider's fair line may come (`fleet_protocol::fair`); `Err` is how the step
 /// ends. Redis unavailable parks it too when the provider has a budget (fail closed, as the claim
 /// does); without one, only a pause could have stopped the call, and the call goes on.
-pub(super) async fn admit(step: &Step<'_>, provider: &str, model: &str, tokens: u64) -> Result<Reserved, Outcome> {
+pub(super) async fn admit(
+    step: &Step<'_>,
+    state: &TurnState,
+    provider: &str,
+    model: &str,
+    tokens: u64,
+) -> Result<Reserved, Outcome> {
     let cx = &step.cx;
     let buckets = buckets(cx, provider, model);
     let id = reservation_id(step);
-    let asked = cx.store.budget_reserve(provider, &buckets, &id, tokens, EARLY_RETURN_TOLERANCE, false).await;
+    let (tenant, weight) = tenant_of(cx, state);
+    let reserved =
+        |buckets, tokens| Reserved { provider: provider.to_string(), buckets, tokens, tenant: tenant.into() };
+    let waiter = Waiter { id: &id, tenant, weight, priority: state.priority };
+    let asked = cx.store.budget_reserve(provider, &buckets, waiter, tokens, EARLY_RETURN_TOLERANCE, false).await;
     let (reason, wait) = match asked {
-        Ok(Spend::Now { reserved }) => {
-            return Ok(Reserved { provider: provider.to_string(), buckets, tokens: reserved });
-        }
+        Ok(Spend::Now { reserved: tokens }) => return Ok(reserved(buckets, tokens)),
         Ok(Spend::Wait(wait)) => (Parked::Budget, wait),
         Ok(Spend::Paused(wait)) => (Parked::Paused, wait),
         Err(e) if buckets.is_empty() => {
             tracing::debug!(error = %e, "cannot check the provider's pause; the call goes on");
-            return Ok(Reserved { provider: provider.to_string(), buckets, tokens });
+            return Ok(reserved(buckets, tokens));
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot check the provider's budget (Redis unavailable); parked");
@@ -81,14 +102,23 @@ pub(super) async fn admit(step: &Step<'_>, provider: &str, model: &str, tokens: 
     Err(step.release_and_park_for(wait).await)
 }
 
-/// A fallback provider's go-ahead within the same attempt: only if its budget has room now
-/// (nothing is reserved for later: the attempt does not wait).
-pub(super) async fn try_now(cx: &Cx<'_>, id: &str, provider: &str, model: &str, tokens: u64) -> Option<Reserved> {
+/// A fallback provider's go-ahead within the same attempt: only if its budget has room now for
+/// everyone waiting for it and this call (the attempt does not wait, and takes no place).
+pub(super) async fn try_now(cx: &Cx<'_>, first: &Reserved, id: &str, provider: &str, model: &str) -> Option<Reserved> {
     let buckets = buckets(cx, provider, model);
-    match cx.store.budget_reserve(provider, &buckets, id, tokens, Duration::ZERO, true).await {
-        Ok(Spend::Now { reserved }) => Some(Reserved { provider: provider.to_string(), buckets, tokens: reserved }),
+    let tenant = first.tenant.clone();
+    let waiter = Waiter { id, tenant: &tenant, weight: 1, priority: Priority::Normal };
+    match cx.store.budget_reserve(provider, &buckets, waiter, first.tokens, Duration::ZERO, true).await {
+        Ok(Spend::Now { reserved }) => {
+            Some(Reserved { provider: provider.to_string(), buckets, tokens: reserved, tenant })
+        }
         Ok(_) => None,
-        Err(_) => buckets.is_empty().then(|| Reserved { provider: provider.to_string(), buckets, tokens }),
+        Err(_) => buckets.is_empty().then(|| Reserved {
+            provider: provider.to_string(),
+            buckets,
+            tokens: first.tokens,
+            tenant,
+        }),
     }
 }
 
@@ -133,6 +163,60 @@ pub(super) async fn rate_limited(
     // Counted once the pause is stored: a 429 counted is a provider every worker now waits for.
     cx.metrics.llm_rate_limited.with_label_values(&[&reserved.provider]).inc();
     lasts
+}
+
+/// How soon a turn waiting for one of its tenant's slots asks again when it stands first in line;
+/// a turn further back waits this much longer per full round of the tenant's slots ahead of it.
+const TURN_SLOT_RECHECK: Duration = Duration::from_millis(250);
+
+/// One of a tenant's running-turn slots (`FLEET_TENANT_MAX_CONCURRENT_TURNS`), held for a step.
+pub(super) struct TurnSlot {
+    tenant: String,
+    holder: String,
+}
+
+/// Takes one of the turn's tenant's slots for this step, or parks the step (no worker slot held,
+/// no attempt spent) until its place in the tenant's line may come. A tenant without a cap holds
+/// none. Redis unavailable parks the step (fail closed).
+pub(super) async fn take_turn_slot(step: &Step<'_>, state: &TurnState) -> Result<Option<TurnSlot>, Outcome> {
+    let cx = &step.cx;
+    let capped = state.tenant.as_deref().and_then(|t| cx.config.tenant_max_turns.get(t).map(|n| (t, *n)));
+    let Some((tenant, limit)) = capped else { return Ok(None) };
+    let turn = step.envelope.execution_id.as_str();
+    let holder = limits::holder(turn, step.held.token);
+    let lease = cx.config.claim_lease;
+    match cx.store.acquire_turn_slot(tenant, &holder, turn, limit, lease, TURN_SLOT_RECHECK).await {
+        Ok(Pace::Now) => Ok(Some(TurnSlot { tenant: tenant.to_string(), holder })),
+        Ok(Pace::Wait(wait)) => {
+            cx.metrics.tenant_turns_parked.with_label_values(&[tenant, "concurrency"]).inc();
+            tracing::debug!(tenant, wait_ms = wait.as_millis() as u64, "parked: the tenant's turns are all running");
+            Err(step.release_and_park_for(wait).await)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take the tenant's turn slot (Redis unavailable); parked");
+            cx.metrics.tenant_turns_parked.with_label_values(&[tenant, "unavailable"]).inc();
+            Err(step.release_and_park().await)
+        }
+    }
+}
+
+/// Runs the step's `work` while renewing its turn slot, as the claim is renewed around it, and
+/// gives the slot back however the work ends (a lost worker's lease runs out by itself).
+pub(super) async fn holding_turn_slot<T>(cx: &Cx<'_>, slot: Option<TurnSlot>, work: impl Future<Output = T>) -> T {
+    let Some(slot) = slot else { return work.await };
+    let (store, lease) = (cx.store, cx.config.claim_lease);
+    let semaphore = Semaphore::TenantTurns(&slot.tenant);
+    let renew = || async {
+        if let Ok(false) = store.renew_slot(semaphore, &slot.holder, lease).await {
+            tracing::warn!(tenant = %slot.tenant, "the tenant's turn slot ran out during the step");
+        }
+        true
+    };
+    let out = claim::while_renewing(lease, work, renew).await.expect("a slot's renewal never stops the step");
+    if let Err(e) = store.release_slot(semaphore, &slot.holder).await {
+        tracing::warn!(error = %e, tenant = %slot.tenant, "cannot give the turn slot back; its lease runs out");
+    }
+    out
 }
 
 /// A turn whose tenant has a daily cap (`FLEET_TENANT_DAILY_TOKENS`) and has used it up today ends

@@ -97,17 +97,23 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
         return Err(Outcome::DeadLetter(dead));
     }
     budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
+    let slot = budget::take_turn_slot(&step, &state).await?;
+    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state)).await
+}
+
+/// The step's model call (a compaction's or the turn's) and what follows from its answer.
+async fn model_step(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Outcome> {
     if state.compaction.is_some() {
-        return Ok(compact::compact(&step, &mut state).await);
+        return Ok(compact::compact(step, state).await);
     }
-    let taken = gather::collect(&step, &mut state).await?;
-    let reserved = model::reserve(&step, &state, model::Purpose::Answer).await?;
-    gather::begin(&step, &mut state, taken).await?;
-    let (completion, record) = model::call(&step, &mut state, model::Purpose::Answer, reserved).await?;
+    let taken = gather::collect(step, state).await?;
+    let reserved = model::reserve(step, state, model::Purpose::Answer).await?;
+    gather::begin(step, state, taken).await?;
+    let (completion, record) = model::call(step, state, model::Purpose::Answer, reserved).await?;
     Ok(if completion.tool_calls.is_empty() {
-        finish::finish(&step, &mut state, completion, record).await
+        finish::finish(step, state, completion, record).await
     } else {
-        fanout::fan_out(&step, &mut state, completion, record).await
+        fanout::fan_out(step, state, completion, record).await
     })
 }
 

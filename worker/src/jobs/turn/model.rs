@@ -46,7 +46,7 @@ pub(super) async fn reserve(step: &Step<'_>, state: &TurnState, purpose: Purpose
     let (provider, model, max_tokens) = target(&step.cx, state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
-    budget::admit(step, &provider, &model, estimate_tokens(&messages, &tools, max_tokens)).await
+    budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens)).await
 }
 
 /// The model call, its tokens streamed under the call's message id. `Ok` carries the attempt for
@@ -156,7 +156,7 @@ where
     let Some((fallback, request, traceparent)) = fallback else { return first };
     match first {
         Err(LlmError::Retryable { message, .. }) if streamed.load(Ordering::Relaxed) == 0 => {
-            let Some(room) = budget::try_now(cx, fallback_id, fallback, model, reserved.tokens).await else {
+            let Some(room) = budget::try_now(cx, reserved, fallback_id, fallback, model).await else {
                 tracing::warn!(provider = name, fallback, error = %message, "model provider failed; its fallback has no budget left now");
                 return Err(LlmError::Retryable { status: None, retry_after: None, message });
             };
