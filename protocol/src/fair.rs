@@ -55,14 +55,17 @@ impl Priority {
 /// valid tenant name, so it never meets a real one.
 pub const NO_TENANT: &str = "~";
 
+/// The entry of a per-tenant setting that applies to every tenant not named (`*=N`).
+pub const EVERY_OTHER_TENANT: &str = "*";
+
 /// `TENANT=N` entries, comma-separated, each N at least `min` (`FLEET_TENANT_WEIGHTS`,
-/// `FLEET_TENANT_MAX_CONCURRENT_TURNS`).
+/// `FLEET_TENANT_MAX_CONCURRENT_TURNS`); `*=N` sets it for every tenant not named.
 pub fn parse_per_tenant(raw: &str, min: u32) -> Result<BTreeMap<String, u32>, String> {
     let mut out = BTreeMap::new();
     for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (tenant, n) = entry.split_once('=').ok_or_else(|| format!("{entry:?} is not TENANT=NUMBER"))?;
         let tenant = tenant.trim();
-        if !is_tenant_name(tenant) {
+        if tenant != EVERY_OTHER_TENANT && !is_tenant_name(tenant) {
             return Err(format!("{tenant:?} is not a tenant name (1-64 of A-Z a-z 0-9 . _ -)"));
         }
         let n: u32 = n.trim().parse().map_err(|_| format!("{tenant}'s {:?} is not a whole number", n.trim()))?;
@@ -72,6 +75,15 @@ pub fn parse_per_tenant(raw: &str, min: u32) -> Result<BTreeMap<String, u32>, St
         out.insert(tenant.to_string(), n);
     }
     Ok(out)
+}
+
+/// A per-tenant setting's value for `tenant`: its own entry, else the `*` entry; and whether it
+/// was named (a metric labels only named tenants, so the label's values stay bounded).
+pub fn setting_for(settings: &BTreeMap<String, u32>, tenant: &str) -> Option<(u32, bool)> {
+    match settings.get(tenant) {
+        Some(n) => Some((*n, true)),
+        None => settings.get(EVERY_OTHER_TENANT).map(|n| (*n, false)),
+    }
 }
 
 /// Whether a tenant whose own use runs `level_ms` ahead of now is a heavy user of a bucket with
@@ -219,5 +231,13 @@ mod tests {
         assert!(parse_per_tenant("a:b=1", 1).unwrap_err().contains("tenant name"));
         assert!(parse_per_tenant("acme", 1).unwrap_err().contains("TENANT=NUMBER"));
         assert!(parse_per_tenant("", 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_star_entry_sets_every_other_tenant() {
+        let caps = parse_per_tenant("acme=5, *=20", 1).unwrap();
+        assert_eq!(setting_for(&caps, "acme"), Some((5, true)));
+        assert_eq!(setting_for(&caps, "beta"), Some((20, false)));
+        assert_eq!(setting_for(&parse_per_tenant("acme=5", 1).unwrap(), "beta"), None);
     }
 }

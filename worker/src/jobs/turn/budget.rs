@@ -61,7 +61,7 @@ fn reservation_id(step: &Step<'_>) -> String {
 /// The tenant a step waits as, and its share (`FLEET_TENANT_WEIGHTS`).
 fn tenant_of<'a>(cx: &Cx<'_>, state: &'a TurnState) -> (&'a str, u32) {
     let tenant = state.tenant.as_deref().unwrap_or(fair::NO_TENANT);
-    (tenant, cx.config.tenant_weights.get(tenant).copied().unwrap_or(1))
+    (tenant, fair::setting_for(&cx.config.tenant_weights, tenant).map_or(1, |(w, _)| w))
 }
 
 /// Spends `tokens` of the provider's budget for the step's call now, or parks the step until its
@@ -180,21 +180,22 @@ pub(super) struct TurnSlot {
 /// none. Redis unavailable parks the step (fail closed).
 pub(super) async fn take_turn_slot(step: &Step<'_>, state: &TurnState) -> Result<Option<TurnSlot>, Outcome> {
     let cx = &step.cx;
-    let capped = state.tenant.as_deref().and_then(|t| cx.config.tenant_max_turns.get(t).map(|n| (t, *n)));
-    let Some((tenant, limit)) = capped else { return Ok(None) };
+    let tenant = state.tenant.as_deref().unwrap_or(fair::NO_TENANT);
+    let Some((limit, named)) = fair::setting_for(&cx.config.tenant_max_turns, tenant) else { return Ok(None) };
+    let label = if named { tenant } else { "other" };
     let turn = step.envelope.execution_id.as_str();
     let holder = limits::holder(turn, step.held.token);
     let lease = cx.config.claim_lease;
     match cx.store.acquire_turn_slot(tenant, &holder, turn, limit, lease, TURN_SLOT_RECHECK).await {
         Ok(Pace::Now) => Ok(Some(TurnSlot { tenant: tenant.to_string(), holder })),
         Ok(Pace::Wait(wait)) => {
-            cx.metrics.tenant_turns_parked.with_label_values(&[tenant, "concurrency"]).inc();
+            cx.metrics.tenant_turns_parked.with_label_values(&[label, "concurrency"]).inc();
             tracing::debug!(tenant, wait_ms = wait.as_millis() as u64, "parked: the tenant's turns are all running");
             Err(step.release_and_park_for(wait).await)
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot take the tenant's turn slot (Redis unavailable); parked");
-            cx.metrics.tenant_turns_parked.with_label_values(&[tenant, "unavailable"]).inc();
+            cx.metrics.tenant_turns_parked.with_label_values(&[label, "unavailable"]).inc();
             Err(step.release_and_park().await)
         }
     }
