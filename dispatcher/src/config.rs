@@ -36,6 +36,11 @@ pub struct DispatcherConfig {
     pub secret_rotation_grace: std::time::Duration,
     /// `FLEET_CONSOLE_GRAFANA_URL`: the dashboard the console's overview links to, if any.
     pub console_grafana_url: Option<String>,
+    /// `FLEET_LIGHT_LANE_RATE` (new turns a second, default 2; 0 turns the lane off) and
+    /// `FLEET_LIGHT_LANE_BURST` (default 20): a tenant within them is not flooding the fleet and its
+    /// new turns take the light lane.
+    pub light_lane_rate: f64,
+    pub light_lane_burst: u32,
 }
 
 impl DispatcherConfig {
@@ -53,6 +58,8 @@ impl DispatcherConfig {
             secret_rotation_grace: src
                 .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
             console_grafana_url: src.get("FLEET_CONSOLE_GRAFANA_URL").map(str::to_string).filter(|u| !u.is_empty()),
+            light_lane_rate: light_lane_rate(src)?,
+            light_lane_burst: src.parse("FLEET_LIGHT_LANE_BURST", 20)?,
         })
     }
 }
@@ -80,6 +87,15 @@ fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
         return Err("must list at least one token".into());
     }
     Ok(tokens)
+}
+
+/// `FLEET_LIGHT_LANE_RATE`: a finite number of turns a second, at least 0.
+fn light_lane_rate(src: &Source) -> Result<f64, ConfigError> {
+    let rate: f64 = src.parse("FLEET_LIGHT_LANE_RATE", 2.0)?;
+    if !rate.is_finite() || rate < 0.0 {
+        return Err(ConfigError::new("FLEET_LIGHT_LANE_RATE", "must be a number of turns a second, 0 or more"));
+    }
+    Ok(rate)
 }
 
 #[cfg(test)]

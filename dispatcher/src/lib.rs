@@ -5,6 +5,7 @@ pub mod circuit;
 pub mod config;
 mod console;
 pub mod error;
+pub mod lanes;
 mod routes;
 pub mod scopes;
 mod signing;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub console_tasks: tokio_util::task::TaskTracker,
     /// Fires when shutdown begins: a background operation stops early.
     pub shutdown: CancellationToken,
+    /// Which new turns skip the turns' work queue (tenants not flooding the fleet).
+    pub lanes: Arc<lanes::LightLanes>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +94,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
     ));
     // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
     let streams = stream::StreamHub::start(store.clone(), lifetime.intake().child_token());
+    let config_lane = (config.light_lane_rate, config.light_lane_burst);
     let state = AppState {
         config: Arc::new(config),
         broker: link,
@@ -100,6 +104,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
         streams: streams.clone(),
         console_tasks: tokio_util::task::TaskTracker::new(),
         shutdown: lifetime.intake().child_token(),
+        lanes: Arc::new(lanes::LightLanes::new(config_lane.0, config_lane.1)),
     };
     let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");

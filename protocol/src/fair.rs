@@ -136,6 +136,37 @@ pub fn place(virtual_time: f64, finish: Option<f64>, cost_ms: f64, weight: u32) 
     (start, start + cost_ms / f64::from(weight.max(1)))
 }
 
+/// A tenant's allowance of the light lane (`Topology::light_turns_queue`), as one dispatcher
+/// counts it: a token bucket of `burst` new turns refilled at `rate` a second. A tenant within it
+/// is not flooding the fleet, and its new turn skips the turns' work queue.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LaneBucket {
+    tokens: f64,
+    at_s: f64,
+}
+
+impl LaneBucket {
+    pub fn new(burst: f64, now_s: f64) -> Self {
+        LaneBucket { tokens: burst, at_s: now_s }
+    }
+
+    /// Takes one turn's token if there is one: whether the turn goes to the light lane.
+    pub fn take(&mut self, now_s: f64, rate: f64, burst: f64) -> bool {
+        self.tokens = (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst);
+        self.at_s = now_s;
+        let light = self.tokens >= 1.0;
+        if light {
+            self.tokens -= 1.0;
+        }
+        light
+    }
+
+    /// Whether the bucket has refilled by `now_s` (its tenant is idle: it may be forgotten).
+    pub fn is_full(&self, now_s: f64, rate: f64, burst: f64) -> bool {
+        self.tokens + (now_s - self.at_s).max(0.0) * rate >= burst
+    }
+}
+
 /// A waiter's order within its tenant: by priority, then by arrival.
 pub fn waiter_score(priority: Priority, seq: u64) -> f64 {
     f64::from(priority.class()) * 2f64.powi(40) + seq as f64
@@ -231,6 +262,18 @@ mod tests {
         assert!(parse_per_tenant("a:b=1", 1).unwrap_err().contains("tenant name"));
         assert!(parse_per_tenant("acme", 1).unwrap_err().contains("TENANT=NUMBER"));
         assert!(parse_per_tenant("", 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_tenant_within_its_lane_bucket_goes_light_and_a_flood_does_not() {
+        let (rate, burst) = (2.0, 3.0);
+        let mut bucket = LaneBucket::new(burst, 0.0);
+        let burst_taken: Vec<bool> = (0..5).map(|_| bucket.take(0.0, rate, burst)).collect();
+        assert_eq!(burst_taken, [true, true, true, false, false]);
+        assert!(bucket.take(0.5, rate, burst), "refilled at two a second");
+        assert!(!bucket.take(0.5, rate, burst));
+        assert!(!bucket.is_full(1.0, rate, burst));
+        assert!(bucket.is_full(2.0, rate, burst), "idle long enough to be forgotten");
     }
 
     #[test]

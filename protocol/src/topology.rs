@@ -80,6 +80,14 @@ impl Topology {
         format!("{}.work.{}", self.prefix, kind.queue_suffix())
     }
 
+    /// The light lane: new turns of tenants that are not flooding the fleet (the dispatcher's
+    /// `fair::LaneBucket`), published to it by name, so they never wait behind another tenant's
+    /// backlog in the turns' work queue. Workers consume it beside the work queues; a turn's later
+    /// steps go to the work queue as any step does.
+    pub fn light_turns_queue(&self) -> String {
+        format!("{}.work.turns.light", self.prefix)
+    }
+
     /// The delay queue of ladder step `step` (0 = the shortest, 250 ms; `RetryPolicy::park_step`
     /// picks the step for a wait).
     pub fn delay_queue(&self, kind: JobKind, step: usize) -> String {
@@ -124,9 +132,12 @@ impl Topology {
             arguments.extend(at_least_once());
             queues.push(QueueSpec {
                 name: self.work_queue(kind),
-                arguments,
+                arguments: arguments.clone(),
                 bindings: vec![(self.jobs_exchange(), kind.as_str().to_string())],
             });
+            if kind == JobKind::Turn {
+                queues.push(QueueSpec { name: self.light_turns_queue(), arguments, bindings: vec![] });
+            }
             for (step, delay) in self.ladder.iter().enumerate() {
                 let mut arguments = vec![
                     quorum(),

@@ -325,11 +325,18 @@ async fn open_consumers(
     channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
     let mut consumers = Vec::new();
     let mut tags = Vec::new();
-    for kind in JobKind::ALL {
-        let tag = format!("{}-{}", config.worker_id, kind.as_str());
+    let topology = &config.common.topology;
+    // Each work queue and the light lane: consumed side by side, so a light tenant's new turn
+    // is taken while another tenant's backlog waits in the turns' work queue.
+    let queues = JobKind::ALL
+        .into_iter()
+        .map(|kind| (topology.work_queue(kind), kind.as_str()))
+        .chain([(topology.light_turns_queue(), "turn-light")]);
+    for (queue, name) in queues {
+        let tag = format!("{}-{name}", config.worker_id);
         let consumer = channel
             .basic_consume(
-                config.common.topology.work_queue(kind).as_str().into(),
+                queue.as_str().into(),
                 tag.as_str().into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),

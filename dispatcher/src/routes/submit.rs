@@ -34,6 +34,10 @@ pub(crate) trait Submission {
     /// Removes what a first attempt wrote, once it is certain nothing was accepted; `recorded` says
     /// whether `record` succeeded (when it failed, part of it may still have been written).
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool);
+    /// Whether the job takes the light lane (a new turn of a tenant not flooding the fleet).
+    fn light_lane(&self, _state: &AppState) -> bool {
+        false
+    }
 }
 
 /// Records the job and publishes it with a confirm. No record is written while the broker is
@@ -46,7 +50,8 @@ async fn enqueue<S: Submission>(
 ) -> Result<(), EnqueueFailure> {
     state.broker.publisher().map_err(EnqueueFailure::Publish)?;
     let envelope = submission.record(state, execution_id, republish).await.map_err(EnqueueFailure::BeforePublish)?;
-    publish(state, &envelope).await
+    let light = submission.light_lane(state);
+    publish_in(state, std::slice::from_ref(&envelope), light).await.pop().expect("one result per envelope")
 }
 
 /// Accepts a job: reserves its `Idempotency-Key` (or answers from it), enqueues it, and answers 202
@@ -227,6 +232,12 @@ pub(crate) async fn publish(state: &AppState, envelope: &Envelope) -> Result<(),
 /// goes to the delay queue that holds it (`schedule::first_destination`), any other to its kind's
 /// work queue.
 pub(crate) async fn publish_all(state: &AppState, envelopes: &[Envelope]) -> Vec<Result<(), EnqueueFailure>> {
+    publish_in(state, envelopes, false).await
+}
+
+/// `publish_all`, with jobs due now sent to the light lane (`Topology::light_turns_queue`, through
+/// the default exchange) when `light`.
+async fn publish_in(state: &AppState, envelopes: &[Envelope], light: bool) -> Vec<Result<(), EnqueueFailure>> {
     let publisher = match state.broker.publisher() {
         Ok(publisher) => publisher,
         Err(_) => return envelopes.iter().map(|_| Err(EnqueueFailure::Publish(BrokerError::Unavailable))).collect(),
@@ -237,7 +248,10 @@ pub(crate) async fn publish_all(state: &AppState, envelopes: &[Envelope]) -> Vec
     let messages: Vec<Outgoing> = envelopes
         .iter()
         .map(|envelope| {
-            let (exchange, routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
+            let (mut exchange, mut routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
+            if light && exchange == common.topology.jobs_exchange() {
+                (exchange, routing_key) = (String::new(), common.topology.light_turns_queue());
+            }
             let span = send_span(envelope, &exchange, &routing_key);
             let headers = telemetry::amqp_headers(&span);
             spans.push(span);

@@ -157,6 +157,10 @@ impl Submission for NewTurn {
         Ok(Envelope::new(execution_id.to_string(), job, now_ms()))
     }
 
+    fn light_lane(&self, state: &AppState) -> bool {
+        state.lanes.take(self.input.tenant.as_deref().unwrap_or_default())
+    }
+
     async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {
         // A line entry without a job would hold up every later turn of the session.
         let _ = state.store.session_dequeue(&self.input.session_id, execution_id).await;

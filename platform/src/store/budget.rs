@@ -74,7 +74,14 @@ for _, m in ipairs(gone) do
   local t, w = string.sub(m, 1, bar - 1), string.sub(m, bar + 1)
   redis.call('ZREM', seen, m)
   redis.call('HDEL', KEYS[2], w)
-  if redis.call('ZREM', waiters(t), w) == 1 then drop_place(t, -1) end
+  redis.call('ZREM', waiters(t), w)
+  if redis.call('ZCARD', places(t)) > redis.call('ZCARD', waiters(t)) then
+    drop_place(t, -1)
+  elseif redis.call('EXISTS', places(t)) == 0 then
+    -- The tenant's keys ran out before its places in the line did: drop one by its name.
+    local found = redis.call('ZSCAN', line, 0, 'MATCH', t .. '|*', 'COUNT', 1000)[2]
+    if found[1] then redis.call('ZREM', line, found[1]) end
+  end
 end
 local me = tenant .. '|' .. id
 local paused = tonumber(redis.call('ZSCORE', KEYS[1], '~paused') or 0)

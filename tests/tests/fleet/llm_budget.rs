@@ -252,3 +252,31 @@ async fn a_tenants_turns_beyond_its_cap_wait_for_a_slot() {
             .await;
     assert!(parked >= 1.0, "steps over the cap were parked ({parked})");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_tenants_new_turn_skips_a_flooding_tenants_backlog() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine").after(Duration::from_millis(100))).await;
+    // One worker slot, no provider budget: the worker is what is scarce. A tenant's first two new
+    // turns take the light lane, then one every ten seconds.
+    let options = llm_fleet(&llm)
+        .env("FLEET_WORKER_CONCURRENCY", "1")
+        .env("FLEET_LIGHT_LANE_BURST", "2")
+        .env("FLEET_LIGHT_LANE_RATE", "0.1");
+    let fleet = spawn_fleet(options).await;
+    let mut flood = Vec::new();
+    for i in 0..15 {
+        flood.push(post_turn(&fleet, &tenant_turn(&format!("s_lane_a{i}"), "flood", "acme", "normal")).await);
+    }
+    fleet_tests::wait_for("the flood's first call", Duration::from_secs(20), || async {
+        (!starts_of(&llm, "flood").is_empty()).then_some(())
+    })
+    .await;
+    let light = post_turn(&fleet, &tenant_turn("s_lane_b", "light", "globex", "normal")).await;
+    for id in flood.iter().chain([&light]) {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+    }
+    let light_at = starts_of(&llm, "light")[0];
+    let flood_after = starts_of(&llm, "flood").iter().filter(|s| **s > light_at).count();
+    println!("flood calls after the light tenant's: {flood_after} of 15");
+    assert!(flood_after >= 8, "the light tenant's turn waited behind the flood ({flood_after} of 15 after it)");
+}
