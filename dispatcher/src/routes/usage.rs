@@ -60,6 +60,9 @@ pub(crate) async fn get_usage(
     let bound = tenancy.and_then(|t| t.0.bound);
     let tenant = whose(bound.as_deref(), q.tenant.filter(|t| !t.is_empty()))?;
     let assistant = q.assistant.filter(|a| !a.is_empty());
+    if let (Some(b), Some(a)) = (bound.as_deref(), assistant.as_deref()) {
+        hidden_assistant(&state, b, a).await?;
+    }
     let scope = match (&tenant, &assistant) {
         (Some(t), Some(a)) => Scope::TenantAssistant(t, a),
         (Some(t), None) => Scope::Tenant(t),
@@ -72,6 +75,18 @@ pub(crate) async fn get_usage(
     let buckets = state.store.usage_buckets(scope, &hours).await?;
     let (since, until) = (rfc3339_from_millis(since), rfc3339_from_millis(until));
     Ok(Data::json(UsageOut { tenant, assistant, since, until, buckets }))
+}
+
+/// 404 for another tenant's assistant, asked about with a token bound to `bound` (an id no
+/// assistant has, a name a tool call gave, is no one's and answers its buckets).
+async fn hidden_assistant(state: &AppState, bound: &str, assistant: &str) -> Result<(), ApiError> {
+    if !fleet_protocol::agents::is_id("asst_", assistant) {
+        return Ok(());
+    }
+    match state.store.get_assistant(assistant).await? {
+        Some(a) if !a.seen_by(Some(bound)) => Err(ApiError::not_found(format!("no usage of assistant {assistant:?}"))),
+        _ => Ok(()),
+    }
 }
 
 /// The tenant a query is about: a bound token's own (another answers 404, as if there were none).
