@@ -1,6 +1,6 @@
 //! Tenants and their token usage: whose a turn or tool call is (`resolve`), the hourly usage
-//! buckets kept per tenant, per assistant and per both (one hash per UTC day, its fields named
-//! here), and the optional daily token caps. Pure: no I/O.
+//! buckets kept per tenant, per assistant, per both and per session (one hash per UTC day, its
+//! fields named here), and the optional daily token caps. Pure: no I/O.
 
 use std::collections::BTreeMap;
 
@@ -46,12 +46,14 @@ pub fn hour_of(ms: i64) -> i64 {
 /// The measures of a bucket, as field parts.
 const MEASURES: [&str; 3] = ["p", "c", "r"];
 
-/// What a usage query or write is about: a tenant, an assistant, or one tenant's assistant.
+/// What a usage query or write is about: a tenant, an assistant, one tenant's assistant, or a
+/// session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
     Tenant(&'a str),
     Assistant(&'a str),
     TenantAssistant(&'a str, &'a str),
+    Session(&'a str),
 }
 
 impl Scope<'_> {
@@ -62,6 +64,7 @@ impl Scope<'_> {
             Scope::Tenant(t) => format!("t|{hour}|{measure}|{t}"),
             Scope::Assistant(a) => format!("a|{hour}|{measure}|{a}"),
             Scope::TenantAssistant(t, a) => format!("ta|{hour}|{measure}|{t}|{a}"),
+            Scope::Session(s) => format!("s|{hour}|{measure}|{s}"),
         }
     }
 
@@ -76,11 +79,25 @@ pub fn daily_total_field(tenant: &str) -> String {
     format!("d|{tenant}")
 }
 
+/// Whose one model call was: what its usage is counted under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    pub tenant: &'a str,
+    pub assistant: &'a str,
+    pub session: &'a str,
+}
+
 /// One model call's increments: (field, amount) pairs for its day's hash.
-pub fn increments(tenant: &str, assistant: &str, at_ms: i64, prompt: u64, completion: u64) -> Vec<(String, u64)> {
+pub fn increments(call: Call<'_>, at_ms: i64, prompt: u64, completion: u64) -> Vec<(String, u64)> {
+    let Call { tenant, assistant, session } = call;
     let hour = hour_of(at_ms);
-    let mut out = Vec::with_capacity(10);
-    for scope in [Scope::Tenant(tenant), Scope::Assistant(assistant), Scope::TenantAssistant(tenant, assistant)] {
+    let mut out = Vec::with_capacity(13);
+    for scope in [
+        Scope::Tenant(tenant),
+        Scope::Assistant(assistant),
+        Scope::TenantAssistant(tenant, assistant),
+        Scope::Session(session),
+    ] {
         let [p, c, r] = scope.fields(hour);
         out.extend([(p, prompt), (c, completion), (r, 1)]);
     }
@@ -175,14 +192,16 @@ mod tests {
     #[test]
     fn one_call_increments_each_scope_and_the_daily_total() {
         let at = 3 * DAY_MS + 5 * HOUR_MS + 10;
-        let inc = increments("acme", "asst|1", at, 10, 5);
+        let inc = increments(Call { tenant: "acme", assistant: "asst|1", session: "s|1" }, at, 10, 5);
         let h = hour_of(at);
         assert_eq!(h, 3 * 24 + 5);
         assert!(inc.contains(&(format!("t|{h}|p|acme"), 10)));
         assert!(inc.contains(&(format!("a|{h}|c|asst|1"), 5)));
         assert!(inc.contains(&(format!("ta|{h}|r|acme|asst|1"), 1)));
+        assert!(inc.contains(&(format!("s|{h}|p|s|1"), 10)));
         assert!(inc.contains(&("d|acme".to_string(), 15)));
-        assert_eq!(inc.len(), 10);
+        assert_eq!(inc.len(), 13);
+        assert_eq!(Scope::Session("s1").fields(h), [0, 1, 2].map(|i| format!("s|{h}|{}|s1", MEASURES[i])));
         assert_eq!(day_of(at), 3);
     }
 

@@ -268,10 +268,13 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
             wrong.push(format!("beta: {method} {path} ({expect:?}): {why}"));
         }
     }
-    // The other ways in: acme's usage by tenant or assistant; beta's agent on acme's session.
+    // The other ways in: acme's usage by assistant or session; beta's agent on acme's session.
     for path in [
         format!("/v1/usage?assistant={}", acme.assistant),
         format!("/v1/usage?tenant=beta&assistant={}", acme.assistant),
+        format!("/v1/usage?session={}", acme.session),
+        format!("/v1/usage?session={}", acme.room),
+        format!("/v1/usage?session={}", acme.seed_session),
     ] {
         let (status, body) = send(&fleet, BETA, &Method::GET, &path, None).await;
         if let Some(why) = judge(Expect::NotFound, status, &body, &acme) {
