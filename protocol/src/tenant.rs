@@ -2,7 +2,7 @@
 //! buckets kept per tenant, per assistant, per both and per session (one hash per UTC day, its
 //! fields named here), and the optional daily token caps. Pure: no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -163,6 +163,40 @@ pub fn parse_daily_caps(raw: &str) -> Result<BTreeMap<String, u64>, String> {
     Ok(caps)
 }
 
+/// The `tenant` label of usage metrics for a tenant no configuration names: a label per name a
+/// request may give would be a series per name.
+pub const OTHER_TENANT: &str = "other";
+
+/// `FLEET_TENANTS`: comma-separated tenant names, the tenants usage metrics name.
+pub fn parse_tenants(raw: &str) -> Result<BTreeSet<String>, String> {
+    let mut tenants = BTreeSet::new();
+    for name in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if !is_tenant_name(name) {
+            return Err(format!("{name:?} is not a tenant name (1-64 of A-Z a-z 0-9 . _ -)"));
+        }
+        tenants.insert(name.to_string());
+    }
+    Ok(tenants)
+}
+
+/// The tenants bound in `FLEET_API_TOKENS` (`TOKEN@TENANT`, `TOKEN@TENANT:SCOPES`): their names
+/// only, never a token. An entry that is not a binding (or not a valid one) names none.
+pub fn bound_in_tokens(raw: &str) -> BTreeSet<String> {
+    raw.split(',')
+        .filter_map(|entry| entry.trim().split(':').next()?.split_once('@').map(|(_, tenant)| tenant.to_string()))
+        .filter(|tenant| is_tenant_name(tenant))
+        .collect()
+}
+
+/// The `tenant` label of `tenant`'s usage: its name when the configuration names it (a bounded
+/// set), else `other`; a turn of no tenant is `other` too.
+pub fn metric_label<'a>(named: &BTreeSet<String>, tenant: Option<&'a str>) -> &'a str {
+    match tenant {
+        Some(t) if named.contains(t) => t,
+        _ => OTHER_TENANT,
+    }
+}
+
 /// Whether a tenant that used `used` tokens today may start a model call under `cap`.
 pub fn within_cap(cap: Option<u64>, used: u64) -> bool {
     cap.is_none_or(|cap| used < cap)
@@ -221,6 +255,19 @@ mod tests {
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].hour, "1970-01-01T01:00:00.000Z");
         assert_eq!((b[0].prompt_tokens, b[0].completion_tokens, b[0].requests), (3, 4, 1));
+    }
+
+    #[test]
+    fn metrics_name_only_the_tenants_the_configuration_names() {
+        let named = parse_tenants(" acme, beta ,").unwrap();
+        assert_eq!(named.iter().map(String::as_str).collect::<Vec<_>>(), ["acme", "beta"]);
+        assert!(parse_tenants("a|b").is_err());
+        assert_eq!(metric_label(&named, Some("acme")), "acme");
+        assert_eq!(metric_label(&named, Some("token-1234abcd")), "other");
+        assert_eq!(metric_label(&named, None), "other");
+        let bound = bound_in_tokens("plain-token-0123456789, t-0123456789@acme:usage:read+turns:write,t2@gamma,x@a|b");
+        assert_eq!(bound.iter().map(String::as_str).collect::<Vec<_>>(), ["acme", "gamma"]);
+        assert!(bound_in_tokens("").is_empty());
     }
 
     #[test]

@@ -339,3 +339,36 @@ async fn usage_is_counted_per_session_and_a_bound_token_reads_only_its_own_sessi
     assert_eq!(usage(&fleet, ADMIN, "session=s_use_1&tenant=acme").await.0, 422);
     assert_eq!(totals(&usage(&fleet, ADMIN, "session=s_never").await.1), (0, 0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_metrics_name_only_the_tenants_the_configuration_names() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    // acme is bound in FLEET_API_TOKENS, beta has a daily cap, gamma is listed in FLEET_TENANTS;
+    // delta and the operator token's own name are named by requests only.
+    let options = llm_fleet(&llm)
+        .env("FLEET_API_TOKENS", &format!("{ADMIN},{ACME}@acme"))
+        .env("FLEET_TENANT_DAILY_TOKENS", "beta=100000")
+        .env("FLEET_TENANTS", "gamma");
+    let mut fleet = spawn_fleet(options).await;
+    fleet.token = ADMIN.to_string();
+    let mut ids = vec![post_turn_as(&fleet, ACME, &turn_body("s_m_acme", "hi", &[])).await];
+    for (session, tenant) in [("s_m_beta", "beta"), ("s_m_gamma", "gamma"), ("s_m_delta", "delta")] {
+        ids.push(post_turn_as(&fleet, ADMIN, &with_tenant(turn_body(session, "hi", &[]), tenant)).await);
+    }
+    ids.push(post_turn_as(&fleet, ADMIN, &turn_body("s_m_own", "hi", &[])).await);
+    for id in &ids {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let text = fleet.worker_metrics(0).await;
+    let series = |tenant: &str, kind: &str| {
+        fleet_tests::metric(&text, &format!("fleet_llm_tenant_tokens_total{{tenant=\"{tenant}\",type=\"{kind}\"}}"))
+    };
+    // Each model call reports 11 prompt and 3 completion tokens.
+    for tenant in ["acme", "beta", "gamma"] {
+        assert_eq!((series(tenant, "prompt"), series(tenant, "completion")), (11.0, 3.0), "{tenant}: {text}");
+    }
+    assert_eq!((series("other", "prompt"), series("other", "completion")), (22.0, 6.0), "delta and the token's own");
+    let tenants: Vec<&str> = text.lines().filter(|l| l.starts_with("fleet_llm_tenant_tokens_total{")).collect();
+    assert_eq!(tenants.len(), 8, "four tenant labels, two types each, no more: {tenants:?}");
+    assert!(!text.contains("tenant=\"delta\"") && !text.contains("tenant=\"token-"), "{tenants:?}");
+}

@@ -120,9 +120,11 @@ pub(super) async fn call(
         session: &state.session_id,
     });
     budget::count_usage(cx, call, prompt, completed).await;
+    let tenant = fleet_protocol::tenant::metric_label(&cx.config.metric_tenants, state.tenant.as_deref());
     for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
         if let Some(n) = n {
             cx.metrics.llm_tokens.with_label_values(&[label, kind]).inc_by(n);
+            cx.metrics.llm_tenant_tokens.with_label_values(&[tenant, kind]).inc_by(n);
         }
     }
     record.outcome = AttemptOutcome::Success;
