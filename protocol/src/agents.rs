@@ -83,7 +83,8 @@ pub fn name_key(tenant: Option<&str>, name: &str) -> String {
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AssistantInput {
-    /// Unique: a lowercase letter, then lowercase letters, digits or `_`, at most 64.
+    /// Unique per owner (a tenant's, or the operators'): a lowercase letter, then lowercase
+    /// letters, digits or `_`, at most 64.
     #[cfg_attr(feature = "schema", schema(example = "support_assistant", pattern = "^[a-z][a-z0-9_]{0,63}$"))]
     #[serde(default)]
     pub name: Option<String>,
