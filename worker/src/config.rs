@@ -191,7 +191,8 @@ impl WorkerConfig {
     /// the configuration's, so the label's values are bounded by it, never by what requests say
     /// (a `*` entry names no tenant).
     fn name_metric_tenants(mut self, src: &Source) -> Self {
-        let listed = self.tenant_daily_tokens.keys().chain(self.tenant_weights.keys()).chain(self.tenant_max_turns.keys());
+        let listed =
+            self.tenant_daily_tokens.keys().chain(self.tenant_weights.keys()).chain(self.tenant_max_turns.keys());
         let listed: Vec<String> = listed.filter(|t| tenant::is_tenant_name(t)).cloned().collect();
         self.metric_tenants.extend(listed);
         self.metric_tenants.extend(tenant::bound_in_tokens(src.get("FLEET_API_TOKENS").unwrap_or("")));
