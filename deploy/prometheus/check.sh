@@ -46,6 +46,7 @@ fleet_http_requests_total
 fleet_http_request_duration_seconds
 fleet_llm_request_duration_seconds
 fleet_llm_tokens_total
+fleet_llm_tenant_tokens_total
 fleet_tool_circuit_open
 fleet_tool_circuit_events_total
 fleet_llm_budget_used_total

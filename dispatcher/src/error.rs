@@ -57,6 +57,15 @@ impl ApiError {
         e.required_scope = Some(scope);
         e
     }
+    /// The operator's configuration or log, asked for with a tenant-bound token: refused whatever
+    /// it is about, so it says nothing about any tenant's things.
+    pub fn operator_only(method: &str, route: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "operator_only",
+            format!("{method} {route} is the operator's: a tenant-bound token may not use it"),
+        )
+    }
     pub fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,

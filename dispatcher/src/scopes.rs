@@ -159,9 +159,46 @@ pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
     Some(scope)
 }
 
+/// Whether the route is the operator's alone, refused to a tenant-bound token whatever it holds:
+/// the fleet's configuration that every tenant's work shares (changing a tool or closing its
+/// circuit, any webhook, which would be sent every tenant's events) and the audit log (which
+/// names every tenant's ids). Reading the tools is not: a tenant's turns and calls name them.
+pub fn operator_only(method: &Method, route: &str) -> bool {
+    let read = method == Method::GET || method == Method::HEAD;
+    match route {
+        "/v1/tools" | "/v1/tools/{tool}" => !read,
+        "/v1/tools/{tool}/circuit/close" | "/v1/audit" | "/v1/webhooks" | "/v1/webhooks/{id}" => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_configuration_and_the_audit_log_are_the_operators() {
+        for (method, route) in [
+            (Method::POST, "/v1/tools"),
+            (Method::PUT, "/v1/tools/{tool}"),
+            (Method::DELETE, "/v1/tools/{tool}"),
+            (Method::POST, "/v1/tools/{tool}/circuit/close"),
+            (Method::GET, "/v1/webhooks"),
+            (Method::PUT, "/v1/webhooks/{id}"),
+            (Method::GET, "/v1/audit"),
+        ] {
+            assert!(operator_only(&method, route), "{method} {route}");
+        }
+        for (method, route) in [
+            (Method::GET, "/v1/tools"),
+            (Method::GET, "/v1/tools/{tool}"),
+            (Method::POST, "/v1/turns"),
+            (Method::GET, "/v1/usage"),
+            (Method::POST, "/v1/agents/assistants"),
+        ] {
+            assert!(!operator_only(&method, route), "{method} {route}");
+        }
+    }
 
     #[test]
     fn a_plain_token_has_full_rights_and_a_scoped_one_only_its_scopes() {

@@ -55,6 +55,7 @@ pub struct MetricSet {
     pub dead_letters_stored: IntGauge,
     pub llm_request_duration: HistogramVec,
     pub llm_tokens: IntCounterVec,
+    pub llm_tenant_tokens: IntCounterVec,
     /// Tool calls deferred in the broker by the tool's limits (`reason`: `concurrency`,
     /// `rate_limit`, or `unavailable` when Redis could not decide: fail closed).
     pub tool_deferred: IntCounterVec,
@@ -218,6 +219,11 @@ impl Metrics {
                 "fleet_llm_tokens_total",
                 "LLM tokens used, by model and type (prompt, completion).",
                 &["model", "type"],
+            ),
+            llm_tenant_tokens: counter(
+                "fleet_llm_tenant_tokens_total",
+                "LLM tokens used, by tenant (a tenant the configuration names, else other) and type.",
+                &["tenant", "type"],
             ),
             tool_deferred: counter(
                 "fleet_tool_deferred_total",

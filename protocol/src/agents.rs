@@ -53,6 +53,27 @@ pub struct AssistantRecord {
     pub version: u64,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The tenant whose bound token created it: only that tenant's tokens (and unbound ones) see
+    /// it. `None`: an operator's (an unbound token's), which every tenant sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl AssistantRecord {
+    /// Whether a caller bound to `bound` (`None`: unbound) sees this assistant.
+    pub fn seen_by(&self, bound: Option<&str>) -> bool {
+        bound.is_none() || self.tenant.is_none() || self.tenant.as_deref() == bound
+    }
+}
+
+/// The field of the assistants' name index that holds `name`: names are unique per owner, a
+/// tenant's (`TENANT|name`) or the operators' (the bare name, which no tenant's field can equal:
+/// a name has no `|`).
+pub fn name_key(tenant: Option<&str>, name: &str) -> String {
+    match tenant {
+        Some(t) => format!("{t}|{name}"),
+        None => name.to_string(),
+    }
 }
 
 /// An assistant to create (`name`, `title` and `instructions` required: `POST
@@ -62,7 +83,8 @@ pub struct AssistantRecord {
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AssistantInput {
-    /// Unique: a lowercase letter, then lowercase letters, digits or `_`, at most 64.
+    /// Unique per owner (a tenant's, or the operators'): a lowercase letter, then lowercase
+    /// letters, digits or `_`, at most 64.
     #[cfg_attr(feature = "schema", schema(example = "support_assistant", pattern = "^[a-z][a-z0-9_]{0,63}$"))]
     #[serde(default)]
     pub name: Option<String>,
@@ -176,6 +198,7 @@ impl AssistantInput {
             version: 1,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
+            tenant: None,
         };
         check_assistant(&record)?;
         Ok(record)
@@ -584,6 +607,18 @@ mod tests {
         input(json!({"name": "helper", "title": "Helper", "instructions": "You are a helpful assistant."}))
             .create(new_assistant_id(), &DEFAULTS, 1_000)
             .unwrap()
+    }
+
+    #[test]
+    fn a_tenants_assistant_is_seen_by_it_and_unbound_callers_an_operators_by_all() {
+        let mut a = quick_start();
+        assert!(a.seen_by(None) && a.seen_by(Some("acme")));
+        a.tenant = Some("acme".into());
+        assert!(a.seen_by(None) && a.seen_by(Some("acme")) && !a.seen_by(Some("beta")));
+        assert_eq!(name_key(Some("acme"), "helper"), "acme|helper");
+        assert_eq!(name_key(None, "helper"), "helper");
+        let stored = serde_json::to_value(quick_start()).unwrap();
+        assert!(stored.get("tenant").is_none(), "an operator's is stored as before: {stored}");
     }
 
     #[test]

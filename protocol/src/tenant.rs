@@ -1,8 +1,8 @@
 //! Tenants and their token usage: whose a turn or tool call is (`resolve`), the hourly usage
-//! buckets kept per tenant, per assistant and per both (one hash per UTC day, its fields named
-//! here), and the optional daily token caps. Pure: no I/O.
+//! buckets kept per tenant, per assistant, per both and per session (one hash per UTC day, its
+//! fields named here), and the optional daily token caps. Pure: no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -46,12 +46,14 @@ pub fn hour_of(ms: i64) -> i64 {
 /// The measures of a bucket, as field parts.
 const MEASURES: [&str; 3] = ["p", "c", "r"];
 
-/// What a usage query or write is about: a tenant, an assistant, or one tenant's assistant.
+/// What a usage query or write is about: a tenant, an assistant, one tenant's assistant, or a
+/// session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
     Tenant(&'a str),
     Assistant(&'a str),
     TenantAssistant(&'a str, &'a str),
+    Session(&'a str),
 }
 
 impl Scope<'_> {
@@ -62,6 +64,7 @@ impl Scope<'_> {
             Scope::Tenant(t) => format!("t|{hour}|{measure}|{t}"),
             Scope::Assistant(a) => format!("a|{hour}|{measure}|{a}"),
             Scope::TenantAssistant(t, a) => format!("ta|{hour}|{measure}|{t}|{a}"),
+            Scope::Session(s) => format!("s|{hour}|{measure}|{s}"),
         }
     }
 
@@ -76,11 +79,25 @@ pub fn daily_total_field(tenant: &str) -> String {
     format!("d|{tenant}")
 }
 
+/// Whose one model call was: what its usage is counted under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    pub tenant: &'a str,
+    pub assistant: &'a str,
+    pub session: &'a str,
+}
+
 /// One model call's increments: (field, amount) pairs for its day's hash.
-pub fn increments(tenant: &str, assistant: &str, at_ms: i64, prompt: u64, completion: u64) -> Vec<(String, u64)> {
+pub fn increments(call: Call<'_>, at_ms: i64, prompt: u64, completion: u64) -> Vec<(String, u64)> {
+    let Call { tenant, assistant, session } = call;
     let hour = hour_of(at_ms);
-    let mut out = Vec::with_capacity(10);
-    for scope in [Scope::Tenant(tenant), Scope::Assistant(assistant), Scope::TenantAssistant(tenant, assistant)] {
+    let mut out = Vec::with_capacity(13);
+    for scope in [
+        Scope::Tenant(tenant),
+        Scope::Assistant(assistant),
+        Scope::TenantAssistant(tenant, assistant),
+        Scope::Session(session),
+    ] {
         let [p, c, r] = scope.fields(hour);
         out.extend([(p, prompt), (c, completion), (r, 1)]);
     }
@@ -146,6 +163,40 @@ pub fn parse_daily_caps(raw: &str) -> Result<BTreeMap<String, u64>, String> {
     Ok(caps)
 }
 
+/// The `tenant` label of usage metrics for a tenant no configuration names: a label per name a
+/// request may give would be a series per name.
+pub const OTHER_TENANT: &str = "other";
+
+/// `FLEET_TENANTS`: comma-separated tenant names, the tenants usage metrics name.
+pub fn parse_tenants(raw: &str) -> Result<BTreeSet<String>, String> {
+    let mut tenants = BTreeSet::new();
+    for name in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if !is_tenant_name(name) {
+            return Err(format!("{name:?} is not a tenant name (1-64 of A-Z a-z 0-9 . _ -)"));
+        }
+        tenants.insert(name.to_string());
+    }
+    Ok(tenants)
+}
+
+/// The tenants bound in `FLEET_API_TOKENS` (`TOKEN@TENANT`, `TOKEN@TENANT:SCOPES`): their names
+/// only, never a token. An entry that is not a binding (or not a valid one) names none.
+pub fn bound_in_tokens(raw: &str) -> BTreeSet<String> {
+    raw.split(',')
+        .filter_map(|entry| entry.trim().split(':').next()?.split_once('@').map(|(_, tenant)| tenant.to_string()))
+        .filter(|tenant| is_tenant_name(tenant))
+        .collect()
+}
+
+/// The `tenant` label of `tenant`'s usage: its name when the configuration names it (a bounded
+/// set), else `other`; a turn of no tenant is `other` too.
+pub fn metric_label<'a>(named: &BTreeSet<String>, tenant: Option<&'a str>) -> &'a str {
+    match tenant {
+        Some(t) if named.contains(t) => t,
+        _ => OTHER_TENANT,
+    }
+}
+
 /// Whether a tenant that used `used` tokens today may start a model call under `cap`.
 pub fn within_cap(cap: Option<u64>, used: u64) -> bool {
     cap.is_none_or(|cap| used < cap)
@@ -175,14 +226,16 @@ mod tests {
     #[test]
     fn one_call_increments_each_scope_and_the_daily_total() {
         let at = 3 * DAY_MS + 5 * HOUR_MS + 10;
-        let inc = increments("acme", "asst|1", at, 10, 5);
+        let inc = increments(Call { tenant: "acme", assistant: "asst|1", session: "s|1" }, at, 10, 5);
         let h = hour_of(at);
         assert_eq!(h, 3 * 24 + 5);
         assert!(inc.contains(&(format!("t|{h}|p|acme"), 10)));
         assert!(inc.contains(&(format!("a|{h}|c|asst|1"), 5)));
         assert!(inc.contains(&(format!("ta|{h}|r|acme|asst|1"), 1)));
+        assert!(inc.contains(&(format!("s|{h}|p|s|1"), 10)));
         assert!(inc.contains(&("d|acme".to_string(), 15)));
-        assert_eq!(inc.len(), 10);
+        assert_eq!(inc.len(), 13);
+        assert_eq!(Scope::Session("s1").fields(h), [0, 1, 2].map(|i| format!("s|{h}|{}|s1", MEASURES[i])));
         assert_eq!(day_of(at), 3);
     }
 
@@ -202,6 +255,19 @@ mod tests {
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].hour, "1970-01-01T01:00:00.000Z");
         assert_eq!((b[0].prompt_tokens, b[0].completion_tokens, b[0].requests), (3, 4, 1));
+    }
+
+    #[test]
+    fn metrics_name_only_the_tenants_the_configuration_names() {
+        let named = parse_tenants(" acme, beta ,").unwrap();
+        assert_eq!(named.iter().map(String::as_str).collect::<Vec<_>>(), ["acme", "beta"]);
+        assert!(parse_tenants("a|b").is_err());
+        assert_eq!(metric_label(&named, Some("acme")), "acme");
+        assert_eq!(metric_label(&named, Some("token-1234abcd")), "other");
+        assert_eq!(metric_label(&named, None), "other");
+        let bound = bound_in_tokens("plain-token-0123456789, t-0123456789@acme:usage:read+turns:write,t2@gamma,x@a|b");
+        assert_eq!(bound.iter().map(String::as_str).collect::<Vec<_>>(), ["acme", "gamma"]);
+        assert!(bound_in_tokens("").is_empty());
     }
 
     #[test]

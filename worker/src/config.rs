@@ -6,6 +6,7 @@ use std::time::Duration;
 use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
 use fleet_protocol::callback::{ASYNC_POLL_LIMIT_SECS, TOOL_CALLBACK_TIMEOUT_SECS};
 use fleet_protocol::secrets::SecretsKey;
+use fleet_protocol::tenant;
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -47,6 +48,9 @@ pub struct WorkerConfig {
     /// `FLEET_TENANT_MAX_CONCURRENT_TURNS`: the most turns of each listed tenant running a step at
     /// once, fleet-wide; more are parked until a slot frees.
     pub tenant_max_turns: std::collections::BTreeMap<String, u32>,
+    /// The tenants usage metrics name (`FLEET_TENANTS`, the tenants the per-tenant settings list,
+    /// and those bound in `FLEET_API_TOKENS` if the worker is given it); any other is `other`.
+    pub metric_tenants: std::collections::BTreeSet<String>,
     /// How long a session stays held by its turn without the turn touching it.
     /// Deliveries after which a job is dead-lettered without running (`FLEET_MAX_DELIVERIES`).
     pub max_deliveries: u64,
@@ -139,7 +143,7 @@ impl WorkerConfig {
             None => None,
         };
         let llm_api_key = src.get("FLEET_LLM_API_KEY").map(str::to_string);
-        Ok(WorkerConfig {
+        let config = WorkerConfig {
             llm_providers: provider_endpoints(src, &common, llm_base_url, llm_api_key)?,
             common,
             http_addr: socket_addr(src, "FLEET_WORKER_HTTP_ADDR", "127.0.0.1:9090")?,
@@ -163,6 +167,8 @@ impl WorkerConfig {
             .map_err(|why| ConfigError::new("FLEET_TENANT_DAILY_TOKENS", why))?,
             tenant_weights: per_tenant(src, "FLEET_TENANT_WEIGHTS")?,
             tenant_max_turns: per_tenant(src, "FLEET_TENANT_MAX_CONCURRENT_TURNS")?,
+            metric_tenants: tenant::parse_tenants(src.get("FLEET_TENANTS").unwrap_or(""))
+                .map_err(|why| ConfigError::new("FLEET_TENANTS", why))?,
             max_deliveries,
             tool_result_max_bytes,
             history_max_messages,
@@ -170,13 +176,28 @@ impl WorkerConfig {
             registry_cache_ttl: src.seconds("FLEET_REGISTRY_CACHE", Duration::from_secs(2))?,
             worker_id: format!("{host}-{}", std::process::id()),
             circuit: circuit_policy(src)?,
-        })
+        };
+        Ok(config.name_metric_tenants(src))
     }
 }
 
 /// A `TENANT=N` list (each N at least 1).
 fn per_tenant(src: &Source, name: &'static str) -> Result<std::collections::BTreeMap<String, u32>, ConfigError> {
     fleet_protocol::fair::parse_per_tenant(src.get(name).unwrap_or(""), 1).map_err(|why| ConfigError::new(name, why))
+}
+
+impl WorkerConfig {
+    /// Adds to `metric_tenants` the tenants the per-tenant settings and `FLEET_API_TOKENS` name:
+    /// the configuration's, so the label's values are bounded by it, never by what requests say
+    /// (a `*` entry names no tenant).
+    fn name_metric_tenants(mut self, src: &Source) -> Self {
+        let listed =
+            self.tenant_daily_tokens.keys().chain(self.tenant_weights.keys()).chain(self.tenant_max_turns.keys());
+        let listed: Vec<String> = listed.filter(|t| tenant::is_tenant_name(t)).cloned().collect();
+        self.metric_tenants.extend(listed);
+        self.metric_tenants.extend(tenant::bound_in_tokens(src.get("FLEET_API_TOKENS").unwrap_or("")));
+        self
+    }
 }
 
 /// `FLEET_CIRCUIT_FAILURE_THRESHOLD` (0: circuits never open) and `FLEET_CIRCUIT_PROBE_INTERVAL`.

@@ -16,7 +16,7 @@ use fleet_platform::store::{AssistantVersion, AssistantWrite};
 use fleet_protocol::agents::{self, AssistantInput, AssistantOut, AssistantRecord, ListRequest, ModelDefaults};
 
 use crate::error::ApiError;
-use crate::routes::common::{ApiQuery, JsonInput};
+use crate::routes::common::{tenancy_of, ApiQuery, JsonInput, Tenancy};
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -58,12 +58,30 @@ async fn check_with_fleet(state: &AppState, assistant: &AssistantRecord) -> Resu
     crate::routes::tools::require_registered(state, "enabled_tools", &assistant.enabled_tools).await
 }
 
-/// The assistant `id` names, as stored (an id of the wrong shape names none).
-pub(crate) async fn find(state: &AppState, id: &str) -> Result<Option<AssistantVersion>, ApiError> {
+/// The assistant `id` names, as stored, if the caller sees it (an id of the wrong shape names
+/// none; another tenant's is as if there were none).
+pub(crate) async fn find(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<Option<AssistantVersion>, ApiError> {
     if !agents::is_id("asst_", id) {
         return Ok(None);
     }
-    Ok(state.store.read_assistant(id).await?)
+    let found = state.store.read_assistant(id).await?;
+    Ok(found.filter(|v| v.record.seen_by(tenancy.bound.as_deref())))
+}
+
+/// The assistant `id` names, for a change: the caller's tenant's, or (unbound) any; an
+/// operator's assistant, which every tenant's turns may use, is refused to a tenant-bound token.
+async fn find_to_change(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<AssistantVersion, ApiError> {
+    let found = find(state, tenancy, id).await?.ok_or_else(|| no_assistant(id))?;
+    if tenancy.bound.is_some() && found.record.tenant.is_none() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "operator_only",
+            format!(
+                "assistant {id} is the operator's (shared by every tenant): a tenant-bound token may not change it"
+            ),
+        ));
+    }
+    Ok(found)
 }
 
 /// Creates an assistant (the seed's Step 1): `name`, `title` and `instructions` required;
@@ -75,11 +93,14 @@ pub(crate) async fn find(state: &AppState, id: &str) -> Result<Option<AssistantV
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_assistant(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<Tenancy>>,
     JsonInput { value: input, .. }: JsonInput<AssistantInput>,
 ) -> Result<(StatusCode, Json<Data<AssistantOut>>), ApiError> {
     let routing = &state.config.common.llm;
     let defaults = ModelDefaults { provider: &routing.default_provider, model: &routing.default_model };
-    let assistant = input.create(agents::new_assistant_id(), &defaults, now_ms()).map_err(ApiError::invalid)?;
+    let mut assistant = input.create(agents::new_assistant_id(), &defaults, now_ms()).map_err(ApiError::invalid)?;
+    // A tenant-bound token's assistant is its tenant's; an unbound token's is shared by all.
+    assistant.tenant = tenancy_of(tenancy).bound;
     check_with_fleet(&state, &assistant).await?;
     match state.store.write_assistant(&assistant, None).await? {
         AssistantWrite::Written => Ok((StatusCode::CREATED, Data::json(assistant.to_api()))),
@@ -96,13 +117,17 @@ pub(crate) async fn create_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_assistants(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<Tenancy>>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<AssistantPage>>, ApiError> {
     let req = ListRequest::parse(q.get("limit").map(String::as_str), q.get("cursor").map(String::as_str))
         .map_err(ApiError::invalid)?;
     let page = state.store.list_assistants(req.after.as_deref(), req.limit).await?;
+    // A tenant-bound token's page holds its tenant's and the operators' (it may so come back short).
+    let bound = tenancy_of(tenancy).bound;
+    let seen = page.entries.iter().filter(|a| a.seen_by(bound.as_deref()));
     Ok(Data::json(AssistantPage {
-        assistants: page.entries.iter().map(AssistantRecord::to_api).collect(),
+        assistants: seen.map(AssistantRecord::to_api).collect(),
         has_more: page.next.is_some(),
         next_cursor: page.next.as_deref().map(agents::encode_cursor),
     }))
@@ -134,9 +159,10 @@ pub(crate) struct AssistantDeleted {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_assistant(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<Tenancy>>,
     Path(id): Path<String>,
 ) -> Result<Json<Data<AssistantOut>>, ApiError> {
-    let version = find(&state, &id).await?.ok_or_else(|| no_assistant(&id))?;
+    let version = find(&state, &tenancy_of(tenancy), &id).await?.ok_or_else(|| no_assistant(&id))?;
     Ok(Data::json(version.record.to_api()))
 }
 
@@ -152,11 +178,13 @@ pub(crate) async fn get_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn update_assistant(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<Tenancy>>,
     Path(id): Path<String>,
     JsonInput { value: input, .. }: JsonInput<AssistantInput>,
 ) -> Result<Json<Data<AssistantOut>>, ApiError> {
+    let tenancy = tenancy_of(tenancy);
     for _ in 0..WRITE_ATTEMPTS {
-        let current = find(&state, &id).await?.ok_or_else(|| no_assistant(&id))?;
+        let current = find_to_change(&state, &tenancy, &id).await?;
         let next = input.clone().apply(&current.record, now_ms()).map_err(ApiError::invalid)?;
         check_with_fleet(&state, &next).await?;
         match state.store.write_assistant(&next, Some(&current)).await? {
@@ -178,11 +206,13 @@ pub(crate) async fn update_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_assistant(
     State(state): State<AppState>,
+    tenancy: Option<axum::Extension<Tenancy>>,
     Path(id): Path<String>,
 ) -> Result<Json<Data<AssistantDeleted>>, ApiError> {
+    let tenancy = tenancy_of(tenancy);
     let mut deleted = false;
     for _ in 0..WRITE_ATTEMPTS {
-        let current = find(&state, &id).await?.ok_or_else(|| no_assistant(&id))?;
+        let current = find_to_change(&state, &tenancy, &id).await?;
         if state.store.delete_assistant(&current).await? {
             deleted = true;
             break;

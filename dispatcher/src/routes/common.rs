@@ -102,6 +102,9 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
     if let Err(refused) = check_scope(known.grant, request.method(), route) {
         return refused.into_response();
     }
+    if known.tenant.is_some() && crate::scopes::operator_only(request.method(), route) {
+        return ApiError::operator_only(request.method().as_str(), route).into_response();
+    }
     request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
     request.extensions_mut().insert(Tenancy { bound: known.tenant.clone(), name: token_name(&digest) });
     next.run(request).await

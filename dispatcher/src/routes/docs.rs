@@ -73,7 +73,8 @@ pub(crate) enum CommonErrors {
     /// No valid bearer token.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
-    /// The token lacks the operation's scope (`insufficient_scope`, naming it).
+    /// The token lacks the operation's scope (`insufficient_scope`, naming it), or a tenant-bound
+    /// token asked for the operator's configuration or log (`operator_only`).
     #[response(status = 403)]
     Forbidden(ErrorBody),
     /// The body exceeds the size limit.

@@ -91,12 +91,12 @@ pub(crate) async fn create_room(
 ) -> Result<(StatusCode, Json<Data<RoomOut>>), ApiError> {
     require_json(&headers)?;
     let input: RoomInput = if body.is_empty() { RoomInput::default() } else { validate::parse_body(&body)? };
-    crate::routes::assistants::find(&state, &assistant_id)
+    let tenancy = tenancy_of(tenancy);
+    crate::routes::assistants::find(&state, &tenancy, &assistant_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no assistant with id {assistant_id:?}")))?;
     let room = input.create(agents::new_room_id(), &assistant_id, now_ms()).map_err(ApiError::invalid)?;
     // The room's session is its creator's tenant's from the start.
-    let tenancy = tenancy_of(tenancy);
     claim_session(&state, &tenancy, &room.id, &tenancy.resolve(None)?).await?;
     if !state.store.write_room(&room, None).await? {
         return Err(busy());

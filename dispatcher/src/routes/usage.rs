@@ -1,6 +1,6 @@
-//! `GET /v1/usage`: token usage per hour, of a tenant, an assistant or one tenant's assistant, as
-//! the workers count it after each model call (`platform/src/store/usage.rs`). A tenant-bound
-//! token sees only its own tenant's.
+//! `GET /v1/usage`: token usage per hour, of a tenant, an assistant, one tenant's assistant or a
+//! session, as the workers count it after each model call (`platform/src/store/usage.rs`). A
+//! tenant-bound token sees only its own tenant's (and its own sessions').
 
 use axum::extract::State;
 use axum::{Extension, Json};
@@ -11,7 +11,7 @@ use fleet_protocol::tenant::{self, Scope, UsageBucket};
 use fleet_protocol::timefmt::{millis_from_rfc3339, rfc3339_from_millis};
 
 use crate::error::ApiError;
-use crate::routes::common::{ApiQuery, Tenancy};
+use crate::routes::common::{check_session, tenancy_of, ApiQuery, Tenancy};
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -26,6 +26,9 @@ pub(crate) struct UsageQuery {
     tenant: Option<String>,
     /// An assistant's usage (with `tenant`: that tenant's use of it).
     assistant: Option<String>,
+    /// A session's usage (a room's id is its session's), asked alone: a tenant-bound token's own
+    /// sessions only (another tenant's is not found).
+    session: Option<String>,
     /// RFC 3339; default 24 hours before `until`. The hour it falls in is included.
     since: Option<String>,
     /// RFC 3339; default now. The hour it falls in is included; at most 35 days after `since`.
@@ -38,40 +41,90 @@ pub(crate) struct UsageQuery {
 pub(crate) struct UsageOut {
     tenant: Option<String>,
     assistant: Option<String>,
+    session: Option<String>,
     /// RFC 3339, as asked (or defaulted).
     since: String,
     until: String,
     /// The hours with any usage, oldest first.
     buckets: Vec<UsageBucket>,
+    /// The buckets' sums.
+    total: UsageTotal,
 }
 
-/// Tokens the fleet's model calls used, per hour (UTC), for a tenant, an assistant, or a tenant's
-/// use of an assistant; kept 35 days. Counted once per model call that answered.
+/// Usage summed over a range.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub(crate) struct UsageTotal {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    requests: u64,
+}
+
+impl UsageTotal {
+    fn of(buckets: &[UsageBucket]) -> Self {
+        buckets.iter().fold(Self::default(), |t, b| Self {
+            prompt_tokens: t.prompt_tokens + b.prompt_tokens,
+            completion_tokens: t.completion_tokens + b.completion_tokens,
+            requests: t.requests + b.requests,
+        })
+    }
+}
+
+/// Tokens the fleet's model calls used, per hour (UTC), for a tenant, an assistant, a tenant's
+/// use of an assistant, or a session; kept 35 days. Counted once per model call that answered.
 #[utoipa::path(get, path = "/v1/usage", tag = "usage", security(("bearer" = ["usage:read"])),
     params(UsageQuery),
     responses((status = 200, description = "Usage per hour", body = Data<UsageOut>),
-        (status = 404, description = "Another tenant's usage, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
+        (status = 404, description = "Another tenant's usage, assistant or session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_usage(
     State(state): State<AppState>,
     tenancy: Option<Extension<Tenancy>>,
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<Data<UsageOut>>, ApiError> {
-    let bound = tenancy.and_then(|t| t.0.bound);
-    let tenant = whose(bound.as_deref(), q.tenant.filter(|t| !t.is_empty()))?;
+    let tenancy = tenancy_of(tenancy);
+    let bound = tenancy.bound.as_deref();
+    let session = q.session.filter(|s| !s.is_empty());
+    let asked_tenant = q.tenant.filter(|t| !t.is_empty());
     let assistant = q.assistant.filter(|a| !a.is_empty());
-    let scope = match (&tenant, &assistant) {
-        (Some(t), Some(a)) => Scope::TenantAssistant(t, a),
-        (Some(t), None) => Scope::Tenant(t),
-        (None, Some(a)) => Scope::Assistant(a),
-        (None, None) => return Err(ApiError::invalid("give tenant, assistant or both")),
+    if session.is_some() && (asked_tenant.is_some() || assistant.is_some()) {
+        return Err(ApiError::invalid("session is asked alone, without tenant or assistant"));
+    }
+    let tenant = match &session {
+        Some(s) => {
+            check_session(&state, &tenancy, s).await?;
+            None
+        }
+        None => whose(bound, asked_tenant)?,
+    };
+    if let (Some(b), Some(a)) = (bound, assistant.as_deref()) {
+        hidden_assistant(&state, b, a).await?;
+    }
+    let scope = match (&tenant, &assistant, &session) {
+        (_, _, Some(s)) => Scope::Session(s),
+        (Some(t), Some(a), _) => Scope::TenantAssistant(t, a),
+        (Some(t), None, _) => Scope::Tenant(t),
+        (None, Some(a), _) => Scope::Assistant(a),
+        (None, None, None) => return Err(ApiError::invalid("give tenant, assistant (or both), or session")),
     };
     let (since, until) = range(q.since.as_deref(), q.until.as_deref(), fleet_platform::now_ms())?;
     let hours = tenant::hours(since, until, MAX_HOURS)
         .ok_or_else(|| ApiError::invalid("since must not be after until, nor more than 35 days before it"))?;
     let buckets = state.store.usage_buckets(scope, &hours).await?;
     let (since, until) = (rfc3339_from_millis(since), rfc3339_from_millis(until));
-    Ok(Data::json(UsageOut { tenant, assistant, since, until, buckets }))
+    let total = UsageTotal::of(&buckets);
+    Ok(Data::json(UsageOut { tenant, assistant, session, since, until, buckets, total }))
+}
+
+/// 404 for another tenant's assistant, asked about with a token bound to `bound` (an id no
+/// assistant has, a name a tool call gave, is no one's and answers its buckets).
+async fn hidden_assistant(state: &AppState, bound: &str, assistant: &str) -> Result<(), ApiError> {
+    if !fleet_protocol::agents::is_id("asst_", assistant) {
+        return Ok(());
+    }
+    match state.store.get_assistant(assistant).await? {
+        Some(a) if !a.seen_by(Some(bound)) => Err(ApiError::not_found(format!("no usage of assistant {assistant:?}"))),
+        _ => Ok(()),
+    }
 }
 
 /// The tenant a query is about: a bound token's own (another answers 404, as if there were none).

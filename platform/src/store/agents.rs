@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use fleet_protocol::agents::{index_member, AssistantRecord, RoomFilter, RoomRecord, RoomStatus};
+use fleet_protocol::agents::{index_member, name_key, AssistantRecord, RoomFilter, RoomRecord, RoomStatus};
 use fleet_protocol::keys::RoomIndex;
 
 use super::{Store, StoreError};
@@ -100,11 +100,23 @@ impl Store {
         Ok(self.read_assistant(id).await?.map(|v| v.record))
     }
 
-    /// The assistant named `name` (names are unique), if any.
-    pub async fn assistant_by_name(&self, name: &str) -> Result<Option<AssistantRecord>, StoreError> {
-        let r: Result<Option<String>, _> =
-            redis::cmd("HGET").arg(self.keys.assistant_names()).arg(name).query_async(&mut self.conn().await?).await;
-        match self.count(r)? {
+    /// The assistant named `name` that a caller bound to `tenant` (`None`: unbound) means: the
+    /// tenant's own, else the operators' of that name (names are unique per owner).
+    pub async fn assistant_by_name(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<Option<AssistantRecord>, StoreError> {
+        let mut fields = vec![name_key(None, name)];
+        if let Some(t) = tenant {
+            fields.insert(0, name_key(Some(t), name));
+        }
+        let r: Result<Vec<Option<String>>, _> = redis::cmd("HMGET")
+            .arg(self.keys.assistant_names())
+            .arg(&fields)
+            .query_async(&mut self.conn().await?)
+            .await;
+        match self.count(r)?.into_iter().flatten().next() {
             Some(id) => self.get_assistant(&id).await,
             None => Ok(None),
         }
@@ -125,8 +137,8 @@ impl Store {
             .arg(previous.map_or("", |p| p.raw.as_str()))
             .arg(json)
             .arg(&assistant.id)
-            .arg(&assistant.name)
-            .arg(previous.map_or("", |p| p.record.name.as_str()))
+            .arg(name_key(assistant.tenant.as_deref(), &assistant.name))
+            .arg(previous.map_or(String::new(), |p| name_key(p.record.tenant.as_deref(), &p.record.name)))
             .arg(index_member(assistant.created_at_ms, &assistant.id))
             .invoke_async(&mut self.conn().await?)
             .await;
@@ -146,7 +158,7 @@ impl Store {
             .key(self.keys.assistants_index())
             .arg(&version.raw)
             .arg(&a.id)
-            .arg(&a.name)
+            .arg(name_key(a.tenant.as_deref(), &a.name))
             .arg(index_member(a.created_at_ms, &a.id))
             .invoke_async(&mut self.conn().await?)
             .await;

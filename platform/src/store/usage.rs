@@ -1,4 +1,4 @@
-//! Token usage per tenant and assistant (`fleet_protocol::tenant`): one script per model call adds
+//! Token usage per tenant, assistant and session (`fleet_protocol::tenant`): one script per model call adds
 //! its tokens to the hour's buckets and the tenant's day total in the day's hash (one key, so it
 //! works on Redis Cluster), and reads take the buckets of a range of hours in one pipeline.
 
@@ -18,18 +18,18 @@ return 1
 "#;
 
 impl Store {
-    /// Adds one model call's tokens, made at `at_ms`, to its tenant's and assistant's buckets.
+    /// Adds one model call's tokens, made at `at_ms`, to its tenant's, assistant's and session's
+    /// buckets.
     pub async fn usage_record(
         &self,
-        tenant: &str,
-        assistant: &str,
+        call: tenant::Call<'_>,
         at_ms: i64,
         prompt: u64,
         completion: u64,
     ) -> Result<(), StoreError> {
         let mut inv = RECORD.prepare_invoke();
         inv.key(self.keys.usage_day(tenant::day_of(at_ms))).arg(USAGE_TTL_SECS);
-        for (field, n) in tenant::increments(tenant, assistant, at_ms, prompt, completion) {
+        for (field, n) in tenant::increments(call, at_ms, prompt, completion) {
             inv.arg(field).arg(n);
         }
         let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;

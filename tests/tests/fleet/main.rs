@@ -37,6 +37,7 @@ mod session_streams;
 mod sessions;
 mod signatures;
 mod stream_access;
+mod tenant_walk;
 mod tenants;
 mod tls;
 mod tool_limits;

@@ -1,8 +1,8 @@
 //! Tenants across real processes: a token bound to a tenant (`TOKEN@TENANT` in
 //! `FLEET_API_TOKENS`) makes its turns and tool calls that tenant's (naming another is refused),
 //! an unbound token's work is the request's `tenant` or the token's name; the workers roll each
-//! model call's tokens up per hour per tenant and assistant, served by `GET /v1/usage` (a bound
-//! token sees only its own tenant's); and a tenant over its daily cap gets `budget_exceeded`
+//! model call's tokens up per hour per tenant, assistant and session, served by `GET /v1/usage` (a
+//! bound token sees only its own tenant's and sessions'); and a tenant over its daily cap gets `budget_exceeded`
 //! with no model call.
 
 use std::time::Duration;
@@ -304,4 +304,71 @@ async fn a_tenant_bound_token_sees_only_its_tenants_rooms() {
     assert_eq!((rooms(ACME).await, rooms(BETA).await, rooms(ADMIN).await), (1, 0, 1));
     let (status, closed) = send(&fleet, ACME, Method::POST, &format!("/v1/agents/rooms/{room}/close"), None).await;
     assert_eq!(status, 200, "{closed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_counted_per_session_and_a_bound_token_reads_only_its_own_sessions() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens())).await;
+    fleet.token = ADMIN.to_string();
+    let timeout = Duration::from_secs(30);
+    // Two turns in acme's s_use_1 (one after the other), one in acme's s_use_2, one in beta's s_use_3.
+    for (token, session) in [(ACME, "s_use_1"), (ACME, "s_use_1"), (ACME, "s_use_2"), (BETA, "s_use_3")] {
+        let id = post_turn_as(&fleet, token, &turn_body(session, "hi", &[])).await;
+        fleet.wait_status(&id, "succeeded", timeout).await;
+    }
+    // Each model call reports 11 prompt and 3 completion tokens.
+    for token in [ACME, ADMIN] {
+        let (status, body) = send(&fleet, token, Method::GET, "/v1/usage?session=s_use_1", None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["data"]["session"], "s_use_1", "{body}");
+        assert_eq!(totals(&body["data"]["buckets"]), (22, 6, 2), "{body}");
+        let total = &body["data"]["total"];
+        assert_eq!(
+            (&total["prompt_tokens"], &total["completion_tokens"], &total["requests"]),
+            (&json!(22), &json!(6), &json!(2))
+        );
+    }
+    assert_eq!(totals(&usage(&fleet, ACME, "session=s_use_2").await.1), (11, 3, 1));
+    assert_eq!(totals(&usage(&fleet, ACME, "").await.1), (33, 9, 3), "the tenant's total is the sessions'");
+    // Another tenant's session is not found; a session is asked alone.
+    let (status, body) = usage(&fleet, BETA, "session=s_use_1").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{body}");
+    assert_eq!(usage(&fleet, ACME, "session=s_use_3").await.0, 404);
+    assert_eq!(totals(&usage(&fleet, BETA, "session=s_use_3").await.1), (11, 3, 1));
+    assert_eq!(usage(&fleet, ADMIN, "session=s_use_1&tenant=acme").await.0, 422);
+    assert_eq!(totals(&usage(&fleet, ADMIN, "session=s_never").await.1), (0, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_metrics_name_only_the_tenants_the_configuration_names() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    // acme is bound in FLEET_API_TOKENS, beta has a daily cap, gamma is listed in FLEET_TENANTS;
+    // delta and the operator token's own name are named by requests only.
+    let options = llm_fleet(&llm)
+        .env("FLEET_API_TOKENS", &format!("{ADMIN},{ACME}@acme"))
+        .env("FLEET_TENANT_DAILY_TOKENS", "beta=100000")
+        .env("FLEET_TENANTS", "gamma");
+    let mut fleet = spawn_fleet(options).await;
+    fleet.token = ADMIN.to_string();
+    let mut ids = vec![post_turn_as(&fleet, ACME, &turn_body("s_m_acme", "hi", &[])).await];
+    for (session, tenant) in [("s_m_beta", "beta"), ("s_m_gamma", "gamma"), ("s_m_delta", "delta")] {
+        ids.push(post_turn_as(&fleet, ADMIN, &with_tenant(turn_body(session, "hi", &[]), tenant)).await);
+    }
+    ids.push(post_turn_as(&fleet, ADMIN, &turn_body("s_m_own", "hi", &[])).await);
+    for id in &ids {
+        fleet.wait_status(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let text = fleet.worker_metrics(0).await;
+    let series = |tenant: &str, kind: &str| {
+        fleet_tests::metric(&text, &format!("fleet_llm_tenant_tokens_total{{tenant=\"{tenant}\",type=\"{kind}\"}}"))
+    };
+    // Each model call reports 11 prompt and 3 completion tokens.
+    for tenant in ["acme", "beta", "gamma"] {
+        assert_eq!((series(tenant, "prompt"), series(tenant, "completion")), (11.0, 3.0), "{tenant}: {text}");
+    }
+    assert_eq!((series("other", "prompt"), series("other", "completion")), (22.0, 6.0), "delta and the token's own");
+    let tenants: Vec<&str> = text.lines().filter(|l| l.starts_with("fleet_llm_tenant_tokens_total{")).collect();
+    assert_eq!(tenants.len(), 8, "four tenant labels, two types each, no more: {tenants:?}");
+    assert!(!text.contains("tenant=\"delta\"") && !text.contains("tenant=\"token-"), "{tenants:?}");
 }

@@ -68,9 +68,9 @@ pub(crate) async fn create_event(
     let request: SessionInput = validate::parse_body(&body).map_err(as_bad_request)?;
     validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
     let wait = request_timeout(&headers)?;
-    let agent = agent(&state, &agent_key).await?;
-    own_session(&state, &agent, &session_key).await?;
     let tenancy = tenancy.map(|t| t.0).unwrap_or_default();
+    let agent = agent(&state, tenancy.bound.as_deref(), &agent_key).await?;
+    own_session(&state, &agent, &session_key).await?;
     // A bound token's tool outputs and compactions only touch its own tenant's sessions (its
     // inputs are checked as every turn is).
     if tenancy.bound.is_some() {
@@ -114,13 +114,15 @@ pub(crate) struct AgentResponse {
     events: Vec<Value>,
 }
 
-/// The agent a key names: an assistant's id, else its name.
-async fn agent(state: &AppState, key: &str) -> Result<AssistantRecord, ApiError> {
+/// The agent a key names, as a caller bound to `bound` sees it: an assistant's id, else its name
+/// (the tenant's own assistant of that name, else the operators'); another tenant's is none.
+async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<AssistantRecord, ApiError> {
     let found = if fleet_protocol::agents::is_id("asst_", key) {
         state.store.get_assistant(key).await?
     } else {
-        state.store.assistant_by_name(key).await?
+        state.store.assistant_by_name(bound, key).await?
     };
+    let found = found.filter(|a| a.seen_by(bound));
     found.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "agent_not_found", format!("no agent {key:?}")))
 }
 

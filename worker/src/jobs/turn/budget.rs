@@ -248,11 +248,16 @@ pub(super) async fn within_tenant_cap(step: &Step<'_>, tenant: Option<&str>) -> 
     }))
 }
 
-/// After a model call answered: its tokens join its tenant's and assistant's hourly usage. A
-/// failure to count is logged, never the turn's failure.
-pub(super) async fn count_usage(cx: &Cx<'_>, tenant: Option<&str>, assistant: &str, prompt: u64, completion: u64) {
-    let Some(tenant) = tenant else { return };
-    if let Err(e) = cx.store.usage_record(tenant, assistant, fleet_platform::now_ms(), prompt, completion).await {
+/// After a model call answered: its tokens join its tenant's, assistant's and session's hourly
+/// usage. A failure to count is logged, never the turn's failure.
+pub(super) async fn count_usage(
+    cx: &Cx<'_>,
+    call: Option<fleet_protocol::tenant::Call<'_>>,
+    prompt: u64,
+    completion: u64,
+) {
+    let Some(call) = call else { return };
+    if let Err(e) = cx.store.usage_record(call, fleet_platform::now_ms(), prompt, completion).await {
         tracing::warn!(error = %e, "cannot count the model call's usage");
     }
 }

@@ -13,6 +13,7 @@ use fleet_platform::now_ms;
 use fleet_protocol::budget::estimate_tokens;
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord};
 use fleet_protocol::sanitize::sanitize_error;
+use fleet_protocol::tenant::Call as UsageCall;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
@@ -113,10 +114,17 @@ pub(super) async fn call(
     let (prompt, completed) = (completion.prompt_tokens.unwrap_or(0), completion.completion_tokens.unwrap_or(0));
     state.usage.prompt_tokens += prompt;
     state.usage.completion_tokens += completed;
-    budget::count_usage(cx, state.tenant.as_deref(), &state.assistant.id, prompt, completed).await;
+    let call = state.tenant.as_deref().map(|tenant| UsageCall {
+        tenant,
+        assistant: &state.assistant.id,
+        session: &state.session_id,
+    });
+    budget::count_usage(cx, call, prompt, completed).await;
+    let tenant = fleet_protocol::tenant::metric_label(&cx.config.metric_tenants, state.tenant.as_deref());
     for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
         if let Some(n) = n {
             cx.metrics.llm_tokens.with_label_values(&[label, kind]).inc_by(n);
+            cx.metrics.llm_tenant_tokens.with_label_values(&[tenant, kind]).inc_by(n);
         }
     }
     record.outcome = AttemptOutcome::Success;

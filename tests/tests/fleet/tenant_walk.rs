@@ -1,0 +1,382 @@
+//! Tenant isolation on every route, as the scopes test walks them: acme (a bound token with every
+//! scope) makes one of each resource (a turn's execution and session, an assistant, a room and its
+//! messages, a seed 001 session, a dead letter, usage); then every operation of
+//! docs/openapi.json is called with beta's bound token. A route about one of acme's resources
+//! answers 404 (never 403, never acme's data), a listing never holds acme's items, the operator's
+//! configuration answers 403 `operator_only` whoever asks about what, and the routes that only
+//! make the caller's own work get through. A route the table does not classify fails the test.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use fleet_tests::llm::{LlmReply, MockLlm};
+use fleet_tests::turn::{llm_fleet, turn_body};
+use fleet_tests::{spawn_fleet, Fleet, Receiver, Reply};
+
+const SECRET: &str = "whsec_tenant_walk_0001";
+const ADMIN: &str = "walk-admin-token-0123456789";
+const ACME: &str = "walk-acme-token-0123456789";
+const BETA: &str = "walk-beta-token-0123456789";
+
+/// What beta's bound token gets on a route, asked about acme's resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// About one of acme's resources: 404 `not_found` (or the route's own not-found code).
+    NotFound,
+    /// A listing: 200, and none of acme's ids in it.
+    Listed,
+    /// A bulk operation naming acme's items: 200 with nothing done.
+    NoneDone,
+    /// The operator's configuration or log: 403 `operator_only`, whoever's it is about.
+    OperatorOnly,
+    /// Makes or reads only the caller's own or shared things: not refused (2xx).
+    Own,
+}
+
+/// Every operation of docs/openapi.json and what beta gets on it.
+fn table() -> Vec<(Method, &'static str, Expect)> {
+    use Expect::*;
+    vec![
+        (Method::GET, "/v1/agents/assistants", Listed),
+        (Method::POST, "/v1/agents/assistants", Own),
+        (Method::GET, "/v1/agents/assistants/{assistant_id}", NotFound),
+        (Method::PUT, "/v1/agents/assistants/{assistant_id}", NotFound),
+        (Method::DELETE, "/v1/agents/assistants/{assistant_id}", NotFound),
+        (Method::GET, "/v1/agents/rooms", Listed),
+        (Method::GET, "/v1/agents/rooms/{room_id}", NotFound),
+        (Method::POST, "/v1/agents/rooms/{room_id}/close", NotFound),
+        (Method::GET, "/v1/agents/rooms/{room_id}/messages", NotFound),
+        (Method::POST, "/v1/agents/rooms/{room_id}/messages", NotFound),
+        (Method::GET, "/v1/agents/rooms/{room_id}/stream", NotFound),
+        (Method::POST, "/v1/agents/rooms/{room_id}/stream-token", NotFound),
+        (Method::POST, "/v1/agents/{assistant_id}/rooms", NotFound),
+        (Method::GET, "/v1/audit", OperatorOnly),
+        (Method::GET, "/v1/dead-letters", Listed),
+        (Method::POST, "/v1/dead-letters/purge", NoneDone),
+        (Method::POST, "/v1/dead-letters/retry", NoneDone),
+        (Method::GET, "/v1/dead-letters/{id}", NotFound),
+        (Method::DELETE, "/v1/dead-letters/{id}", NotFound),
+        (Method::POST, "/v1/dead-letters/{id}/retry", NotFound),
+        (Method::GET, "/v1/executions", Listed),
+        (Method::GET, "/v1/executions/{id}", NotFound),
+        (Method::POST, "/v1/executions/{id}/cancel", NotFound),
+        (Method::GET, "/v1/openapi.json", Own),
+        (Method::DELETE, "/v1/sessions/{id}", NotFound),
+        (Method::GET, "/v1/sessions/{id}/messages", NotFound),
+        (Method::GET, "/v1/sessions/{id}/stream", NotFound),
+        (Method::POST, "/v1/sessions/{id}/stream-token", NotFound),
+        (Method::POST, "/v1/tool-calls", Own),
+        (Method::POST, "/v1/tool-calls/batch", Own),
+        (Method::GET, "/v1/tools", Own),
+        (Method::POST, "/v1/tools", OperatorOnly),
+        (Method::GET, "/v1/tools/{tool}", Own),
+        (Method::PUT, "/v1/tools/{tool}", OperatorOnly),
+        (Method::DELETE, "/v1/tools/{tool}", OperatorOnly),
+        (Method::POST, "/v1/tools/{tool}/circuit/close", OperatorOnly),
+        (Method::POST, "/v1/turns", NotFound),
+        (Method::GET, "/v1/usage", NotFound),
+        (Method::GET, "/v1/webhooks", OperatorOnly),
+        (Method::GET, "/v1/webhooks/{id}", OperatorOnly),
+        (Method::PUT, "/v1/webhooks/{id}", OperatorOnly),
+        (Method::DELETE, "/v1/webhooks/{id}", OperatorOnly),
+        (Method::POST, "/v2/agents/{agent_key}/sessions/{session_key}/events", NotFound),
+    ]
+}
+
+/// The operations docs/openapi.json documents.
+fn documented() -> Vec<(Method, String)> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let mut ops = vec![];
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            ops.push((Method::from_bytes(method.to_uppercase().as_bytes()).unwrap(), path.clone()));
+        }
+    }
+    ops
+}
+
+/// Acme's resources, by the path parameter that names them.
+struct Acme {
+    execution: String,
+    session: String,
+    assistant: String,
+    assistant_name: String,
+    room: String,
+    seed_session: String,
+    dead_letter: String,
+}
+
+impl Acme {
+    /// The path with acme's resources in it; for the seed 001 route, acme's agent and session.
+    fn fill(&self, template: &str) -> String {
+        let id = if template.starts_with("/v1/dead-letters") {
+            &self.dead_letter
+        } else if template.starts_with("/v1/sessions") {
+            &self.session
+        } else {
+            &self.execution
+        };
+        template
+            .replace("{assistant_id}", &self.assistant)
+            .replace("{room_id}", &self.room)
+            .replace("{agent_key}", &self.assistant)
+            .replace("{session_key}", &self.seed_session)
+            .replace("{tool}", "refuses")
+            .replace("{id}", if template.starts_with("/v1/webhooks") { "w1" } else { id })
+            + if template == "/v1/usage" { "?tenant=acme" } else { "" }
+    }
+
+    fn ids(&self) -> [&str; 6] {
+        [&self.execution, &self.session, &self.assistant, &self.room, &self.seed_session, &self.dead_letter]
+    }
+
+    /// A body that gets past parsing, about acme's resources where it names any.
+    fn body(&self, method: &Method, template: &str) -> Option<Value> {
+        let tool = json!({"name": "refuses", "callback_url": "http://127.0.0.1:9/x", "callback_secret": SECRET});
+        Some(match (method.as_str(), template) {
+            ("POST", "/v1/agents/assistants") => {
+                // Acme's name: another tenant's assistant does not hold it for beta.
+                json!({"name": self.assistant_name, "title": "Beta's", "instructions": "Help beta."})
+            }
+            ("PUT", "/v1/agents/assistants/{assistant_id}") => json!({"title": "Taken over"}),
+            ("POST", "/v1/agents/rooms/{room_id}/messages") => json!({"content": "hi"}),
+            ("POST", "/v1/agents/{assistant_id}/rooms") => json!({}),
+            ("POST", "/v1/dead-letters/purge" | "/v1/dead-letters/retry") => {
+                json!({"execution_ids": [self.dead_letter]})
+            }
+            ("POST", "/v1/tool-calls") => json!({"tool_name": "refuses", "parameters": {"query": "q"}}),
+            ("POST", "/v1/tool-calls/batch") => {
+                json!({"calls": [{"tool_name": "refuses", "parameters": {"query": "q"}}]})
+            }
+            ("POST", "/v1/tools") | ("PUT", "/v1/tools/{tool}") => tool,
+            ("POST", "/v1/turns") => turn_body(&self.session, "hi", &[]),
+            ("PUT", "/v1/webhooks/{id}") => json!({"url": "http://127.0.0.1:9/h"}),
+            ("POST", "/v2/agents/{agent_key}/sessions/{session_key}/events") => seed_input("hi"),
+            _ => return None,
+        })
+    }
+}
+
+fn seed_input(text: &str) -> Value {
+    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
+}
+
+async fn send(fleet: &Fleet, token: &str, method: &Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut req = fleet.http.request(method.clone(), format!("{}{path}", fleet.api)).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let resp = req.send().await.expect("dispatcher reachable");
+    let status = resp.status().as_u16();
+    // A stream's body never ends: only its status matters here.
+    if resp.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream")) {
+        return (status, Value::Null);
+    }
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Makes one of each of acme's resources with acme's bound token, each finished.
+async fn acme_resources(fleet: &Fleet) -> Acme {
+    let timeout = Duration::from_secs(30);
+    let ok = |what: &str, (status, body): (u16, Value), want: u16| {
+        assert_eq!(status, want, "acme: {what}: {body}");
+        body
+    };
+    let asst = json!({"name": "walk_helper", "title": "Helper", "instructions": "Help."});
+    let asst = ok("assistant", send(fleet, ACME, &Method::POST, "/v1/agents/assistants", Some(&asst)).await, 201);
+    let assistant = asst["data"]["id"].as_str().unwrap().to_string();
+    let room_path = format!("/v1/agents/{assistant}/rooms");
+    let room = ok("room", send(fleet, ACME, &Method::POST, &room_path, Some(&json!({}))).await, 201);
+    let room = room["data"]["id"].as_str().unwrap().to_string();
+    let hi = json!({"content": "hi"});
+    let sent = send(fleet, ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&hi)).await;
+    let sent = ok("message", sent, 201);
+    let turn =
+        ok("turn", send(fleet, ACME, &Method::POST, "/v1/turns", Some(&turn_body("s_walk", "hi", &[]))).await, 202);
+    let execution = turn["data"]["execution_id"].as_str().unwrap().to_string();
+    let seed = format!("/v2/agents/{assistant}/sessions/s_walk_seed/events");
+    ok("seed 001 input", send(fleet, ACME, &Method::POST, &seed, Some(&seed_input("hello"))).await, 201);
+    let call = json!({"tool_name": "refuses", "parameters": {"query": "q"}});
+    let called = ok("tool call", send(fleet, ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await, 202);
+    let dead_letter = called["data"]["execution_id"].as_str().unwrap().to_string();
+
+    fleet.wait_status(&execution, "succeeded", timeout).await;
+    fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", timeout).await;
+    fleet.wait_status(&dead_letter, "dead_lettered", timeout).await;
+    fleet_tests::wait_for("acme's dead letter", timeout, || async {
+        (send(fleet, ACME, &Method::GET, &format!("/v1/dead-letters/{dead_letter}"), None).await.0 == 200).then_some(())
+    })
+    .await;
+    Acme {
+        execution,
+        session: "s_walk".into(),
+        assistant,
+        assistant_name: "walk_helper".into(),
+        room,
+        seed_session: "s_walk_seed".into(),
+        dead_letter,
+    }
+}
+
+/// What is wrong with beta's answer on a route, if anything.
+fn judge(expect: Expect, status: u16, body: &Value, acme: &Acme) -> Option<String> {
+    let leaked = || acme.ids().into_iter().find(|id| body.to_string().contains(id));
+    match expect {
+        Expect::NotFound if status != 404 => Some(format!("{status}, not 404: {body}")),
+        Expect::NotFound if !body["error"]["code"].as_str().is_some_and(|c| c.ends_with("not_found")) => {
+            Some(format!("404 without a not-found code: {body}"))
+        }
+        Expect::Listed if status != 200 => Some(format!("{status}, not 200: {body}")),
+        Expect::Listed => leaked().map(|id| format!("lists acme's {id}: {body}")),
+        Expect::NoneDone if status != 200 || body["data"]["done"] != 0 => Some(format!("{status}: {body}")),
+        Expect::OperatorOnly if status != 403 || body["error"]["code"] != "operator_only" => {
+            Some(format!("{status}, not 403 operator_only: {body}"))
+        }
+        Expect::Own if !(200..300).contains(&status) => Some(format!("{status}: {body}")),
+        Expect::Own => leaked().map(|id| format!("answers acme's {id}: {body}")),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not_exist() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    // Every call is refused for good (404): each ends as a dead letter at once.
+    let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
+    let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta");
+    let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens)).await;
+    fleet.token = ADMIN.to_string();
+    fleet.register_tool("refuses", &receiver.url("/refuses"), SECRET).await;
+    let acme = acme_resources(&fleet).await;
+
+    let table = table();
+    let documented = documented();
+    let mut wrong = vec![];
+    for (method, path) in &documented {
+        if !table.iter().any(|(m, p, _)| m == method && p == path) {
+            wrong.push(format!("{method} {path}: not classified in this test's table"));
+        }
+    }
+    assert_eq!(table.len(), documented.len(), "the table classifies exactly the documented operations");
+    // The paths name acme's real resources: acme reads each (the changes use the same ids).
+    for (method, template, _) in
+        table.iter().filter(|(m, t, e)| *e == Expect::NotFound && (*m == Method::GET || t.ends_with("stream-token")))
+    {
+        let path = acme.fill(template);
+        let (status, body) = send(&fleet, ACME, method, &path, acme.body(method, template).as_ref()).await;
+        assert!((200..300).contains(&status), "acme: {method} {path}: {status} {body}");
+    }
+    for (method, template, expect) in &table {
+        let path = acme.fill(template);
+        let (status, body) = send(&fleet, BETA, method, &path, acme.body(method, template).as_ref()).await;
+        if let Some(why) = judge(*expect, status, &body, &acme) {
+            wrong.push(format!("beta: {method} {path} ({expect:?}): {why}"));
+        }
+    }
+    // The other ways in: acme's usage by assistant or session; beta's agent on acme's session.
+    for path in [
+        format!("/v1/usage?assistant={}", acme.assistant),
+        format!("/v1/usage?tenant=beta&assistant={}", acme.assistant),
+        format!("/v1/usage?session={}", acme.session),
+        format!("/v1/usage?session={}", acme.room),
+        format!("/v1/usage?session={}", acme.seed_session),
+    ] {
+        let (status, body) = send(&fleet, BETA, &Method::GET, &path, None).await;
+        if let Some(why) = judge(Expect::NotFound, status, &body, &acme) {
+            wrong.push(format!("beta: GET {path}: {why}"));
+        }
+    }
+    let shared = json!({"name": "walk_shared", "title": "Shared", "instructions": "Help."});
+    let (status, body) = send(&fleet, ADMIN, &Method::POST, "/v1/agents/assistants", Some(&shared)).await;
+    assert_eq!(status, 201, "{body}");
+    let path = format!("/v2/agents/walk_shared/sessions/{}/events", acme.seed_session);
+    let (status, body) = send(&fleet, BETA, &Method::POST, &path, Some(&seed_input("hi"))).await;
+    if let Some(why) = judge(Expect::NotFound, status, &body, &acme) {
+        wrong.push(format!("beta: POST {path}: {why}"));
+    }
+    assert!(wrong.is_empty(), "{} routes leak or are unclassified:\n{}", wrong.len(), wrong.join("\n"));
+
+    // Nothing beta did changed acme's resources: acme still reads each of them as it was.
+    for path in [
+        format!("/v1/executions/{}", acme.execution),
+        format!("/v1/sessions/{}/messages", acme.session),
+        format!("/v1/agents/assistants/{}", acme.assistant),
+        format!("/v1/agents/rooms/{}", acme.room),
+        format!("/v1/dead-letters/{}", acme.dead_letter),
+    ] {
+        let (status, body) = send(&fleet, ACME, &Method::GET, &path, None).await;
+        assert_eq!(status, 200, "acme: GET {path}: {body}");
+        assert_ne!(body["data"]["title"], "Taken over", "{body}");
+        assert_ne!(body["data"]["status"], "closed", "{body}");
+    }
+    let (_, messages) =
+        send(&fleet, ACME, &Method::GET, &format!("/v1/sessions/{}/messages", acme.session), None).await;
+    assert_eq!(
+        messages["data"]["messages"].as_array().map(Vec::len),
+        Some(2),
+        "the turn's exchange, no more: {messages}"
+    );
+    assert_eq!(llm.requests().len(), 3, "acme's three turns and no model call of beta's against acme's sessions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_its_own() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta");
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens)).await;
+    let create = |token: &'static str, instructions: &'static str| {
+        let fleet = &fleet;
+        async move {
+            let body = json!({"name": "helper", "title": "Helper", "instructions": instructions});
+            let (status, body) = send(fleet, token, &Method::POST, "/v1/agents/assistants", Some(&body)).await;
+            assert_eq!(status, 201, "{body}");
+            body["data"]["id"].as_str().unwrap().to_string()
+        }
+    };
+    // The operator's `helper` and acme's own `helper`: names are unique per owner.
+    let shared = create(ADMIN, "The operator's helper.").await;
+    let own = create(ACME, "Acme's helper.").await;
+    let (status, taken) = send(
+        &fleet,
+        ACME,
+        &Method::POST,
+        "/v1/agents/assistants",
+        Some(&json!({"name": "helper", "title": "T", "instructions": "I."})),
+    )
+    .await;
+    assert_eq!((status, taken["error"]["code"].as_str()), (409, Some("assistant_exists")), "{taken}");
+
+    // Beta sees the operator's (and uses it), may not change it, and never sees acme's.
+    let path = format!("/v1/agents/assistants/{shared}");
+    assert_eq!(send(&fleet, BETA, &Method::GET, &path, None).await.0, 200);
+    for (method, body) in [(Method::PUT, Some(json!({"title": "Beta's now"}))), (Method::DELETE, None)] {
+        let (status, refused) = send(&fleet, BETA, &method, &path, body.as_ref()).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("operator_only")), "{method}: {refused}");
+    }
+    let (_, listed) = send(&fleet, BETA, &Method::GET, "/v1/agents/assistants", None).await;
+    let ids: Vec<&str> =
+        listed["data"]["assistants"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [shared.as_str()], "{listed}");
+    let (_, listed) = send(&fleet, ADMIN, &Method::GET, "/v1/agents/assistants", None).await;
+    assert_eq!(listed["data"]["assistants"].as_array().unwrap().len(), 2, "the operator sees both: {listed}");
+    let room = send(&fleet, BETA, &Method::POST, &format!("/v1/agents/{shared}/rooms"), Some(&json!({}))).await;
+    assert_eq!(room.0, 201, "{}", room.1);
+
+    // By name, seed 001's agent key is the caller's own assistant, else the operator's.
+    for (token, session, instructions) in
+        [(ACME, "s_named_acme", "Acme's helper."), (BETA, "s_named_beta", "The operator's helper.")]
+    {
+        let path = format!("/v2/agents/helper/sessions/{session}/events");
+        let (status, body) = send(&fleet, token, &Method::POST, &path, Some(&seed_input("hi"))).await;
+        assert_eq!(status, 201, "{body}");
+        let asked = llm.requests().last().unwrap().contents();
+        assert!(asked.iter().any(|c| c == instructions), "{token}'s turn ran with {asked:?}");
+    }
+    // Acme deletes its own; the operator's stays.
+    let (status, body) = send(&fleet, ACME, &Method::DELETE, &format!("/v1/agents/assistants/{own}"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(send(&fleet, ACME, &Method::GET, &path, None).await.0, 200);
+}
