@@ -162,12 +162,16 @@ async fn live_scrapes_pass_promtool_check_metrics() {
         "fleet_queue_consumers{{queue=\"{}\"}} 1",
         fleet.topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall)
     );
-    let dispatcher = wait_for("queue gauges showing the worker's consumer", Duration::from_secs(10), || async {
-        let text = fleet.http.get(format!("{}/metrics", fleet.api)).send().await.ok()?.text().await.ok()?;
-        (text.contains(&consumers) && text.contains("fleet_queue_messages{queue=")).then_some(text)
-    })
-    .await;
-    assert!(dispatcher.contains("fleet_oldest_job_age_seconds{kind=\"tool_call\"} 0"));
+    // The stats pass sets the queue gauges before the oldest job's age: a scrape between the two
+    // sees the age of the pass before (the job still waiting), so wait for the pass that saw none.
+    let settled = "fleet_oldest_job_age_seconds{kind=\"tool_call\"} 0";
+    let dispatcher =
+        wait_for("queue gauges showing the worker's consumer and no job waiting", Duration::from_secs(10), || async {
+            let text = fleet.http.get(format!("{}/metrics", fleet.api)).send().await.ok()?.text().await.ok()?;
+            (text.contains(&consumers) && text.contains("fleet_queue_messages{queue=") && text.contains(settled))
+                .then_some(text)
+        })
+        .await;
     let worker = fleet.worker_metrics(0).await;
     assert!(worker.contains("fleet_jobs_finished_total{kind=\"tool_call\",outcome=\"success\"} 1"));
     assert!(worker.contains("fleet_callback_responses_total{class=\"2xx\",kind=\"tool_call\"} 1"));
