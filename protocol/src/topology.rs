@@ -6,6 +6,9 @@ use std::time::Duration;
 use crate::envelope::JobKind;
 use crate::retry::{delay_ladder, ladder_step};
 
+/// The jobs exchange's routing key of the light lane (`Topology::light_turns_queue`).
+pub const LIGHT_TURNS_KEY: &str = "turn.light";
+
 /// Redeliveries after which the broker itself dead-letters a message (a job that keeps killing
 /// its worker must not crash-loop the fleet).
 pub const WORK_QUEUE_DELIVERY_LIMIT: i64 = 20;
@@ -81,9 +84,9 @@ impl Topology {
     }
 
     /// The light lane: new turns of tenants that are not flooding the fleet (the dispatcher's
-    /// `fair::LaneBucket`), published to it by name, so they never wait behind another tenant's
-    /// backlog in the turns' work queue. Workers consume it beside the work queues; a turn's later
-    /// steps go to the work queue as any step does.
+    /// `fair::LaneBucket`), published to the jobs exchange under `LIGHT_TURNS_KEY`, so they never
+    /// wait behind another tenant's backlog in the turns' work queue. Workers consume it beside the
+    /// work queues; a turn's later steps go to the work queue as any step does.
     pub fn light_turns_queue(&self) -> String {
         format!("{}.work.turns.light", self.prefix)
     }
@@ -136,7 +139,8 @@ impl Topology {
                 bindings: vec![(self.jobs_exchange(), kind.as_str().to_string())],
             });
             if kind == JobKind::Turn {
-                queues.push(QueueSpec { name: self.light_turns_queue(), arguments, bindings: vec![] });
+                let bindings = vec![(self.jobs_exchange(), LIGHT_TURNS_KEY.to_string())];
+                queues.push(QueueSpec { name: self.light_turns_queue(), arguments, bindings });
             }
             for (step, delay) in self.ladder.iter().enumerate() {
                 let mut arguments = vec![
@@ -198,8 +202,13 @@ mod tests {
         assert!(delay.arguments.contains(&("x-dead-letter-routing-key", ArgValue::Str("tool_call".into()))));
         assert!(delay.arguments.contains(&("x-dead-letter-strategy", ArgValue::Str("at-least-once".into()))));
         assert!(queues.iter().all(|q| q.arguments.contains(&("x-queue-type", ArgValue::Str("quorum".into())))));
-        // Per kind: the work queue, 5 retry delay queues and 5 park queues; then the dead letters.
-        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5 + 5) + 1);
+        // Per kind: the work queue, 5 retry delay queues and 5 park queues; the turns' light
+        // lane; then the dead letters.
+        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5 + 5) + 1 + 1);
+        let turns = queues.iter().find(|q| q.name == "fleet.work.turns").unwrap();
+        let light = queues.iter().find(|q| q.name == "fleet.work.turns.light").unwrap();
+        assert_eq!(light.arguments, turns.arguments, "the lane is a work queue like the turns'");
+        assert_eq!(light.bindings, [("fleet.jobs".to_string(), "turn.light".to_string())]);
     }
 
     #[test]

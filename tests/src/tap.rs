@@ -42,7 +42,7 @@ pub struct JobTap {
 }
 
 impl JobTap {
-    /// Binds a fresh exclusive queue to `fleet`'s jobs exchange for every kind.
+    /// Binds a fresh exclusive queue to `fleet`'s jobs exchange for every kind and the light lane.
     pub async fn start(fleet: &Fleet) -> Self {
         let connection = Connection::connect(&amqp_url(), ConnectionProperties::default()).await.unwrap();
         let channel = connection.create_channel().await.unwrap();
@@ -50,12 +50,13 @@ impl JobTap {
         let queue = channel.queue_declare("".into(), options, FieldTable::default()).await.unwrap();
         let queue = queue.name().as_str().to_string();
         let exchange = fleet.topology.jobs_exchange();
-        for kind in JobKind::ALL {
+        let keys = JobKind::ALL.iter().map(|k| k.as_str()).chain([fleet_protocol::topology::LIGHT_TURNS_KEY]);
+        for key in keys {
             channel
                 .queue_bind(
                     queue.as_str().into(),
                     exchange.as_str().into(),
-                    kind.as_str().into(),
+                    key.into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )

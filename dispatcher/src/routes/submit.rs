@@ -235,8 +235,8 @@ pub(crate) async fn publish_all(state: &AppState, envelopes: &[Envelope]) -> Vec
     publish_in(state, envelopes, false).await
 }
 
-/// `publish_all`, with jobs due now sent to the light lane (`Topology::light_turns_queue`, through
-/// the default exchange) when `light`.
+/// `publish_all`, with jobs due now sent to the light lane (`Topology::light_turns_queue`) when
+/// `light`.
 async fn publish_in(state: &AppState, envelopes: &[Envelope], light: bool) -> Vec<Result<(), EnqueueFailure>> {
     let publisher = match state.broker.publisher() {
         Ok(publisher) => publisher,
@@ -248,9 +248,9 @@ async fn publish_in(state: &AppState, envelopes: &[Envelope], light: bool) -> Ve
     let messages: Vec<Outgoing> = envelopes
         .iter()
         .map(|envelope| {
-            let (mut exchange, mut routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
+            let (exchange, mut routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
             if light && exchange == common.topology.jobs_exchange() {
-                (exchange, routing_key) = (String::new(), common.topology.light_turns_queue());
+                routing_key = fleet_protocol::topology::LIGHT_TURNS_KEY.to_string();
             }
             let span = send_span(envelope, &exchange, &routing_key);
             let headers = telemetry::amqp_headers(&span);

@@ -171,7 +171,9 @@ async fn a_replayed_dead_lettered_turn_runs_its_failed_step_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_the_broker_dead_letters_settles_and_frees_its_session() {
     let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
-    let mut fleet = spawn_fleet(llm_fleet(&llm).workers(0)).await;
+    // The light lane off: the turn's first delivery goes to the work queue the crashing consumer
+    // takes from.
+    let mut fleet = spawn_fleet(llm_fleet(&llm).workers(0).env("FLEET_LIGHT_LANE_RATE", "0")).await;
     let lost = post_turn(&fleet, &turn_body("s_limit", "lost", &[])).await;
 
     // A consumer that crashes on the job, again and again, until the broker gives up on it.
