@@ -150,6 +150,46 @@ async fn without_an_exporter_the_callers_trace_context_reaches_the_callback() {
     assert_eq!(attempts[0].header("tracestate").unwrap_or_default(), "", "no caller, no vendor state");
 }
 
+/// The same for a turn: its model calls, the tool call it publishes and the step after it carry
+/// the caller's `traceparent` unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_exporter_a_turns_model_calls_and_tool_calls_keep_the_callers_trace() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, turn_body};
+    let llm = MockLlm::start(|_, n| {
+        if n == 0 {
+            LlmReply::ToolCalls(vec![("call_1".into(), "search".into(), r#"{"query":"laptop"}"#.into())])
+        } else {
+            LlmReply::text("Found one.")
+        }
+    })
+    .await;
+    let search = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    fleet.register_tool("search", &search.url("/search"), SECRET).await;
+    let traceparent = "00-5bf92f3577b34da6a3ce929d0e0e4737-10f067aa0ba902b8-01";
+    let resp = fleet
+        .http
+        .post(format!("{}/v1/turns", fleet.api))
+        .bearer_auth(&fleet.token)
+        .header("traceparent", traceparent)
+        .json(&turn_body("s_traced", "find a laptop", &["search"]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "a round with the tool call, then the answer");
+    for request in &requests {
+        assert_eq!(request.traceparent.as_deref(), Some(traceparent), "the model call");
+    }
+    let calls = search.received();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].header("traceparent"), Some(traceparent), "the tool call the turn published");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_job_ids_and_never_secrets() {
     let receiver =
