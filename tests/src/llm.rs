@@ -61,6 +61,7 @@ pub struct LlmRequest {
     pub started: Instant,
     pub ended: Option<Instant>,
     pub authorization: Option<String>,
+    pub traceparent: Option<String>,
 }
 
 impl LlmRequest {
@@ -140,6 +141,7 @@ async fn complete(
             started: Instant::now(),
             ended: None,
             authorization: headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string),
+            traceparent: headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string),
         });
         all.len() - 1
     };

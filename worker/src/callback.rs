@@ -130,13 +130,18 @@ fn registry_unavailable(e: impl std::fmt::Display) -> AttemptReport {
     }
 }
 
-/// Sends `request` in a client span whose context travels as `traceparent`.
+/// Sends `request` with the job's trace context as `traceparent`: from a client span of its own
+/// when spans are exported, else as the job received it (no span is built for nothing).
 async fn traced_send(
     ctx: &CallbackContext<'_>,
     mut request: reqwest::RequestBuilder,
     method: &'static str,
 ) -> Result<crate::http::ReadResponse, TransportFailure> {
-    let span = tracing::info_span!("http", otel.name = method, otel.kind = "client", http.request.method = method);
+    let span = if fleet_platform::telemetry::exporting() {
+        tracing::info_span!("http", otel.name = method, otel.kind = "client", http.request.method = method)
+    } else {
+        tracing::Span::current()
+    };
     for (name, value) in fleet_platform::telemetry::http_headers(&span) {
         request = request.header(name, value);
     }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable};
 use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use fleet_platform::acks::BatchAcks;
 use fleet_platform::broker::Publisher;
@@ -52,7 +51,7 @@ async fn process(cx: &Cx<'_>, delivery: &Delivery) -> Settle {
         Err(reason) => return dead_letter_poison(cx, delivery, reason).await,
     };
     let span = job_span(cx, &envelope);
-    let _ = span.set_parent(telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
+    telemetry::set_parent(&span, telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
     let deliveries = delivery_count(delivery.properties.headers().as_ref());
     // A job past its delivery limit carries its verdict from here on, also where it is parked.
     let envelope = decided(cx, envelope, deliveries);

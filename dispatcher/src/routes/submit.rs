@@ -6,7 +6,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use utoipa::ToSchema;
 
 use fleet_platform::broker::{BrokerError, Outgoing, PublishFailure};
@@ -90,7 +89,7 @@ pub(crate) async fn submit_job<S: Submission>(
     };
     let republish = hold.as_ref().is_some_and(|h| h.republish);
     let span = submission.span(&execution_id);
-    let _ = span.set_parent(telemetry::from_http_headers(headers));
+    telemetry::set_parent(&span, telemetry::from_http_headers(headers));
     let result = enqueue(state, &submission, &execution_id, republish).instrument(span).await;
     match result {
         Ok(()) => {

@@ -16,7 +16,6 @@ use fleet_platform::store::NewExecution;
 use fleet_platform::telemetry;
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
 use fleet_protocol::schedule;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::ApiError;
 use crate::routes::common::{JsonInput, RequestKey, Tenancy};
@@ -132,7 +131,7 @@ pub(crate) async fn create_tool_call_batch(
         http.route = "/v1/tool-calls/batch",
         calls = calls.len(),
     );
-    let _ = span.set_parent(telemetry::from_http_headers(&headers));
+    telemetry::set_parent(&span, telemetry::from_http_headers(&headers));
     submit_batch(&state, idempotency_key, span, calls).await
 }
 

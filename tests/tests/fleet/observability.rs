@@ -1,5 +1,5 @@
 //! What SREs rely on: one trace id from the API request through AMQP to the callback (exported over
-//! OTLP), JSON logs that carry the job's ids and never a secret, and a Prometheus exposition that
+//! OTLP, or passed through unchanged when nothing exports), JSON logs that carry the job's ids and never a secret, and a Prometheus exposition that
 //! `promtool check metrics` accepts on a live scrape.
 
 use std::io::Write;
@@ -108,6 +108,86 @@ async fn one_trace_spans_api_broker_worker_and_callback() {
     assert_eq!(consumer.1["parentSpanId"], producer.1["spanId"], "the worker continues the publisher's span");
     let client = spans.iter().find(|(svc, s)| svc == "worker" && kind(s) == 3).expect("a CLIENT span");
     assert_eq!(traceparent.split('-').nth(2), client.1["spanId"].as_str(), "the callback's parent is the client span");
+}
+
+/// Without an exporter the fleet builds no span data, yet a caller's trace context reaches the
+/// tool owner unchanged, on every attempt (a retry is a job the worker publishes again); a call
+/// that brings none gets a trace of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_exporter_the_callers_trace_context_reaches_the_callback() {
+    let receiver =
+        Receiver::start(SECRET, |_, n| if n == 0 { Reply::status(500) } else { Reply::result(json!(1)) }).await;
+    let fleet = spawn_fleet(FleetOptions::default().env("FLEET_RETRY_DELAYS", "0.2")).await;
+    fleet.register_tool("linked", &receiver.url("/linked"), SECRET).await;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let resp = fleet
+        .http
+        .post(format!("{}/v1/tool-calls", fleet.api))
+        .bearer_auth(&fleet.token)
+        .header("traceparent", traceparent)
+        .header("tracestate", "caller=t61rcWkgMzE")
+        .json(&json!({"tool_name": "linked", "parameters": {"query": "x"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    let attempts = receiver.received_for(&id);
+    assert_eq!(attempts.len(), 2, "a failed attempt and its retry");
+    for attempt in &attempts {
+        assert_eq!(attempt.header("traceparent"), Some(traceparent), "passed through unchanged");
+        assert_eq!(attempt.header("tracestate"), Some("caller=t61rcWkgMzE"));
+    }
+
+    let other = fleet.call_tool("linked", json!({"query": "y"})).await;
+    fleet.wait_status(&other, "succeeded", Duration::from_secs(20)).await;
+    let attempts = receiver.received_for(&other);
+    let fresh = attempts[0].header("traceparent").expect("a traceparent of its own");
+    let trace = fresh.split('-').nth(1).unwrap();
+    assert!(trace.len() == 32 && trace != "0af7651916cd43dd8448eb211c80319c", "{fresh}");
+    assert_eq!(attempts[1].header("traceparent"), Some(fresh), "the retry continues the same trace");
+    assert_eq!(attempts[0].header("tracestate").unwrap_or_default(), "", "no caller, no vendor state");
+}
+
+/// The same for a turn: its model calls, the tool call it publishes and the step after it carry
+/// the caller's `traceparent` unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_exporter_a_turns_model_calls_and_tool_calls_keep_the_callers_trace() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, turn_body};
+    let llm = MockLlm::start(|_, n| {
+        if n == 0 {
+            LlmReply::ToolCalls(vec![("call_1".into(), "search".into(), r#"{"query":"laptop"}"#.into())])
+        } else {
+            LlmReply::text("Found one.")
+        }
+    })
+    .await;
+    let search = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    fleet.register_tool("search", &search.url("/search"), SECRET).await;
+    let traceparent = "00-5bf92f3577b34da6a3ce929d0e0e4737-10f067aa0ba902b8-01";
+    let resp = fleet
+        .http
+        .post(format!("{}/v1/turns", fleet.api))
+        .bearer_auth(&fleet.token)
+        .header("traceparent", traceparent)
+        .json(&turn_body("s_traced", "find a laptop", &["search"]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "a round with the tool call, then the answer");
+    for request in &requests {
+        assert_eq!(request.traceparent.as_deref(), Some(traceparent), "the model call");
+    }
+    let calls = search.received();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].header("traceparent"), Some(traceparent), "the tool call the turn published");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
