@@ -142,22 +142,39 @@ async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Resul
 /// as the claim is renewed around it.
 pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &Admission, work: impl Future<Output = T>) -> T {
     let Some(slot) = &admission.slot else { return work.await };
+    holding_slot(cx, Semaphore::Tool(&slot.tool), &slot.holder, work).await
+}
+
+/// Runs `work` while renewing `holder`'s slot of `semaphore` (a tool's, a tenant's turns') every
+/// third of the lease, as the claim is renewed around it. A slot that ran out is only logged: the
+/// claim, not the slot, decides whether the work may go on.
+pub(crate) async fn holding_slot<T>(
+    cx: &Cx<'_>,
+    semaphore: Semaphore<'_>,
+    holder: &str,
+    work: impl Future<Output = T>,
+) -> T {
     let (store, lease) = (cx.store, cx.config.claim_lease);
     let renew = move || async move {
-        if let Ok(false) = store.renew_slot(Semaphore::Tool(&slot.tool), &slot.holder, lease).await {
-            tracing::warn!(tool = %slot.tool, "the tool's concurrency slot ran out during the attempt");
+        if let Ok(false) = store.renew_slot(semaphore, holder, lease).await {
+            tracing::warn!(?semaphore, "a concurrency slot ran out while its work ran");
         }
         true
     };
-    super::claim::while_renewing(lease, work, renew).await.expect("a slot's renewal never stops the attempt")
+    super::claim::while_renewing(lease, work, renew).await.expect("a slot's renewal never stops the work")
 }
 
 /// Gives the slot back. A Redis error leaves it to its lease, which runs out by itself.
 pub(crate) async fn release(cx: &Cx<'_>, admission: Admission) {
     if let Some(slot) = admission.slot {
-        if let Err(e) = cx.store.release_slot(Semaphore::Tool(&slot.tool), &slot.holder).await {
-            tracing::warn!(error = %e, tool = %slot.tool, "cannot give the concurrency slot back; its lease runs out");
-        }
+        give_back(cx, Semaphore::Tool(&slot.tool), &slot.holder).await;
+    }
+}
+
+/// Gives `holder`'s slot of `semaphore` back; a Redis error leaves it to its lease.
+pub(crate) async fn give_back(cx: &Cx<'_>, semaphore: Semaphore<'_>, holder: &str) {
+    if let Err(e) = cx.store.release_slot(semaphore, holder).await {
+        tracing::warn!(error = %e, ?semaphore, "cannot give the concurrency slot back; its lease runs out");
     }
 }
 

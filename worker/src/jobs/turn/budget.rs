@@ -16,7 +16,7 @@ use fleet_protocol::turn::TurnState;
 
 use super::Step;
 use crate::context::Cx;
-use crate::jobs::{claim, limits};
+use crate::jobs::limits;
 use crate::outcome::{DeadLetter, Outcome};
 use fleet_protocol::deadletter::DeadLetterReason;
 
@@ -205,18 +205,9 @@ pub(super) async fn take_turn_slot(step: &Step<'_>, state: &TurnState) -> Result
 /// gives the slot back however the work ends (a lost worker's lease runs out by itself).
 pub(super) async fn holding_turn_slot<T>(cx: &Cx<'_>, slot: Option<TurnSlot>, work: impl Future<Output = T>) -> T {
     let Some(slot) = slot else { return work.await };
-    let (store, lease) = (cx.store, cx.config.claim_lease);
     let semaphore = Semaphore::TenantTurns(&slot.tenant);
-    let renew = || async {
-        if let Ok(false) = store.renew_slot(semaphore, &slot.holder, lease).await {
-            tracing::warn!(tenant = %slot.tenant, "the tenant's turn slot ran out during the step");
-        }
-        true
-    };
-    let out = claim::while_renewing(lease, work, renew).await.expect("a slot's renewal never stops the step");
-    if let Err(e) = store.release_slot(semaphore, &slot.holder).await {
-        tracing::warn!(error = %e, tenant = %slot.tenant, "cannot give the turn slot back; its lease runs out");
-    }
+    let out = limits::holding_slot(cx, semaphore, &slot.holder, work).await;
+    limits::give_back(cx, semaphore, &slot.holder).await;
     out
 }
 
