@@ -62,10 +62,7 @@ pub async fn poll(
         let Ok(pickups) = store.pickups().await else { continue };
         let now = now_ms();
         for kind in JobKind::ALL {
-            let mut depth = depths.get(&topology.work_queue(kind)).copied().unwrap_or(0);
-            if kind == JobKind::Turn {
-                depth += depths.get(&topology.light_turns_queue()).copied().unwrap_or(0);
-            }
+            let depth: u32 = topology.waiting_queues(kind).iter().filter_map(|q| depths.get(q)).sum();
             let first_seen = *waiting_since.entry(kind).or_insert(now);
             if depth == 0 {
                 waiting_since.remove(&kind);

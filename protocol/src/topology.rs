@@ -91,6 +91,16 @@ impl Topology {
         format!("{}.work.turns.light", self.prefix)
     }
 
+    /// The queues where `kind`'s jobs wait for a worker: its work queue, and for turns the light
+    /// lane. Workers consume them all; depths and readiness count them together.
+    pub fn waiting_queues(&self, kind: JobKind) -> Vec<String> {
+        let mut queues = vec![self.work_queue(kind)];
+        if kind == JobKind::Turn {
+            queues.push(self.light_turns_queue());
+        }
+        queues
+    }
+
     /// The delay queue of ladder step `step` (0 = the shortest, 250 ms; `RetryPolicy::park_step`
     /// picks the step for a wait).
     pub fn delay_queue(&self, kind: JobKind, step: usize) -> String {

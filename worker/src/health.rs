@@ -78,8 +78,7 @@ pub fn liveness(link: BrokerLink, topology: Topology, consumers: Arc<Consumers>,
 async fn waiting_jobs(connection: &lapin::Connection, topology: &Topology) -> u64 {
     let Ok(channel) = connection.create_channel().await else { return 0 };
     let mut total = 0;
-    let queues = JobKind::ALL.into_iter().map(|kind| topology.work_queue(kind)).chain([topology.light_turns_queue()]);
-    for queue in queues {
+    for queue in JobKind::ALL.into_iter().flat_map(|kind| topology.waiting_queues(kind)) {
         let options = QueueDeclareOptions { passive: true, ..Default::default() };
         match channel.queue_declare(queue.as_str().into(), options, FieldTable::default()).await {
             Ok(q) => total += q.message_count() as u64,

@@ -325,15 +325,11 @@ async fn open_consumers(
     channel.basic_qos(config.concurrency, BasicQosOptions::default()).await?;
     let mut consumers = Vec::new();
     let mut tags = Vec::new();
-    let topology = &config.common.topology;
-    // Each work queue and the light lane: consumed side by side, so a light tenant's new turn
-    // is taken while another tenant's backlog waits in the turns' work queue.
-    let queues = JobKind::ALL
-        .into_iter()
-        .map(|kind| (topology.work_queue(kind), kind.as_str()))
-        .chain([(topology.light_turns_queue(), "turn-light")]);
-    for (queue, name) in queues {
-        let tag = format!("{}-{name}", config.worker_id);
+    // Every queue a job waits in, consumed side by side, so a light tenant's new turn is taken
+    // while another tenant's backlog waits in the turns' work queue.
+    let queues = JobKind::ALL.into_iter().flat_map(|kind| config.common.topology.waiting_queues(kind));
+    for queue in queues {
+        let tag = format!("{}-{queue}", config.worker_id);
         let consumer = channel
             .basic_consume(
                 queue.as_str().into(),

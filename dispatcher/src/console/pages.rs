@@ -46,20 +46,20 @@ fn queue_rows(state: &AppState, activity: &BTreeMap<String, KindActivity>) -> Ve
         .iter()
         .map(|kind| {
             let work = topology.work_queue(*kind);
-            let light = topology.light_turns_queue();
+            let waiting_in = topology.waiting_queues(*kind);
+            let depth = |q: &String| m.queue_messages.with_label_values(&[q]).get();
+            let waiting: i64 = waiting_in.iter().map(depth).sum();
             let delayed: i64 = topology
                 .queues()
                 .iter()
-                .filter(|q| q.name != work && q.name != light && q.name.contains(kind.as_str()))
-                .map(|q| m.queue_messages.with_label_values(&[&q.name]).get())
+                .filter(|q| !waiting_in.contains(&q.name) && q.name.contains(kind.as_str()))
+                .map(|q| depth(&q.name))
                 .sum();
-            // A new turn in the light lane waits for a worker as one in the work queue does.
-            let lane = if *kind == JobKind::Turn { m.queue_messages.with_label_values(&[&light]).get() } else { 0 };
             let k = kind.as_str();
             let running = activity.get(k).map_or(0, |a| a.running);
             vec![
                 esc(k),
-                (m.queue_messages.with_label_values(&[&work]).get() + lane).to_string(),
+                waiting.to_string(),
                 format!("<span id=\"running-{k}\">{running}</span>"),
                 m.queue_consumers.with_label_values(&[&work]).get().to_string(),
                 delayed.to_string(),
