@@ -108,7 +108,7 @@ local function short(calls)
   return worst
 end
 local rank = redis.call('ZRANK', waiters(tenant), id)
-local ahead
+local ahead, mine
 if now_only then
   ahead = redis.call('ZCARD', line)
 else
@@ -124,7 +124,7 @@ else
     redis.call('HSET', KEYS[2], id, tokens)
     rank = redis.call('ZRANK', waiters(tenant), id)
   end
-  local mine = redis.call('ZRANGE', places(tenant), rank, rank, 'WITHSCORES')
+  mine = redis.call('ZRANGE', places(tenant), rank, rank, 'WITHSCORES')
   if not mine[2] then
     mine = redis.call('ZRANGE', places(tenant), -1, -1, 'WITHSCORES')
   end
@@ -140,8 +140,7 @@ if wait > 0 then
   return {0, wait, 0}
 end
 if not now_only then
-  local mine = redis.call('ZRANGE', places(tenant), rank, rank, 'WITHSCORES')
-  if not mine[2] then mine = redis.call('ZRANGE', places(tenant), -1, -1, 'WITHSCORES') end
+  -- The place it was counted from: the line's virtual time moves to it, and it is given up.
   if mine[2] then
     local v = tonumber(redis.call('HGET', fair, '~v') or 0)
     redis.call('HSET', fair, '~v', string.format('%.3f', math.max(v, tonumber(mine[2]))))
