@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
 use fleet_protocol::secrets::SecretsKey;
 
+use crate::lanes::LaneRate;
 use crate::scopes::{parse_token_entry, Grant};
 
 /// One accepted bearer token: its digest and its scopes.
@@ -39,8 +40,10 @@ pub struct DispatcherConfig {
     /// `FLEET_LIGHT_LANE_RATE` (new turns a second, default 2; 0 turns the lane off) and
     /// `FLEET_LIGHT_LANE_BURST` (default 20): a tenant within them is not flooding the fleet and its
     /// new turns take the light lane.
-    pub light_lane_rate: f64,
-    pub light_lane_burst: u32,
+    pub light_lane_turns: LaneRate,
+    /// `FLEET_LIGHT_LANE_CALL_RATE` (new tool calls a second, default 50; 0 turns the lane off) and
+    /// `FLEET_LIGHT_LANE_CALL_BURST` (default 200): the same for tool calls.
+    pub light_lane_tool_calls: LaneRate,
 }
 
 impl DispatcherConfig {
@@ -58,8 +61,14 @@ impl DispatcherConfig {
             secret_rotation_grace: src
                 .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,
             console_grafana_url: src.get("FLEET_CONSOLE_GRAFANA_URL").map(str::to_string).filter(|u| !u.is_empty()),
-            light_lane_rate: light_lane_rate(src)?,
-            light_lane_burst: src.parse("FLEET_LIGHT_LANE_BURST", 20)?,
+            light_lane_turns: LaneRate {
+                rate: lane_rate(src, "FLEET_LIGHT_LANE_RATE", 2.0)?,
+                burst: src.parse("FLEET_LIGHT_LANE_BURST", 20)?,
+            },
+            light_lane_tool_calls: LaneRate {
+                rate: lane_rate(src, "FLEET_LIGHT_LANE_CALL_RATE", 50.0)?,
+                burst: src.parse("FLEET_LIGHT_LANE_CALL_BURST", 200)?,
+            },
         })
     }
 }
@@ -89,11 +98,12 @@ fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
     Ok(tokens)
 }
 
-/// `FLEET_LIGHT_LANE_RATE`: a finite number of turns a second, at least 0.
-fn light_lane_rate(src: &Source) -> Result<f64, ConfigError> {
-    let rate: f64 = src.parse("FLEET_LIGHT_LANE_RATE", 2.0)?;
+/// A light lane's rate (`FLEET_LIGHT_LANE_RATE`, `FLEET_LIGHT_LANE_CALL_RATE`): a finite number
+/// of jobs a second, at least 0.
+fn lane_rate(src: &Source, setting: &'static str, default: f64) -> Result<f64, ConfigError> {
+    let rate: f64 = src.parse(setting, default)?;
     if !rate.is_finite() || rate < 0.0 {
-        return Err(ConfigError::new("FLEET_LIGHT_LANE_RATE", "must be a number of turns a second, 0 or more"));
+        return Err(ConfigError::new(setting, "must be a number of jobs a second, 0 or more"));
     }
     Ok(rate)
 }

@@ -94,7 +94,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
     ));
     // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
     let streams = stream::StreamHub::start(store.clone(), lifetime.intake().child_token());
-    let config_lane = (config.light_lane_rate, config.light_lane_burst);
+    let lanes = lanes::LightLanes::new(config.light_lane_turns, config.light_lane_tool_calls);
     let state = AppState {
         config: Arc::new(config),
         broker: link,
@@ -104,7 +104,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
         streams: streams.clone(),
         console_tasks: tokio_util::task::TaskTracker::new(),
         shutdown: lifetime.intake().child_token(),
-        lanes: Arc::new(lanes::LightLanes::new(config_lane.0, config_lane.1)),
+        lanes: Arc::new(lanes),
     };
     let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");

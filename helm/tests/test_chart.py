@@ -525,7 +525,7 @@ def test_keda_on_means_no_worker_hpa_and_no_replicas(full_docs):
     assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] == 50
     triggers = so["spec"]["triggers"]
     assert [t["metadata"]["queueName"] for t in triggers] == [
-        "acme.work.tool_calls", "acme.work.turns", "acme.work.turns.light", "acme.work.webhooks"], \
+        "acme.work.tool_calls", "acme.work.tool_calls.light", "acme.work.turns", "acme.work.turns.light", "acme.work.webhooks"], \
         "KEDA watches every work queue"
     trigger = triggers[0]
     assert trigger["type"] == "rabbitmq"
@@ -563,7 +563,8 @@ def test_worker_cpu_hpa_when_keda_off(chart):
 def test_keda_default_queue_and_several_queues(chart):
     docs = render(chart, {"worker": {"keda": {"enabled": True}}})
     assert [t["metadata"]["queueName"] for t in one(docs, "ScaledObject", "worker")["spec"]["triggers"]] == [
-        "fleet.work.tool_calls", "fleet.work.turns", "fleet.work.turns.light", "fleet.work.webhooks"]
+        "fleet.work.tool_calls", "fleet.work.tool_calls.light", "fleet.work.turns", "fleet.work.turns.light",
+        "fleet.work.webhooks"]
     docs = render(chart, {"worker": {"keda": {"enabled": True, "queues": ["tool_calls", "webhooks"]}}})
     so = one(docs, "ScaledObject", "worker")
     assert [t["metadata"]["queueName"] for t in so["spec"]["triggers"]] == [

@@ -136,13 +136,25 @@ pub fn place(virtual_time: f64, finish: Option<f64>, cost_ms: f64, weight: u32) 
     (start, start + cost_ms / f64::from(weight.max(1)))
 }
 
-/// A tenant's allowance of the light lane (`Topology::light_turns_queue`), as one dispatcher
-/// counts it: a token bucket of `burst` new turns refilled at `rate` a second. A tenant within it
-/// is not flooding the fleet, and its new turn skips the turns' work queue.
+/// A tenant's allowance of a light lane (`Topology::light_queue`), as one dispatcher counts it: a
+/// token bucket of `burst` new jobs refilled at `rate` a second. A tenant within it is not flooding
+/// the fleet, and its new job skips the work queue's backlog. Priority decides, within the tenant,
+/// which jobs keep the lane as the bucket runs low: a `low` job takes a token only while the
+/// bucket is more than half full, a `normal` one while a token is left, and a `high` one may
+/// borrow up to half a burst more (which later `normal` jobs wait for).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LaneBucket {
     tokens: f64,
     at_s: f64,
+}
+
+/// The tokens a job of `priority` must leave in a bucket of `burst` (negative: it may borrow).
+pub fn lane_floor(priority: Priority, burst: f64) -> f64 {
+    match priority {
+        Priority::High => -burst / 2.0,
+        Priority::Normal => 0.0,
+        Priority::Low => burst / 2.0,
+    }
 }
 
 impl LaneBucket {
@@ -150,11 +162,11 @@ impl LaneBucket {
         LaneBucket { tokens: burst, at_s: now_s }
     }
 
-    /// Takes one turn's token if there is one: whether the turn goes to the light lane.
-    pub fn take(&mut self, now_s: f64, rate: f64, burst: f64) -> bool {
+    /// Takes one job's token if its priority may: whether the job goes to the light lane.
+    pub fn take(&mut self, now_s: f64, rate: f64, burst: f64, priority: Priority) -> bool {
         self.tokens = (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst);
         self.at_s = now_s;
-        let light = self.tokens >= 1.0;
+        let light = self.tokens - 1.0 >= lane_floor(priority, burst);
         if light {
             self.tokens -= 1.0;
         }
@@ -268,12 +280,25 @@ mod tests {
     fn a_tenant_within_its_lane_bucket_goes_light_and_a_flood_does_not() {
         let (rate, burst) = (2.0, 3.0);
         let mut bucket = LaneBucket::new(burst, 0.0);
-        let burst_taken: Vec<bool> = (0..5).map(|_| bucket.take(0.0, rate, burst)).collect();
+        let normal = Priority::Normal;
+        let burst_taken: Vec<bool> = (0..5).map(|_| bucket.take(0.0, rate, burst, normal)).collect();
         assert_eq!(burst_taken, [true, true, true, false, false]);
-        assert!(bucket.take(0.5, rate, burst), "refilled at two a second");
-        assert!(!bucket.take(0.5, rate, burst));
+        assert!(bucket.take(0.5, rate, burst, normal), "refilled at two a second");
+        assert!(!bucket.take(0.5, rate, burst, normal));
         assert!(!bucket.is_full(1.0, rate, burst));
         assert!(bucket.is_full(2.0, rate, burst), "idle long enough to be forgotten");
+    }
+
+    #[test]
+    fn as_the_bucket_runs_low_a_tenants_low_jobs_leave_the_lane_first_and_high_ones_last() {
+        let burst = 10.0;
+        let mut bucket = LaneBucket::new(burst, 0.0);
+        let taken =
+            |bucket: &mut LaneBucket, p: Priority, n: usize| (0..n).filter(|_| bucket.take(0.0, 0.0, burst, p)).count();
+        assert_eq!(taken(&mut bucket, Priority::Low, 20), 5, "low keeps half the burst");
+        assert_eq!(taken(&mut bucket, Priority::Normal, 20), 5, "normal takes the rest");
+        assert_eq!(taken(&mut bucket, Priority::High, 20), 5, "high borrows half a burst more");
+        assert_eq!(taken(&mut bucket, Priority::Normal, 1), 0, "normal waits for the borrowed tokens");
     }
 
     #[test]

@@ -6,8 +6,14 @@ use std::time::Duration;
 use crate::envelope::JobKind;
 use crate::retry::{delay_ladder, ladder_step};
 
-/// The jobs exchange's routing key of the light lane (`Topology::light_turns_queue`).
-pub const LIGHT_TURNS_KEY: &str = "turn.light";
+/// The kinds a client submits that have a light lane (`Topology::light_queue`): new turns and
+/// tool calls. Webhooks belong to no tenant.
+pub const LANE_KINDS: [JobKind; 2] = [JobKind::Turn, JobKind::ToolCall];
+
+/// The jobs exchange's routing key of `kind`'s light lane (`turn.light`, `tool_call.light`).
+pub fn light_key(kind: JobKind) -> Option<String> {
+    LANE_KINDS.contains(&kind).then(|| format!("{}.light", kind.as_str()))
+}
 
 /// Redeliveries after which the broker itself dead-letters a message (a job that keeps killing
 /// its worker must not crash-loop the fleet).
@@ -83,22 +89,18 @@ impl Topology {
         format!("{}.work.{}", self.prefix, kind.queue_suffix())
     }
 
-    /// The light lane: new turns of tenants that are not flooding the fleet (the dispatcher's
-    /// `fair::LaneBucket`), published to the jobs exchange under `LIGHT_TURNS_KEY`, so they never
-    /// wait behind another tenant's backlog in the turns' work queue. Workers consume it beside the
-    /// work queues; a turn's later steps go to the work queue as any step does.
-    pub fn light_turns_queue(&self) -> String {
-        format!("{}.work.turns.light", self.prefix)
+    /// `kind`'s light lane, if it has one: new jobs of tenants that are not flooding the fleet (the
+    /// dispatcher's `fair::LaneBucket`), published to the jobs exchange under `light_key`, so they
+    /// never wait behind another tenant's backlog in the work queue. Workers consume it beside the
+    /// work queues; retries, parked jobs and a turn's later steps go to the work queue.
+    pub fn light_queue(&self, kind: JobKind) -> Option<String> {
+        LANE_KINDS.contains(&kind).then(|| format!("{}.light", self.work_queue(kind)))
     }
 
-    /// The queues where `kind`'s jobs wait for a worker: its work queue, and for turns the light
-    /// lane. Workers consume them all; depths and readiness count them together.
+    /// The queues where `kind`'s jobs wait for a worker: its work queue and its light lane.
+    /// Workers consume them all; depths and readiness count them together.
     pub fn waiting_queues(&self, kind: JobKind) -> Vec<String> {
-        let mut queues = vec![self.work_queue(kind)];
-        if kind == JobKind::Turn {
-            queues.push(self.light_turns_queue());
-        }
-        queues
+        std::iter::once(self.work_queue(kind)).chain(self.light_queue(kind)).collect()
     }
 
     /// The delay queue of ladder step `step` (0 = the shortest, 250 ms; `RetryPolicy::park_step`
@@ -148,9 +150,8 @@ impl Topology {
                 arguments: arguments.clone(),
                 bindings: vec![(self.jobs_exchange(), kind.as_str().to_string())],
             });
-            if kind == JobKind::Turn {
-                let bindings = vec![(self.jobs_exchange(), LIGHT_TURNS_KEY.to_string())];
-                queues.push(QueueSpec { name: self.light_turns_queue(), arguments, bindings });
+            if let (Some(name), Some(key)) = (self.light_queue(kind), light_key(kind)) {
+                queues.push(QueueSpec { name, arguments, bindings: vec![(self.jobs_exchange(), key)] });
             }
             for (step, delay) in self.ladder.iter().enumerate() {
                 let mut arguments = vec![
@@ -212,13 +213,17 @@ mod tests {
         assert!(delay.arguments.contains(&("x-dead-letter-routing-key", ArgValue::Str("tool_call".into()))));
         assert!(delay.arguments.contains(&("x-dead-letter-strategy", ArgValue::Str("at-least-once".into()))));
         assert!(queues.iter().all(|q| q.arguments.contains(&("x-queue-type", ArgValue::Str("quorum".into())))));
-        // Per kind: the work queue, 5 retry delay queues and 5 park queues; the turns' light
-        // lane; then the dead letters.
-        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5 + 5) + 1 + 1);
-        let turns = queues.iter().find(|q| q.name == "fleet.work.turns").unwrap();
-        let light = queues.iter().find(|q| q.name == "fleet.work.turns.light").unwrap();
-        assert_eq!(light.arguments, turns.arguments, "the lane is a work queue like the turns'");
-        assert_eq!(light.bindings, [("fleet.jobs".to_string(), "turn.light".to_string())]);
+        // Per kind: the work queue, 5 retry delay queues and 5 park queues; the light lanes of
+        // turns and tool calls; then the dead letters.
+        assert_eq!(queues.len(), JobKind::ALL.len() * (1 + 5 + 5) + 2 + 1);
+        for (kind, key) in [("turns", "turn.light"), ("tool_calls", "tool_call.light")] {
+            let work = queues.iter().find(|q| q.name == format!("fleet.work.{kind}")).unwrap();
+            let light = queues.iter().find(|q| q.name == format!("fleet.work.{kind}.light")).unwrap();
+            assert_eq!(light.arguments, work.arguments, "the lane is a work queue like the {kind}'");
+            assert_eq!(light.bindings, [("fleet.jobs".to_string(), key.to_string())]);
+        }
+        assert_eq!(t.light_queue(JobKind::Webhook), None, "webhooks belong to no tenant");
+        assert_eq!(t.waiting_queues(JobKind::ToolCall), ["fleet.work.tool_calls", "fleet.work.tool_calls.light"]);
     }
 
     #[test]

@@ -445,6 +445,15 @@ impl Fleet {
     }
 
     /// Messages ready in `queue` (passive declare).
+    /// The jobs of `kind` waiting for a worker: in its work queue and its light lane.
+    pub async fn waiting_depth(&self, kind: JobKind) -> u32 {
+        let mut depth = 0;
+        for queue in self.topology.waiting_queues(kind) {
+            depth += self.queue_depth(&queue).await;
+        }
+        depth
+    }
+
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let (conn, channel) = self.amqp().await;
         let q = channel

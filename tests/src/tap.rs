@@ -42,7 +42,7 @@ pub struct JobTap {
 }
 
 impl JobTap {
-    /// Binds a fresh exclusive queue to `fleet`'s jobs exchange for every kind and the light lane.
+    /// Binds a fresh exclusive queue to `fleet`'s jobs exchange for every kind and light lane.
     pub async fn start(fleet: &Fleet) -> Self {
         let connection = Connection::connect(&amqp_url(), ConnectionProperties::default()).await.unwrap();
         let channel = connection.create_channel().await.unwrap();
@@ -50,13 +50,14 @@ impl JobTap {
         let queue = channel.queue_declare("".into(), options, FieldTable::default()).await.unwrap();
         let queue = queue.name().as_str().to_string();
         let exchange = fleet.topology.jobs_exchange();
-        let keys = JobKind::ALL.iter().map(|k| k.as_str()).chain([fleet_protocol::topology::LIGHT_TURNS_KEY]);
-        for key in keys {
+        let lanes = JobKind::ALL.into_iter().filter_map(fleet_protocol::topology::light_key);
+        let keys: Vec<String> = JobKind::ALL.iter().map(|k| k.as_str().to_string()).chain(lanes).collect();
+        for key in &keys {
             channel
                 .queue_bind(
                     queue.as_str().into(),
                     exchange.as_str().into(),
-                    key.into(),
+                    key.as_str().into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )

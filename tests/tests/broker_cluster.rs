@@ -36,8 +36,12 @@ async fn receiver() -> Receiver {
 }
 
 async fn fleet_on(cluster: &RabbitCluster, first: usize, receiver: &Receiver) -> Arc<Fleet> {
-    let options =
-        FleetOptions::default().workers(2).env("FLEET_AMQP_URL", &cluster.amqp_url_from(first)).env("RUST_LOG", "warn");
+    // The light lane off: every call goes through the work queue whose leader the tests move.
+    let options = FleetOptions::default()
+        .workers(2)
+        .env("FLEET_AMQP_URL", &cluster.amqp_url_from(first))
+        .env("FLEET_LIGHT_LANE_CALL_RATE", "0")
+        .env("RUST_LOG", "warn");
     let fleet = Arc::new(spawn_fleet(options).await);
     fleet.register_tool("clustered", &receiver.url("/c"), SECRET).await;
     fleet

@@ -50,7 +50,7 @@ async fn process(cx: &Cx<'_>, delivery: &Delivery) -> Settle {
         Ok(e) => e,
         Err(reason) => return dead_letter_poison(cx, delivery, reason).await,
     };
-    let span = job_span(cx, &envelope);
+    let span = job_span(cx, &envelope, delivery.routing_key.as_str());
     telemetry::set_parent(&span, telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
     let deliveries = delivery_count(delivery.properties.headers().as_ref());
     // A job past its delivery limit carries its verdict from here on, also where it is parked.
@@ -122,9 +122,16 @@ async fn dead_letter_poison(cx: &Cx<'_>, delivery: &Delivery, reason: PoisonReas
 }
 
 /// The job's span continues the publisher's trace (W3C context from the AMQP headers), and every
-/// log line of the job carries its execution id, attempt and what it is for.
-fn job_span(cx: &Cx<'_>, envelope: &Envelope) -> tracing::Span {
-    let queue = cx.config.common.topology.work_queue(envelope.kind());
+/// log line of the job carries its execution id, attempt and what it is for. Its queue is the
+/// light lane when the job came by the lane's routing key.
+fn job_span(cx: &Cx<'_>, envelope: &Envelope, routing_key: &str) -> tracing::Span {
+    let topology = &cx.config.common.topology;
+    let kind = envelope.kind();
+    let light = fleet_protocol::topology::light_key(kind).is_some_and(|key| key == routing_key);
+    let queue = match topology.light_queue(kind) {
+        Some(lane) if light => lane,
+        _ => topology.work_queue(kind),
+    };
     let span = tracing::info_span!(
         "job",
         otel.name = format!("process {queue}"),

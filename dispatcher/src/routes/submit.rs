@@ -33,7 +33,7 @@ pub(crate) trait Submission {
     /// Removes what a first attempt wrote, once it is certain nothing was accepted; `recorded` says
     /// whether `record` succeeded (when it failed, part of it may still have been written).
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool);
-    /// Whether the job takes the light lane (a new turn of a tenant not flooding the fleet).
+    /// Whether the job takes its kind's light lane (a new job of a tenant not flooding the fleet).
     fn light_lane(&self, _state: &AppState) -> bool {
         false
     }
@@ -50,7 +50,7 @@ async fn enqueue<S: Submission>(
     state.broker.publisher().map_err(EnqueueFailure::Publish)?;
     let envelope = submission.record(state, execution_id, republish).await.map_err(EnqueueFailure::BeforePublish)?;
     let light = submission.light_lane(state);
-    publish_in(state, std::slice::from_ref(&envelope), light).await.pop().expect("one result per envelope")
+    publish_in(state, std::slice::from_ref(&envelope), &[light]).await.pop().expect("one result per envelope")
 }
 
 /// Accepts a job: reserves its `Idempotency-Key` (or answers from it), enqueues it, and answers 202
@@ -231,12 +231,16 @@ pub(crate) async fn publish(state: &AppState, envelope: &Envelope) -> Result<(),
 /// goes to the delay queue that holds it (`schedule::first_destination`), any other to its kind's
 /// work queue.
 pub(crate) async fn publish_all(state: &AppState, envelopes: &[Envelope]) -> Vec<Result<(), EnqueueFailure>> {
-    publish_in(state, envelopes, false).await
+    publish_in(state, envelopes, &[]).await
 }
 
-/// `publish_all`, with jobs due now sent to the light lane (`Topology::light_turns_queue`) when
-/// `light`.
-async fn publish_in(state: &AppState, envelopes: &[Envelope], light: bool) -> Vec<Result<(), EnqueueFailure>> {
+/// `publish_all`, with each job due now whose `light` is true sent to its kind's light lane
+/// (`Topology::light_queue`); jobs past the end of `light` go to the work queue.
+pub(crate) async fn publish_in(
+    state: &AppState,
+    envelopes: &[Envelope],
+    light: &[bool],
+) -> Vec<Result<(), EnqueueFailure>> {
     let publisher = match state.broker.publisher() {
         Ok(publisher) => publisher,
         Err(_) => return envelopes.iter().map(|_| Err(EnqueueFailure::Publish(BrokerError::Unavailable))).collect(),
@@ -246,10 +250,14 @@ async fn publish_in(state: &AppState, envelopes: &[Envelope], light: bool) -> Ve
     let mut spans = Vec::with_capacity(envelopes.len());
     let messages: Vec<Outgoing> = envelopes
         .iter()
-        .map(|envelope| {
+        .enumerate()
+        .map(|(i, envelope)| {
             let (exchange, mut routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
-            if light && exchange == common.topology.jobs_exchange() {
-                routing_key = fleet_protocol::topology::LIGHT_TURNS_KEY.to_string();
+            let lane = fleet_protocol::topology::light_key(envelope.kind());
+            if let (Some(true), Some(lane)) = (light.get(i), lane) {
+                if exchange == common.topology.jobs_exchange() {
+                    routing_key = lane;
+                }
             }
             let span = send_span(envelope, &exchange, &routing_key);
             let headers = telemetry::amqp_headers(&span);

@@ -23,7 +23,7 @@ use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
 use crate::routes::submit::{
-    failure_outcome, publish_all, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
+    failure_outcome, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
 };
 use crate::routes::wire::Data;
 use crate::AppState;
@@ -104,7 +104,8 @@ impl<S: Submission> Batch<'_, S> {
             return Enqueued::NotPublished { failure: EnqueueFailure::BeforePublish(e), recorded };
         }
         let mut results: Vec<Result<(), EnqueueFailure>> = (0..n).map(|_| Ok(())).collect();
-        for (&i, result) in pending.iter().zip(publish_all(state, &envelopes).await) {
+        let light: Vec<bool> = pending.iter().map(|&i| self.items[i].light_lane(state)).collect();
+        for (&i, result) in pending.iter().zip(publish_in(state, &envelopes, &light).await) {
             results[i] = result;
         }
         Enqueued::Published(results)

@@ -14,7 +14,8 @@ use utoipa::ToSchema;
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
 use fleet_platform::telemetry;
-use fleet_protocol::envelope::{Envelope, Job, ToolCallJob};
+use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob};
+use fleet_protocol::fair::Priority;
 use fleet_protocol::schedule;
 
 use crate::error::ApiError;
@@ -46,6 +47,10 @@ pub(crate) struct ToolCallInput {
     /// Whose call it is (1-64 of `A-Z a-z 0-9 . _ -`): a tenant-bound token's tenant (a different
     /// one is refused), else this, else the token's name.
     tenant: Option<String>,
+    /// Its order among its tenant's new calls (default `normal`): as a tenant's calls come faster
+    /// than its light lane allows, its `low` calls leave the lane for the work queue first and its
+    /// `high` ones last.
+    priority: Option<Priority>,
     // Whose call it is, once `check` decided it.
     #[serde(skip)]
     #[schema(ignore)]
@@ -194,6 +199,11 @@ impl Submission for ToolCallInput {
         Ok(envelope)
     }
 
+    fn light_lane(&self, state: &AppState) -> bool {
+        let tenant = self.owner.as_deref().unwrap_or_default();
+        state.lanes.take(JobKind::ToolCall, tenant, self.priority.unwrap_or_default())
+    }
+
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool) {
         // A record that failed to be written is not there to remove.
         if recorded {
@@ -219,6 +229,9 @@ fn body_digest(input: &ToolCallInput) -> String {
     }
     if let Some(tenant) = &input.tenant {
         canonical["tenant"] = json!(tenant);
+    }
+    if let Some(priority) = input.priority {
+        canonical["priority"] = json!(priority);
     }
     hex::encode(Sha256::digest(serde_json::to_vec(&canonical).expect("JSON serialises")))
 }

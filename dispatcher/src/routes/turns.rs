@@ -158,7 +158,8 @@ impl Submission for NewTurn {
     }
 
     fn light_lane(&self, state: &AppState) -> bool {
-        state.lanes.take(self.input.tenant.as_deref().unwrap_or_default())
+        let tenant = self.input.tenant.as_deref().unwrap_or_default();
+        state.lanes.take(fleet_protocol::envelope::JobKind::Turn, tenant, self.input.priority)
     }
 
     async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {

@@ -182,9 +182,8 @@ async fn a_failed_key_write_after_the_brokers_confirm_still_answers_202() {
             (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
         })
     };
-    let queue = fleet.topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall);
     wait_for("the job on the work queue", Duration::from_secs(10), || async {
-        (fleet.queue_depth(&queue).await == 1).then_some(())
+        (fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await == 1).then_some(())
     })
     .await;
     redis.cut();

@@ -154,8 +154,7 @@ async fn bad_input_gets_a_named_4xx_and_nothing_is_published() {
     let (s, b) = fleet.get("/v1/executions/exec_doesnotexist").await;
     check(s, &b, 404, "exec_doesnotexist");
 
-    let queue = fleet.topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall);
-    assert_eq!(fleet.queue_depth(&queue).await, 0, "nothing was published");
+    assert_eq!(fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await, 0, "nothing was published");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,8 +197,7 @@ async fn broker_down_at_enqueue_answers_503_and_accepts_nothing() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "broker_unavailable");
     assert!(body.get("data").is_none(), "nothing claims success");
-    let queue = fleet.topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall);
-    assert_eq!(fleet.queue_depth(&queue).await, 0);
+    assert_eq!(fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await, 0);
 
     // The dispatcher reconnects by itself once the broker is reachable again.
     proxy.restore();
@@ -211,7 +209,7 @@ async fn broker_down_at_enqueue_answers_503_and_accepts_nothing() {
     let (status, body) =
         fleet.post("/v1/tool-calls", &json!({"tool_name": "echo", "parameters": {"query": "x"}})).await;
     assert_eq!(status, 202, "{body}");
-    assert_eq!(fleet.queue_depth(&queue).await, 1);
+    assert_eq!(fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

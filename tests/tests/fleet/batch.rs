@@ -121,7 +121,6 @@ async fn one_bad_call_refuses_the_batch_naming_it_and_nothing_is_published() {
     let receiver = Receiver::echo(SECRET).await;
     let fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
-    let work_queue = fleet.topology.work_queue(JobKind::ToolCall);
 
     let mut calls: Vec<Value> = (0..20).map(|i| call(&format!("q{i}"))).collect();
     calls[17] = json!({"tool_name": "echo", "parameters": {"query": 17}});
@@ -159,7 +158,7 @@ async fn one_bad_call_refuses_the_batch_naming_it_and_nothing_is_published() {
     assert!(body["error"]["message"].as_str().unwrap().starts_with("calls: "), "{body}");
 
     // Nothing was published, and no execution was recorded.
-    assert_eq!(fleet.queue_depth(&work_queue).await, 0);
+    assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 0);
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let records: Vec<String> =
@@ -172,12 +171,11 @@ async fn a_retried_batch_gets_the_same_ids_and_publishes_nothing_twice() {
     let receiver = Receiver::echo(SECRET).await;
     let mut fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
-    let work_queue = fleet.topology.work_queue(JobKind::ToolCall);
     let calls: Vec<Value> = (0..5).map(|i| call(&format!("q{i}"))).collect();
 
     let (status, first, replayed) = post_batch(&fleet, Some("batch-key-1"), &calls).await;
     assert_eq!((status, replayed), (202, false), "{first}");
-    assert_eq!(fleet.queue_depth(&work_queue).await, 5);
+    assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 5);
 
     // The same batch again, key order and spacing aside: the same ids, nothing published again.
     let reordered: Vec<Value> =
@@ -185,7 +183,7 @@ async fn a_retried_batch_gets_the_same_ids_and_publishes_nothing_twice() {
     let (status, again, replayed) = post_batch(&fleet, Some("batch-key-1"), &reordered).await;
     assert_eq!((status, replayed), (202, true), "{again}");
     assert_eq!(ids_of(&again), ids_of(&first));
-    assert_eq!(fleet.queue_depth(&work_queue).await, 5, "nothing published twice");
+    assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 5, "nothing published twice");
 
     // The key with another batch is refused, and so is a batch's key on a single call.
     let (status, body, _) = post_batch(&fleet, Some("batch-key-1"), &calls[..4]).await;
@@ -200,7 +198,7 @@ async fn a_retried_batch_gets_the_same_ids_and_publishes_nothing_twice() {
         .await
         .unwrap();
     assert_eq!(single.status().as_u16(), 422);
-    assert_eq!(fleet.queue_depth(&work_queue).await, 5);
+    assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 5);
 
     fleet.spawn_worker().await;
     let ids = ids_of(&first);

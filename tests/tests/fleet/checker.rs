@@ -296,7 +296,7 @@ async fn settle_copies(fleet: &Fleet, workers: &[usize]) {
     wait_for("the last copies handled", Duration::from_secs(60), || async {
         let mut idle = true;
         for kind in JobKind::ALL {
-            idle &= fleet.queue_depth(&fleet.topology.work_queue(kind)).await == 0;
+            idle &= fleet.waiting_depth(kind).await == 0;
         }
         for worker in workers {
             let text = fleet.worker_metrics(*worker).await;

@@ -401,5 +401,5 @@ async fn garbage_at_the_api_gets_a_4xx_and_never_a_crash() {
     }
     let health = fleet.http.get(format!("{}/healthz", fleet.api)).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200, "the dispatcher survived");
-    assert_eq!(fleet.queue_depth(&fleet.topology.work_queue(fleet_protocol::envelope::JobKind::ToolCall)).await, 0);
+    assert_eq!(fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await, 0);
 }

@@ -19,6 +19,7 @@ mod dead_letters;
 mod deployment;
 mod events;
 mod exactly_once;
+mod fair_calls;
 mod faults;
 mod hostile;
 mod image;

@@ -102,8 +102,10 @@ async fn one_trace_spans_api_broker_worker_and_callback() {
     let producer = spans.iter().find(|(svc, s)| svc == "dispatcher" && kind(s) == 4).expect("a PRODUCER span");
     assert_eq!(attribute(&producer.1, "messaging.system"), Some("rabbitmq"));
     assert_eq!(attribute(&producer.1, "messaging.operation.type"), Some("send"));
-    assert!(attribute(&producer.1, "messaging.destination.name").unwrap().ends_with(".jobs:tool_call"));
+    // A tenant's first call takes the tool calls' light lane.
+    assert!(attribute(&producer.1, "messaging.destination.name").unwrap().ends_with(".jobs:tool_call.light"));
     let consumer = spans.iter().find(|(svc, s)| svc == "worker" && kind(s) == 5).expect("a CONSUMER span");
+    assert!(attribute(&consumer.1, "messaging.destination.name").unwrap().ends_with(".work.tool_calls.light"));
     assert_eq!(attribute(&consumer.1, "messaging.operation.type"), Some("process"));
     assert_eq!(consumer.1["parentSpanId"], producer.1["spanId"], "the worker continues the publisher's span");
     let client = spans.iter().find(|(svc, s)| svc == "worker" && kind(s) == 3).expect("a CLIENT span");

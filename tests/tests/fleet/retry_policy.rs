@@ -166,7 +166,7 @@ async fn a_two_hour_wait_is_held_in_the_hour_park_queue() {
     })
     .await;
     assert_eq!(parked(&fleet, JobKind::ToolCall).await, 1, "held once, in that queue only");
-    assert_eq!(fleet.queue_depth(&fleet.topology.work_queue(JobKind::ToolCall)).await, 0);
+    assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 0);
     let (_, record) = fleet.get(&format!("/v1/executions/{id}")).await;
     assert_eq!(record["data"]["status"], "retrying");
     assert_eq!(record["data"]["attempts"].as_array().unwrap().len(), 1);
