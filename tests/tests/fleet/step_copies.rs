@@ -250,6 +250,60 @@ async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
     assert_line_empty(&fleet).await;
 }
 
+/// Both limits at once: the step takes its tenant's one slot, finds no room in the budget, gives
+/// the slot back and is parked in the line (its claim is given back before its slot). Copies
+/// arriving meanwhile must neither hold the slot nor take a second place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        LlmReply::text(&format!("answer to {asked}"))
+    })
+    .await;
+    let options = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_TENANT_MAX_CONCURRENT_TURNS", &format!("{TENANT}=1"))
+        .env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 12, "burst_seconds": 5}"#);
+    let fleet = spawn_fleet(options).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let waiters = format!("{}:w:{TENANT}", keys.llm_budget_fair("openai"));
+    let semaphore = keys.tenant_turns(TENANT);
+    let (slot_line, due) = keys.tenant_turns_line(TENANT);
+
+    let first = post_turn(&fleet, &tenant_turn("s_both_first", "first")).await;
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
+    let waiting = post_turn(&fleet, &tenant_turn("s_both_waiting", "waiting")).await;
+    let mine = format!("{waiting}:0:0:1");
+    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
+        members(&fleet, &waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(&tap, &step).await;
+    wait_all_parked(&fleet, 1 + COPIES as u32).await;
+    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    let holders = members(&fleet, &semaphore).await;
+    assert!(holders.iter().all(|h| h.starts_with(&waiting)) && holders.len() <= 1, "slots held: {holders:?}");
+
+    assert_finished_once(&fleet, &waiting, "s_both_waiting", "waiting", "answer to waiting", 1).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!(calls_with(&llm, "waiting"), 1, "one model call for the step");
+    assert_eq!(llm.requests().len(), 2, "one model call per turn");
+    assert_line_empty(&fleet).await;
+    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
+    assert_eq!(
+        zcard(&fleet, &slot_line).await,
+        0,
+        "no turn in the tenant's line: {:?}",
+        members(&fleet, &slot_line).await
+    );
+    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
+
 /// A turn of two steps: the first calls a tool, the second waits in the line (the first took the
 /// burst). Copies of the second step, and a late copy of the first, arrive while it waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
