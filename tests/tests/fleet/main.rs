@@ -37,6 +37,7 @@ mod seed_streaming;
 mod session_streams;
 mod sessions;
 mod signatures;
+mod step_copies;
 mod stream_access;
 mod tenant_walk;
 mod tenants;

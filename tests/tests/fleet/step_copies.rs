@@ -1,0 +1,448 @@
+//! Copies of a turn's step that arrive while the step waits before its model call: in its
+//! provider's fair line (parked, the budget has no room), waiting for one of its tenant's turn
+//! slots, and holding one. Whatever the moment, the model is called once for the step, the turn
+//! finishes once with one answer, every copy ends as a counted duplicate, the line and the
+//! semaphore keep no place or slot for it afterwards, and nothing is left in the queues.
+//!
+//! A copy arriving while the step is parked carries the step the record expects, as the parked
+//! delivery does: it is claimed, asks for the step's own place (the same waiter id, the same turn
+//! in the tenant's line) and is parked beside it; whichever comes back when there is room runs the
+//! step, and the others then end as copies. A copy arriving while the step holds its claim is
+//! parked until the lease ends (`FLEET_CLAIM_LEASE` is short here, so they are counted soon).
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use serde_json::{json, Value};
+
+use fleet_protocol::envelope::JobKind;
+use fleet_protocol::keys::Keys;
+use fleet_tests::llm::{LlmReply, MockLlm};
+use fleet_tests::tap::{JobTap, Tapped};
+use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
+
+/// How many copies of the step each test publishes.
+const COPIES: usize = 3;
+const WORKERS: usize = 2;
+const TENANT: &str = "acme";
+const SECRET: &str = "whsec_step_copies_secret_01";
+
+fn tenant_turn(session: &str, text: &str) -> Value {
+    let mut body = turn_body(session, text, &[]);
+    body["tenant"] = json!(TENANT);
+    body
+}
+
+/// The sum over the fleet's workers of one series.
+async fn summed(fleet: &Fleet, series: &str) -> f64 {
+    let mut total = 0.0;
+    for index in 0..WORKERS {
+        total += metric(&fleet.worker_metrics(index).await, series);
+    }
+    total
+}
+
+async fn duplicates(fleet: &Fleet) -> f64 {
+    summed(fleet, "fleet_duplicate_deliveries_total{kind=\"turn\"}").await
+}
+
+/// Messages ready in each of `queues`, read over one connection.
+async fn depths(fleet: &Fleet, queues: &[String]) -> Vec<u32> {
+    let (conn, channel) = fleet.amqp().await;
+    let mut out = Vec::new();
+    for queue in queues {
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let q = channel.queue_declare(queue.as_str().into(), passive, FieldTable::default()).await.unwrap();
+        out.push(q.message_count());
+    }
+    let _ = conn.close(200, "".into()).await;
+    out
+}
+
+/// The turns' delay queues (retries and parks).
+fn turn_delay_queues(fleet: &Fleet) -> Vec<String> {
+    let mark = format!(".delay.{}.", JobKind::Turn.queue_suffix());
+    fleet.topology.queues().into_iter().map(|q| q.name).filter(|n| n.contains(&mark)).collect()
+}
+
+/// Waits until every delivery of the step (the original and its copies) sits parked in a delay
+/// queue at once: each copy was taken, claimed or found busy, and parked while the step waited.
+async fn wait_all_parked(fleet: &Fleet, deliveries: u32) {
+    let delays = turn_delay_queues(fleet);
+    wait_for("the step and its copies all parked", Duration::from_secs(30), || async {
+        let parked: u32 = depths(fleet, &delays).await.iter().sum();
+        assert!(parked <= deliveries, "{parked} deliveries parked, of {deliveries}");
+        (parked == deliveries).then_some(())
+    })
+    .await;
+}
+
+/// Waits until no queue of the fleet holds a message and no worker runs a job.
+async fn wait_drained(fleet: &Fleet) {
+    let queues: Vec<String> = fleet.topology.queues().into_iter().map(|q| q.name).collect();
+    wait_for("the queues drained", Duration::from_secs(60), || async {
+        let held: u32 = depths(fleet, &queues).await.iter().sum();
+        let mut running = 0.0;
+        for index in 0..WORKERS {
+            let text = fleet.worker_metrics(index).await;
+            running += text
+                .lines()
+                .filter(|l| l.starts_with("fleet_jobs_in_flight{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+        }
+        (held == 0 && running == 0.0).then_some(())
+    })
+    .await;
+}
+
+async fn zcard(fleet: &Fleet, key: &str) -> i64 {
+    redis::cmd("ZCARD").arg(key).query_async(&mut fleet.redis().await).await.unwrap()
+}
+
+async fn hlen(fleet: &Fleet, key: &str) -> i64 {
+    redis::cmd("HLEN").arg(key).query_async(&mut fleet.redis().await).await.unwrap()
+}
+
+async fn members(fleet: &Fleet, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).query_async(&mut fleet.redis().await).await.unwrap()
+}
+
+/// The model calls whose conversation carries `marker`.
+fn calls_with(llm: &MockLlm, marker: &str) -> usize {
+    llm.requests().iter().filter(|r| r.contents().iter().any(|c| c == marker)).count()
+}
+
+/// The turn ended once: succeeded with one attempt per model call (a park spends none), one
+/// answer in its session's history, one `message_complete` and one `done` in its stream.
+async fn assert_finished_once(fleet: &Fleet, id: &str, session: &str, asked: &str, answer: &str, calls: usize) {
+    let record = fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+    assert_eq!(record["attempts"].as_array().map(Vec::len), Some(calls), "one attempt per call: {record}");
+    let (status, listed) = fleet.get(&format!("/v1/sessions/{session}/messages?order=asc")).await;
+    assert_eq!(status, 200, "{listed}");
+    let history: Vec<(String, String)> = listed["data"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] != "tool" && m["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
+        .collect();
+    let expected = [("user".to_string(), asked.to_string()), ("assistant".to_string(), answer.to_string())];
+    assert_eq!(history, expected, "one answer in the history");
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let events: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(keys.session(session, "events"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut fleet.redis().await)
+        .await
+        .unwrap();
+    let types: Vec<String> = events
+        .iter()
+        .filter_map(|(_, fields)| fields.iter().find(|(k, _)| k == "data"))
+        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let count = |t: &str| types.iter().filter(|x| *x == t).count();
+    assert_eq!((count("message_complete"), count("done")), (1, 1), "one finish streamed: {types:?}");
+}
+
+/// The provider's line keeps nothing of a step that ran: no place, waiter, deadline or cost.
+async fn assert_line_empty(fleet: &Fleet) {
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let fair = keys.llm_budget_fair("openai");
+    for key in [
+        keys.llm_budget_line("openai"),
+        format!("{fair}:w:{TENANT}"),
+        format!("{fair}:p:{TENANT}"),
+        keys.llm_budget_seen("openai"),
+    ] {
+        assert_eq!(zcard(fleet, &key).await, 0, "{key} still holds {:?}", members(fleet, &key).await);
+    }
+    let costs = keys.llm_budget_costs("openai");
+    assert_eq!(hlen(fleet, &costs).await, 0, "{costs} still holds a waiting step's cost");
+}
+
+/// How often the fleet parked a step before its model call, by the provider's budget and by its
+/// tenant's slots.
+async fn parks(fleet: &Fleet) -> (f64, f64) {
+    let mut out = (0.0, 0.0);
+    for index in 0..WORKERS {
+        let text = fleet.worker_metrics(index).await;
+        let sum = |name: &str, label: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l.contains(label))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        out.0 += sum("fleet_llm_budget_parked_total{", "reason=\"budget\"");
+        out.1 += sum("fleet_tenant_turns_parked_total{", "reason=\"concurrency\"");
+    }
+    out
+}
+
+/// Publishes `COPIES` copies of the step's first delivery.
+async fn inject(tap: &JobTap, step: &Tapped) {
+    for _ in 0..COPIES {
+        tap.republish(step).await;
+    }
+}
+
+/// Every copy ended as a counted duplicate (the worker's own `duplicate` outcome agrees).
+async fn assert_copies_counted(fleet: &Fleet, copies: usize) {
+    let copies = copies as f64;
+    wait_for("every copy counted", Duration::from_secs(30), || async {
+        (duplicates(fleet).await >= copies).then_some(())
+    })
+    .await;
+    wait_drained(fleet).await;
+    let seen = duplicates(fleet).await;
+    let finished = summed(fleet, "fleet_jobs_finished_total{kind=\"turn\",outcome=\"duplicate\"}").await;
+    let (budget, slots) = parks(fleet).await;
+    println!(
+        "copies injected {copies}, counted as duplicates {seen}, finished as duplicate {finished}; \
+         parks by the budget {budget}, by the tenant's slots {slots}"
+    );
+    assert_eq!(seen, copies, "each copy counted once, nothing else");
+}
+
+/// Copies of a step parked in its provider's fair line. 12 requests a minute with 5 s of burst:
+/// the first turn's call takes the burst, the second turn's step waits about 5 s in the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        LlmReply::text(&format!("answer to {asked}"))
+    })
+    .await;
+    let options = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 12, "burst_seconds": 5}"#);
+    let fleet = spawn_fleet(options).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let (line, fair) = (keys.llm_budget_line("openai"), keys.llm_budget_fair("openai"));
+    let waiters = format!("{fair}:w:{TENANT}");
+
+    let first = post_turn(&fleet, &tenant_turn("s_line_first", "first")).await;
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
+    let waiting = post_turn(&fleet, &tenant_turn("s_line_waiting", "waiting")).await;
+    let mine = format!("{waiting}:0:0:1");
+    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
+        members(&fleet, &waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(&tap, &step).await;
+    wait_all_parked(&fleet, 1 + COPIES as u32).await;
+    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
+
+    assert_finished_once(&fleet, &waiting, "s_line_waiting", "waiting", "answer to waiting", 1).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!(calls_with(&llm, "waiting"), 1, "one model call for the step");
+    assert_eq!(llm.requests().len(), 2, "one model call per turn");
+    assert_line_empty(&fleet).await;
+}
+
+/// Both limits at once: the step takes its tenant's one slot, finds no room in the budget, gives
+/// the slot back and is parked in the line (its claim is given back before its slot). Copies
+/// arriving meanwhile must neither hold the slot nor take a second place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        LlmReply::text(&format!("answer to {asked}"))
+    })
+    .await;
+    let options = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_TENANT_MAX_CONCURRENT_TURNS", &format!("{TENANT}=1"))
+        .env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 12, "burst_seconds": 5}"#);
+    let fleet = spawn_fleet(options).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let waiters = format!("{}:w:{TENANT}", keys.llm_budget_fair("openai"));
+    let semaphore = keys.tenant_turns(TENANT);
+    let (slot_line, due) = keys.tenant_turns_line(TENANT);
+
+    let first = post_turn(&fleet, &tenant_turn("s_both_first", "first")).await;
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
+    let waiting = post_turn(&fleet, &tenant_turn("s_both_waiting", "waiting")).await;
+    let mine = format!("{waiting}:0:0:1");
+    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
+        members(&fleet, &waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(&tap, &step).await;
+    wait_all_parked(&fleet, 1 + COPIES as u32).await;
+    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    let holders = members(&fleet, &semaphore).await;
+    assert!(holders.iter().all(|h| h.starts_with(&waiting)) && holders.len() <= 1, "slots held: {holders:?}");
+
+    assert_finished_once(&fleet, &waiting, "s_both_waiting", "waiting", "answer to waiting", 1).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!(calls_with(&llm, "waiting"), 1, "one model call for the step");
+    assert_eq!(llm.requests().len(), 2, "one model call per turn");
+    assert_line_empty(&fleet).await;
+    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
+    assert_eq!(
+        zcard(&fleet, &slot_line).await,
+        0,
+        "no turn in the tenant's line: {:?}",
+        members(&fleet, &slot_line).await
+    );
+    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
+
+/// A turn of two steps: the first calls a tool, the second waits in the line (the first took the
+/// burst). Copies of the second step, and a late copy of the first, arrive while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let messages = body["messages"].as_array().unwrap();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            LlmReply::text("answer after the tool")
+        } else {
+            LlmReply::ToolCalls(vec![("call_1".into(), "lookup".into(), r#"{"query":"q"}"#.into())])
+        }
+    })
+    .await;
+    let receiver = Receiver::start(SECRET, |_, _| Reply::result(json!("looked up"))).await;
+    let options = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 12, "burst_seconds": 5}"#);
+    let fleet = spawn_fleet(options).await;
+    fleet.register_tool("lookup", &receiver.url("/lookup"), SECRET).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let (line, fair) = (keys.llm_budget_line("openai"), keys.llm_budget_fair("openai"));
+    let waiters = format!("{fair}:w:{TENANT}");
+
+    let mut body = tenant_turn("s_line_rounds", "look it up");
+    body["assistant"]["enabled_tools"] = json!(["lookup"]);
+    let id = post_turn(&fleet, &body).await;
+    let mine = format!("{id}:0:1:1");
+    wait_for("the second step waiting in the line", Duration::from_secs(20), || async {
+        members(&fleet, &waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    let is_step = |t: &Tapped, round: u64| t.execution_id() == id && t.kind() == "turn" && t.json["round"] == round;
+    let first = tap.first("the first step's delivery", |t| is_step(t, 0)).await;
+    let second = tap.first("the second step's delivery", |t| is_step(t, 1)).await;
+
+    inject(&tap, &second).await;
+    tap.republish(&first).await;
+    wait_all_parked(&fleet, 1 + COPIES as u32).await;
+    assert_eq!(llm.requests().len(), 1, "the copies arrived while the second step waited");
+    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
+
+    assert_finished_once(&fleet, &id, "s_line_rounds", "look it up", "answer after the tool", 2).await;
+    assert_copies_counted(&fleet, COPIES + 1).await;
+    assert_eq!(llm.requests().len(), 2, "one model call per step");
+    assert_eq!(receiver.received().len(), 1, "the tool was called once");
+    assert_line_empty(&fleet).await;
+}
+
+/// One turn slot for the tenant, held by a slow first turn; the second turn's step waits for it,
+/// parked; its copies arrive meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        let reply = LlmReply::text(&format!("answer to {asked}"));
+        if asked == "slow" {
+            reply.after(Duration::from_secs(6))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let options = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_TENANT_MAX_CONCURRENT_TURNS", &format!("{TENANT}=1"));
+    let fleet = spawn_fleet(options).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let semaphore = keys.tenant_turns(TENANT);
+    let (line, due) = keys.tenant_turns_line(TENANT);
+
+    let slow = post_turn(&fleet, &tenant_turn("s_slot_slow", "slow")).await;
+    wait_for("the slow turn's model call", Duration::from_secs(20), || async {
+        (calls_with(&llm, "slow") == 1).then_some(())
+    })
+    .await;
+    let waiting = post_turn(&fleet, &tenant_turn("s_slot_waiting", "waiting")).await;
+    wait_for("the step waiting for a slot", Duration::from_secs(20), || async {
+        members(&fleet, &line).await.contains(&waiting).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(&tap, &step).await;
+    wait_all_parked(&fleet, 1 + COPIES as u32).await;
+    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    assert!(llm.requests()[0].ended.is_none(), "the slow turn still held the slot");
+    assert_eq!(members(&fleet, &line).await, vec![waiting.clone()], "one place in the tenant's line");
+    let holders = members(&fleet, &semaphore).await;
+    assert!(holders.len() == 1 && holders[0].starts_with(&slow), "only the slow turn holds a slot: {holders:?}");
+
+    fleet.wait_status(&slow, "succeeded", Duration::from_secs(30)).await;
+    assert_finished_once(&fleet, &waiting, "s_slot_waiting", "waiting", "answer to waiting", 1).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!((calls_with(&llm, "slow"), calls_with(&llm, "waiting")), (1, 1), "one model call per step");
+    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
+    assert_eq!(zcard(&fleet, &line).await, 0, "no turn in the tenant's line: {:?}", members(&fleet, &line).await);
+    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
+
+/// The step holds its tenant's one slot and is in its model call when its copies arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        LlmReply::text(&format!("answer to {asked}")).after(Duration::from_secs(4))
+    })
+    .await;
+    let options: FleetOptions = llm_fleet(&llm)
+        .workers(WORKERS)
+        .env("FLEET_CLAIM_LEASE", "3")
+        .env("FLEET_TENANT_MAX_CONCURRENT_TURNS", &format!("{TENANT}=1"));
+    let fleet = spawn_fleet(options).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let semaphore = keys.tenant_turns(TENANT);
+    let (line, due) = keys.tenant_turns_line(TENANT);
+
+    let holding = post_turn(&fleet, &tenant_turn("s_slot_holding", "holding")).await;
+    wait_for("the step's model call", Duration::from_secs(20), || async {
+        (calls_with(&llm, "holding") == 1).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == holding).await;
+
+    inject(&tap, &step).await;
+    wait_all_parked(&fleet, COPIES as u32).await;
+    assert!(llm.requests()[0].ended.is_none(), "the copies arrived while the step held its slot");
+    let holders = members(&fleet, &semaphore).await;
+    assert!(holders.len() == 1 && holders[0].starts_with(&holding), "one slot, the step's: {holders:?}");
+
+    assert_finished_once(&fleet, &holding, "s_slot_holding", "holding", "answer to holding", 1).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!(calls_with(&llm, "holding"), 1, "one model call for the step");
+    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
+    assert_eq!(zcard(&fleet, &line).await, 0, "no turn in the tenant's line");
+    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
