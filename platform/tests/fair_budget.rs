@@ -45,8 +45,10 @@ async fn line(store: &Store) {
         }
     }
     assert!((5..=6).contains(&a_ran), "a heavy tenant fills half the burst: {a_ran}");
-    // B arrives behind A's 14-15 waiting steps: its three run at once from the reserve.
-    for n in 0..3 {
+    // B arrives behind A's 14-15 waiting steps: its four run at once from the reserve (the half
+    // of the burst A leaves, less what A's last call took), though A's places stand between its
+    // own in the line: A, a heavy user, could not use that room anyway.
+    for n in 0..4 {
         let spend = ask(store, "p", &format!("b{n}"), "b", Priority::Normal).await;
         assert!(matches!(spend, Spend::Now { .. }), "b{n} waited behind a's backlog: {spend:?}");
     }

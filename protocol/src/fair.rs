@@ -9,7 +9,8 @@
 //! now is placed at its front. Within a tenant, its places go to its steps by priority, then by
 //! arrival. A step runs when the budget has room now for every place ahead of its own and its
 //! own. A tenant that has been using more than half the burst on its own (`heavy`) may only fill
-//! the budget's burst up to `1 - reserve` of it, so a tenant that arrives finds room at once.
+//! the budget's burst up to `1 - reserve` of it, so a tenant that arrives finds room at once: it
+//! runs from that reserve, and needs room only for its own places ahead (`places_ahead`).
 
 use std::collections::BTreeMap;
 
@@ -126,6 +127,17 @@ pub fn admit(rooms: &[Room], ahead: u64) -> Result<(), f64> {
         Ok(())
     } else {
         Err(short.ceil().max(1.0))
+    }
+}
+
+/// The places a step must leave room for before its own: a heavy user's, every place ahead of its
+/// own in the line (its tenant's and others'); any other tenant's, only its own tenant's, since it
+/// runs from the light tenants' reserve, which the heavy users' places cannot use anyway.
+pub fn places_ahead(heavy: bool, in_line: u64, own: u64) -> u64 {
+    if heavy {
+        in_line
+    } else {
+        own
     }
 }
 
@@ -287,6 +299,16 @@ mod tests {
         assert!(!bucket.take(0.5, rate, burst, normal));
         assert!(!bucket.is_full(1.0, rate, burst));
         assert!(bucket.is_full(2.0, rate, burst), "idle long enough to be forgotten");
+    }
+
+    #[test]
+    fn a_light_tenant_leaves_room_only_for_its_own_places_ahead() {
+        // B's fourth place: three of B's and three of A's interleaved before it.
+        assert_eq!(places_ahead(false, 6, 3), 3, "A's places cannot use the reserve B runs from");
+        assert_eq!(places_ahead(true, 6, 3), 6, "a heavy user waits for every place ahead");
+        let reserve = [Room { room_ms: 450.0, need_ms: 100.0 }];
+        assert!(admit(&reserve, places_ahead(false, 6, 3)).is_ok());
+        assert!(admit(&reserve, places_ahead(true, 6, 3)).is_err());
     }
 
     #[test]

@@ -45,7 +45,9 @@ local function keep(grace)
 end
 "#;
 
-/// KEYS: the budget, its costs, its fair state, its line, the waiters' deadlines. ARGV: the step's
+/// KEYS: the budget, its costs, its fair state, its line, the waiters' deadlines. A heavy user's
+/// step needs room for every place ahead of its own in the line; any other tenant's, for its own
+/// places ahead (`fair::places_ahead`). ARGV: the step's
 /// id, its tokens, early (ms), grace (ms), now-only (1: run only if the budget has room now for
 /// everyone waiting and this step; join no line), the tenant, its weight, its priority class, the
 /// light tenants' reserve, then the buckets. `fleet_protocol::fair` holds each decision as a plain function: `place` (the start
@@ -128,7 +130,12 @@ else
   if not mine[2] then
     mine = redis.call('ZRANGE', places(tenant), -1, -1, 'WITHSCORES')
   end
-  ahead = redis.call('ZCOUNT', line, '-inf', '(' .. mine[2])
+  if heavy then
+    ahead = redis.call('ZCOUNT', line, '-inf', '(' .. mine[2])
+  else
+    -- Runs from the reserve, which heavy users' places cannot use: only its own places count.
+    ahead = redis.call('ZCOUNT', places(tenant), '-inf', '(' .. mine[2])
+  end
 end
 local wait = short(ahead + 1)
 if wait > 0 then

@@ -158,7 +158,8 @@ impl BenchFleet {
             .env("FLEET_API_TOKENS", &self.token)
             .env("FLEET_SECRETS_KEY", "6b6579206f6620746865207465737420666c6565742c2033322062797465732e")
             .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")
-            .env("RUST_LOG", "warn")
+            // `FLEET_BENCH_LOG`: the fleet's log filter, to trace a run (default `warn`).
+            .env("RUST_LOG", std::env::var("FLEET_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         for (k, v) in &self.env {
@@ -664,6 +665,10 @@ async fn post_marked_turn(fleet: &BenchFleet, marker: String) -> anyhow::Result<
     let resp = fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?;
     anyhow::ensure!(resp.status().as_u16() == 202, "a turn answered {}", resp.status());
     ACCEPTED.lock().unwrap().insert(marker.clone(), sent.elapsed().as_secs_f64());
+    if std::env::var_os("FLEET_BENCH_LOG").is_some() && marker.starts_with("B-") {
+        let body: Value = resp.json().await?;
+        eprintln!("bench: {marker} is {} (sent at {:?})", body["data"]["execution_id"], std::time::SystemTime::now());
+    }
     Ok((marker, sent))
 }
 
@@ -737,7 +742,21 @@ async fn budget(conn: &Connection, workers: usize, concurrency: &str, clients: u
     fleet.stop(conn).await;
     let run = QuotaRun { log: quota.log() };
     budget_report(&run, started, surprise_at, finished, (rpm, tpm, percent), &idle, &run.waits(&b_sent));
+    b_breakdown(&run, &b_sent);
     Ok(())
+}
+
+/// Where B's wait went: each of its waits, and how many of A's calls the provider took while B
+/// had a turn waiting (the line admitting A ahead of B, against the machine being busy).
+fn b_breakdown(run: &QuotaRun, b_sent: &HashMap<String, Instant>) {
+    let waits = run.waits(b_sent);
+    let list: Vec<String> = waits.iter().map(|w| format!("{w:.2}")).collect();
+    println!("tenant B's waits behind A's burst (s): {}", list.join(" "));
+    let first = b_sent.values().min().copied();
+    let b_calls = run.log.iter().filter(|a| a.taken && a.marker.starts_with("B-"));
+    let (Some(first), Some(last)) = (first, b_calls.map(|a| a.at).max()) else { return };
+    let a_between = run.log.iter().filter(|a| a.taken && a.marker.starts_with("A-") && a.at > first && a.at <= last);
+    println!("A's calls taken between B's first submit and B's last call: {}", a_between.count());
 }
 
 fn budget_report(
