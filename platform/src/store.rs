@@ -43,7 +43,9 @@ pub(crate) use connection::Conn;
 use connection::{Backend, Connector};
 pub use health::{Admission, CircuitChange, CircuitEvent, ToolHealth, CIRCUIT_HISTORY_MAX};
 pub use index::{default_index_retention, ExecutionFilter, ExecutionSummary};
-pub use life::{record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Expected, Fence, Transition};
+pub use life::{
+    record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Delivery, Expected, Fence, Transition, PARK_SLACK,
+};
 pub use limits::{Pace, Semaphore, SlotGrant};
 pub use records::{ExecutionView, NewExecution};
 pub use registry::{StoredTool, StoredWebhook, ToolVersion};

@@ -1,13 +1,14 @@
 //! An execution's life scripts against the real Redis: what a delivery is (the record's step, a
 //! copy of an earlier one, owed work, a finished or cancelled execution), transitions fenced by
-//! the claim's token, a claim lost in a failover, and a replay's new generation.
+//! the claim's token, a claim lost in a failover, a replay's new generation, and a parked step's
+//! marker.
 
 use std::time::Duration;
 
 use serde_json::json;
 
 use fleet_platform::metrics::Metrics;
-use fleet_platform::store::{AdmitMode, ClaimAfter, Fence, NewExecution, Store, Transition};
+use fleet_platform::store::{AdmitMode, ClaimAfter, Delivery, Fence, NewExecution, Store, Transition};
 use fleet_protocol::envelope::{DeadLetterReason, Verdict};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::keys::Keys;
@@ -48,6 +49,10 @@ impl Fixture {
 
     async fn admit(&self, id: &str, step: Step) -> Claimed {
         self.store.admit(id, "w", LEASE, step, AdmitMode::Run).await.unwrap().0
+    }
+
+    async fn admit_parked(&self, id: &str, step: Step, park: Option<u64>) -> Claimed {
+        self.store.admit_delivery(id, "w", LEASE, Delivery { step, park }, AdmitMode::Hold).await.unwrap().0
     }
 
     async fn token(&self, id: &str, step: Step) -> u64 {
@@ -175,5 +180,58 @@ async fn a_lost_claim_neither_stalls_nor_loses_the_execution() {
     let again = f.token(other, Step::FIRST.next_attempt()).await;
     assert!(again > token, "token {again} after {token}");
     assert!(f.write(other, again, &Transition::new(ClaimAfter::Keep)).await);
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn while_a_step_is_parked_only_its_parked_delivery_is_admitted() {
+    let f = Fixture::new("parked").await;
+    let id = "exec_parked";
+    f.record(id).await;
+    let step = Step::FIRST;
+    let now = fleet_platform::now_ms();
+
+    let token = f.token(id, step).await;
+    assert!(!f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "not while the claim is held");
+    assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
+    assert!(!f.store.mark_parked(id, token + 1, step, now + 60_000).await.unwrap(), "not by another claim");
+    assert!(!f.store.mark_parked(id, token, step.next_attempt(), now + 60_000).await.unwrap(), "not another step");
+    assert!(f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "the park of the claim given back");
+
+    assert_eq!(f.admit_parked(id, step, None).await, Claimed::Copy, "a copy of the step while it is parked");
+    assert_eq!(f.admit_parked(id, step, Some(token - 1)).await, Claimed::Copy, "a delivery of an older park");
+    let again = match f.admit_parked(id, step, Some(token)).await {
+        Claimed::Held { token } => token,
+        other => panic!("the parked delivery is admitted, even early: {other:?}"),
+    };
+    assert!(f.write(id, again, &Transition::new(ClaimAfter::Release("released"))).await);
+    assert!(!f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "a claim was made since");
+    let token = match f.admit_parked(id, step, None).await {
+        Claimed::Held { token } => token,
+        other => panic!("the claim cleared the marker: {other:?}"),
+    };
+
+    // A marker past its due time and the slack is ignored: a lost parked delivery is a stall.
+    assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
+    let slack = (fleet_platform::store::PARK_SLACK + LEASE).as_millis() as i64;
+    assert!(f.store.mark_parked(id, token, step, now - slack - 1_000).await.unwrap());
+    let token = match f.admit_parked(id, step, None).await {
+        Claimed::Held { token } => token,
+        other => panic!("a marker past its time lets a copy in: {other:?}"),
+    };
+
+    // A cancel request lets any delivery in, to end the step now.
+    assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
+    assert!(f.store.mark_parked(id, token, step, now + 60_000).await.unwrap());
+    assert_eq!(f.admit_parked(id, step, None).await, Claimed::Copy);
+    let mut con = f.con.clone();
+    let _: () = redis::cmd("HSET")
+        .arg(f.keys.execution(id))
+        .arg("cancel_requested")
+        .arg(now)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(matches!(f.admit_parked(id, step, None).await, Claimed::Held { .. }), "a cancel request lets a copy in");
     f.cleanup().await;
 }

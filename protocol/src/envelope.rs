@@ -147,6 +147,11 @@ pub struct Envelope {
     /// dead letter failed half-way): its next delivery only settles it, nothing runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle: Option<Verdict>,
+    /// Set on a delivery parked by its step's claim holder (over a budget, a tenant's turn slots,
+    /// a tool's limits): the token of the claim it gave back. The record is marked with it once
+    /// the publish is confirmed, so a copy of the step arriving meanwhile is only a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park: Option<u64>,
     #[serde(flatten)]
     pub job: Job,
 }
@@ -232,6 +237,7 @@ impl Envelope {
             not_before_ms: None,
             poll: None,
             settle: None,
+            park: None,
             ..self.clone()
         }
     }
@@ -248,6 +254,7 @@ impl Envelope {
             not_before_ms: None,
             poll: None,
             settle: None,
+            park: None,
             job,
         }
     }
@@ -377,6 +384,16 @@ mod tests {
         let decoded = Envelope::decode(&e.to_bytes(), Some("application/json")).unwrap();
         assert_eq!(decoded, e);
         assert_eq!(decoded.kind(), JobKind::ToolCall);
+    }
+
+    #[test]
+    fn a_parked_delivery_carries_its_park_and_older_envelopes_have_none() {
+        let v: Value = serde_json::from_slice(&sample().to_bytes()).unwrap();
+        assert!(v.get("park").is_none(), "absent unless parked by a claim");
+        let parked = Envelope { park: Some(7), ..sample() };
+        let decoded = Envelope::decode(&parked.to_bytes(), Some("application/json")).unwrap();
+        assert_eq!(decoded.park, Some(7));
+        assert_eq!(decoded.as_first_attempt().park, None, "a replay starts unparked");
     }
 
     #[test]

@@ -32,6 +32,13 @@ pub mod field {
     pub const STEP_POLL: &str = "s_poll";
     /// What the last transition still owes (`life::Owed`, JSON), empty when nothing.
     pub const OWED: &str = "owed";
+    /// The park marker: a step parked by its claim holder (`Envelope::park`) once the parked
+    /// delivery's publish was confirmed: the step (`gen:round:attempt:poll`), the claim token the
+    /// parked delivery carries, and when (ms) it is due back. Until then (and a slack) a delivery
+    /// of that step carrying another park is a copy. Cleared by the next claim.
+    pub const PARKED_STEP: &str = "parked_step";
+    pub const PARKED_BY: &str = "parked_by";
+    pub const PARKED_UNTIL: &str = "parked_until";
     /// A turn waiting for its tools: the keys of the round's calls (comma-separated), so the report
     /// that completes the round is known in the turn's own slot.
     pub const PENDING: &str = "pending";

@@ -27,6 +27,10 @@ pub(crate) enum Outcome {
     Fenced,
     /// Hold the job in a delay queue without spending an attempt (its claim given back).
     Parked(Duration),
+    /// `Parked` by the step's claim holder, its claim (this token) given back: once the parked
+    /// delivery is published, the record is marked parked, so a copy arriving meanwhile is only
+    /// acked (over a budget, a tenant's turn slots, a tool's limits).
+    ParkedStep(Duration, u64),
     /// The attempt goes on in the broker: the next poll of a 202's status URL.
     Poll(Box<fleet_protocol::envelope::PollState>, Held),
     /// Return it to its queue now (a write it depends on failed).

@@ -95,6 +95,24 @@ pub(crate) async fn park(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration) 
     }
 }
 
+/// `park` by the step's claim holder, whose claim (`token`) was given back: the parked delivery
+/// carries the token, and only once its publish is confirmed is the record marked parked by it
+/// (a mark for a delivery not on a queue would refuse the job's every delivery until it expires).
+/// A mark that cannot be written leaves the job as an unmarked park: copies then park beside it.
+pub(crate) async fn park_step(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration, token: u64) -> Settle {
+    let until = now_ms() + remaining.as_millis() as i64;
+    let held = Envelope { not_before_ms: Some(until), park: Some(token), ..envelope.clone() };
+    if let Err(settle) = publish_next(cx, &held).await {
+        return settle;
+    }
+    match cx.store.mark_parked(&envelope.execution_id, token, held.step(), until).await {
+        Ok(true) => {}
+        Ok(false) => tracing::debug!("not marked parked: a delivery was claimed since, or the step moved on"),
+        Err(e) => tracing::debug!(error = %e, "cannot mark the step parked; its copies park beside it"),
+    }
+    Settle::Ack
+}
+
 /// AMQP headers carrying the current span's trace context, so a retry continues the trace.
 pub(crate) fn trace_headers() -> FieldTable {
     telemetry::amqp_headers(&tracing::Span::current())

@@ -21,7 +21,7 @@ use fleet_protocol::retry::RetryDecision;
 
 use crate::context::Cx;
 use crate::outcome::{DeadLetter, Failure, Held, Outcome, Settle};
-use crate::publish::{park, publish_holding, publish_next, retire, retrying_redis, trace_headers};
+use crate::publish::{park, park_step, publish_holding, publish_next, retire, retrying_redis, trace_headers};
 
 pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
     let kind = envelope.kind().as_str();
@@ -47,6 +47,10 @@ pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -
         Outcome::Parked(remaining) => {
             cx.finished(kind, "deferred");
             park(cx, envelope, remaining).await
+        }
+        Outcome::ParkedStep(remaining, token) => {
+            cx.finished(kind, "deferred");
+            park_step(cx, envelope, remaining, token).await
         }
         Outcome::Poll(poll, held) => poll_later(cx, envelope, &poll, held).await,
         Outcome::Requeue => Settle::Requeue,

@@ -26,20 +26,25 @@ static CREATE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| 
 static REPLAY: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(REPLAY_LUA));
 static BEGIN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(BEGIN_LUA));
 static RENEW: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(RENEW_LUA));
+static MARK_PARKED: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(MARK_PARKED_LUA));
 static ANSWER_STEER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(ANSWER_STEER_LUA));
 
 // KEYS: claim, record. ARGV: owner, lease ms, ttl s, the delivery's step (gen, round, attempt,
 // poll), mode (`run` marks the record running, `hold` only claims, `take` claims even from a live
-// lease: a job whose end is decided, after its worker kept dying).
+// lease: a job whose end is decided, after its worker kept dying), the delivery's park ('' for
+// none), the slack (ms) a park marker outlives its due time by.
 // An earlier step is a copy, unless the record owes something (then the copy carries it out, under
-// a lease of its own so two copies do not). A step at or past the record's is claimed with a token
-// past any the claim or the record has seen, so a lost claim key cannot fence the record off.
+// a lease of its own so two copies do not). So is the record's own step while it is parked (see
+// `MARK_PARKED_LUA`) and the delivery is not the parked one. A step at or past the record's is
+// claimed with a token past any the claim or the record has seen, so a lost claim key cannot fence
+// the record off; the claim clears the park marker.
 const ADMIT_LUA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[2], 'status', 'gen', 's_round', 's_attempt', 's_poll', 'fence', 'owed',
-  'result', 'cancel_requested', 'owed_until')
+  'result', 'cancel_requested', 'owed_until', 'parked_step', 'parked_by', 'parked_until')
 local status = r[1]
 if not status then return {'missing'} end
 local function num(v, d) return tonumber(v or '') or d end
@@ -69,6 +74,13 @@ if done or earlier then
   if done then return {'done', r[8] or '', raw or ''} end
   return {'copy', 'earlier'}
 end
+-- The step is parked, its parked delivery due back: any other delivery of it is a copy.
+local parked = r[11] or ''
+-- A cancel request lets any delivery in: it ends the step now rather than when it is due.
+if ARGV[8] ~= 'take' and not r[9] and parked == table.concat(d, ':') and (r[12] or '') ~= ARGV[9]
+  and now < num(r[13], 0) + tonumber(ARGV[10]) then
+  return {'copy', 'parked'}
+end
 if ARGV[8] ~= 'take' and c and c.state == 'claimed' and num(c.lease_until, 0) > now then
   return {'busy', tostring(num(c.lease_until, 0) - now)}
 end
@@ -82,6 +94,8 @@ if ARGV[8] == 'run' then
   for _, v in ipairs({'status', 'running', 'attempts', d[3], 'updated_at_ms', now}) do f[#f + 1] = v end
 end
 redis.call('HSET', KEYS[2], unpack(f))
+-- Claimed: whatever was parked is running now, or parks again under this claim.
+if parked ~= '' then redis.call('HDEL', KEYS[2], 'parked_step', 'parked_by', 'parked_until') end
 if redis.call('TTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
 return {'claimed', tostring(token), r[9] and '1' or ''}
 "#;
@@ -196,6 +210,28 @@ redis.call('HSET', KEYS[2], 'status', 'running', 'attempts', ARGV[2], 'updated_a
 return 1
 "#;
 
+// KEYS: claim, record. ARGV: token, the step (gen, round, attempt, poll), due ms. Marks the
+// record parked by the claim `token` gave back, once its parked delivery's publish is confirmed:
+// only if no claim was made since (the parked delivery, or a copy, may have come back and been
+// claimed already) and the record still expects that step. 1 if marked.
+const MARK_PARKED_LUA: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local c = cjson.decode(raw)
+if c.state == 'claimed' or tonumber(c.token) ~= tonumber(ARGV[1]) then return 0 end
+local r = redis.call('HMGET', KEYS[2], 'status', 'gen', 's_round', 's_attempt', 's_poll')
+local status = r[1]
+if not status or status == 'succeeded' or status == 'failed' or status == 'dead_lettered'
+  or status == 'cancelled' then return 0 end
+local function num(v, d) return tonumber(v or '') or d end
+local e = {num(r[2], 0), num(r[3], 0), num(r[4], 1), num(r[5], 0)}
+for i = 1, 4 do
+  if e[i] ~= tonumber(ARGV[i + 1]) then return 0 end
+end
+redis.call('HSET', KEYS[2], 'parked_step', table.concat(e, ':'), 'parked_by', ARGV[1], 'parked_until', ARGV[6])
+return 1
+"#;
+
 const RENEW_LUA: &str = r#"
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 0 end
@@ -221,6 +257,17 @@ redis.call('SET', KEYS[1], '{"state":"done","token":' .. token .. ',"result":' .
 redis.call('HSET', KEYS[2], 'status', 'succeeded', 'result', ARGV[1], 'updated_at_ms', now, 'owed', '')
 return 1
 "#;
+
+/// How long past its due time a park marker still makes other deliveries of its step copies
+/// (with the claim's lease added): the parked delivery may wait in its work queue a while.
+pub const PARK_SLACK: Duration = Duration::from_secs(30);
+
+/// What `admit_delivery` is told of a delivery: its step, and the park it carries if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub step: Step,
+    pub park: Option<u64>,
+}
 
 /// How a delivery's step is claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,6 +389,21 @@ impl Store {
         step: Step,
         mode: AdmitMode,
     ) -> Result<(Claimed, bool), StoreError> {
+        self.admit_delivery(execution_id, owner, lease, Delivery { step, park: None }, mode).await
+    }
+
+    /// `admit` for a delivery that may be a parked one: while the record is marked parked by
+    /// another park (`mark_parked`), a delivery of that step is a copy, until the mark's due
+    /// time and `PARK_SLACK` have passed (a lost parked delivery costs a stall, never the job).
+    pub async fn admit_delivery(
+        &self,
+        execution_id: &str,
+        owner: &str,
+        lease: Duration,
+        delivery: Delivery,
+        mode: AdmitMode,
+    ) -> Result<(Claimed, bool), StoreError> {
+        let step = delivery.step;
         let r: Result<Vec<String>, _> = ADMIT
             .key(self.keys.idempotency(execution_id))
             .key(self.keys.execution(execution_id))
@@ -357,6 +419,8 @@ impl Store {
                 AdmitMode::Hold => "hold",
                 AdmitMode::Take => "take",
             })
+            .arg(delivery.park.map(|p| p.to_string()).unwrap_or_default())
+            .arg((PARK_SLACK + lease).as_millis() as u64)
             .invoke_async(&mut self.conn().await?)
             .await;
         let reply = self.count(r)?;
@@ -381,6 +445,31 @@ impl Store {
             "missing" => (Claimed::Missing, false),
             other => return Err(corrupt(&format!("the script answered {other:?}"))),
         })
+    }
+
+    /// Marks the record parked by the claim `token` gave back, its parked delivery due at
+    /// `until_ms`: call only once that delivery's publish is confirmed (a mark for a delivery
+    /// that is not on a queue would make every copy of the step a copy until it expires). `false`:
+    /// not marked (a claim was made since, or the step moved on).
+    pub async fn mark_parked(
+        &self,
+        execution_id: &str,
+        token: u64,
+        step: Step,
+        until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let r: Result<i64, _> = MARK_PARKED
+            .key(self.keys.idempotency(execution_id))
+            .key(self.keys.execution(execution_id))
+            .arg(token)
+            .arg(step.gen)
+            .arg(step.round)
+            .arg(step.attempt)
+            .arg(step.poll)
+            .arg(until_ms)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        Ok(self.count(r)? == 1)
     }
 
     /// The `running` write of an attempt whose claim was made in `hold` mode.

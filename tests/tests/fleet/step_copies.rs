@@ -5,10 +5,11 @@
 //! semaphore keep no place or slot for it afterwards, and nothing is left in the queues.
 //!
 //! A copy arriving while the step is parked carries the step the record expects, as the parked
-//! delivery does: it is claimed, asks for the step's own place (the same waiter id, the same turn
-//! in the tenant's line) and is parked beside it; whichever comes back when there is room runs the
-//! step, and the others then end as copies. A copy arriving while the step holds its claim is
-//! parked until the lease ends (`FLEET_CLAIM_LEASE` is short here, so they are counted soon).
+//! delivery does; but the record is marked with the park (the parked delivery's id and when it is
+//! due back), so the copy is only acked, counted as a duplicate on arrival: it takes no claim,
+//! asks for no place and is not parked again. The same holds for a tool call deferred by its
+//! tool's `max_concurrency`. A copy arriving while the step holds its claim is parked until the
+//! lease ends (`FLEET_CLAIM_LEASE` is short here, so they are counted soon).
 
 use std::time::Duration;
 
@@ -44,8 +45,10 @@ async fn summed(fleet: &Fleet, series: &str) -> f64 {
     total
 }
 
+const TURN_DUPLICATES: &str = "fleet_duplicate_deliveries_total{kind=\"turn\"}";
+
 async fn duplicates(fleet: &Fleet) -> f64 {
-    summed(fleet, "fleet_duplicate_deliveries_total{kind=\"turn\"}").await
+    summed(fleet, TURN_DUPLICATES).await
 }
 
 /// Messages ready in each of `queues`, read over one connection.
@@ -67,8 +70,8 @@ fn turn_delay_queues(fleet: &Fleet) -> Vec<String> {
     fleet.topology.queues().into_iter().map(|q| q.name).filter(|n| n.contains(&mark)).collect()
 }
 
-/// Waits until every delivery of the step (the original and its copies) sits parked in a delay
-/// queue at once: each copy was taken, claimed or found busy, and parked while the step waited.
+/// Waits until `deliveries` copies of the step sit parked in a delay queue at once: each found the
+/// step's claim held (a live lease) and was parked until the lease ends.
 async fn wait_all_parked(fleet: &Fleet, deliveries: u32) {
     let delays = turn_delay_queues(fleet);
     wait_for("the step and its copies all parked", Duration::from_secs(30), || async {
@@ -77,6 +80,18 @@ async fn wait_all_parked(fleet: &Fleet, deliveries: u32) {
         (parked == deliveries).then_some(())
     })
     .await;
+}
+
+/// Waits until `copies` copies were counted as duplicates, then checks that `still_waiting` holds:
+/// the copies were acked on arrival, while their step was still parked.
+async fn wait_copies_acked_while_parked(fleet: &Fleet, series: &str, copies: usize, still_waiting: impl Fn() -> bool) {
+    let started = std::time::Instant::now();
+    wait_for("every copy acked", Duration::from_secs(30), || async {
+        (summed(fleet, series).await >= copies as f64).then_some(())
+    })
+    .await;
+    println!("{copies} copies counted as duplicates {:?} after they were published", started.elapsed());
+    assert!(still_waiting(), "the copies were acked only after their step ran, not on arrival");
 }
 
 /// Waits until no queue of the fleet holds a message and no worker runs a job.
@@ -190,7 +205,7 @@ async fn inject(tap: &JobTap, step: &Tapped) {
     }
 }
 
-/// Every copy ended as a counted duplicate (the worker's own `duplicate` outcome agrees).
+/// Every copy ended as a counted duplicate (the worker's own `duplicate` and `copy` outcomes agree).
 async fn assert_copies_counted(fleet: &Fleet, copies: usize) {
     let copies = copies as f64;
     wait_for("every copy counted", Duration::from_secs(30), || async {
@@ -199,10 +214,11 @@ async fn assert_copies_counted(fleet: &Fleet, copies: usize) {
     .await;
     wait_drained(fleet).await;
     let seen = duplicates(fleet).await;
-    let finished = summed(fleet, "fleet_jobs_finished_total{kind=\"turn\",outcome=\"duplicate\"}").await;
+    let finished = summed(fleet, "fleet_jobs_finished_total{kind=\"turn\",outcome=\"duplicate\"}").await
+        + summed(fleet, "fleet_jobs_finished_total{kind=\"turn\",outcome=\"copy\"}").await;
     let (budget, slots) = parks(fleet).await;
     println!(
-        "copies injected {copies}, counted as duplicates {seen}, finished as duplicate {finished}; \
+        "copies injected {copies}, counted as duplicates {seen}, finished as duplicate or copy {finished}; \
          parks by the budget {budget}, by the tenant's slots {slots}"
     );
     assert_eq!(seen, copies, "each copy counted once, nothing else");
@@ -238,8 +254,7 @@ async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
     let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
 
     inject(&tap, &step).await;
-    wait_all_parked(&fleet, 1 + COPIES as u32).await;
-    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || calls_with(&llm, "waiting") == 0).await;
     assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
     assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
 
@@ -283,8 +298,7 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
 
     inject(&tap, &step).await;
-    wait_all_parked(&fleet, 1 + COPIES as u32).await;
-    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || calls_with(&llm, "waiting") == 0).await;
     assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
     let holders = members(&fleet, &semaphore).await;
     assert!(holders.iter().all(|h| h.starts_with(&waiting)) && holders.len() <= 1, "slots held: {holders:?}");
@@ -343,8 +357,7 @@ async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once(
 
     inject(&tap, &second).await;
     tap.republish(&first).await;
-    wait_all_parked(&fleet, 1 + COPIES as u32).await;
-    assert_eq!(llm.requests().len(), 1, "the copies arrived while the second step waited");
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES + 1, || llm.requests().len() == 1).await;
     assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
     assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
 
@@ -392,8 +405,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
     let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
 
     inject(&tap, &step).await;
-    wait_all_parked(&fleet, 1 + COPIES as u32).await;
-    assert_eq!(calls_with(&llm, "waiting"), 0, "the copies arrived while the step waited");
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || calls_with(&llm, "waiting") == 0).await;
     assert!(llm.requests()[0].ended.is_none(), "the slow turn still held the slot");
     assert_eq!(members(&fleet, &line).await, vec![waiting.clone()], "one place in the tenant's line");
     let holders = members(&fleet, &semaphore).await;
@@ -445,4 +457,73 @@ async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
     assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
     assert_eq!(zcard(&fleet, &line).await, 0, "no turn in the tenant's line");
     assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
+
+/// How often the fleet deferred a call of `one_at_a_time` by its concurrency.
+async fn deferrals(fleet: &Fleet) -> f64 {
+    let mut total = 0.0;
+    for index in 0..WORKERS {
+        let text = fleet.worker_metrics(index).await;
+        total += text
+            .lines()
+            .filter(|l| l.starts_with("fleet_tool_deferred_total{"))
+            .filter(|l| l.contains("tool=\"one_at_a_time\"") && l.contains("reason=\"concurrency\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
+}
+
+/// A tool of `max_concurrency` 1 whose first call is slow: the second call is deferred by the
+/// limit (its claim given back, parked) while the first holds the slot, and its copies arrive
+/// meanwhile. Each copy is acked on arrival; the call is sent once when the slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_call_deferred_by_its_tools_concurrency_are_only_acked() {
+    let receiver = Receiver::start(SECRET, |r, _| {
+        let reply = Reply::result(json!("done"));
+        if r.json.to_string().contains("\"slow\"") {
+            reply.after(Duration::from_secs(6))
+        } else {
+            reply
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(FleetOptions::default().workers(WORKERS).env("FLEET_CLAIM_LEASE", "3")).await;
+    let body = json!({
+        "description": "a tool of one call at a time",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        "callback_url": receiver.url("/one"),
+        "callback_secret": SECRET,
+        "max_concurrency": 1,
+    });
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/one_at_a_time", Some(&body)).await;
+    assert_eq!(status, 201, "{resp}");
+    let tap = JobTap::start(&fleet).await;
+
+    let slow = fleet.call_tool("one_at_a_time", json!({"query": "slow"})).await;
+    wait_for("the slow call sent", Duration::from_secs(20), || async {
+        (!receiver.received_for(&slow).is_empty()).then_some(())
+    })
+    .await;
+    let waiting = fleet.call_tool("one_at_a_time", json!({"query": "waiting"})).await;
+    wait_for("the call deferred by the limit", Duration::from_secs(20), || async {
+        (deferrals(&fleet).await >= 1.0).then_some(())
+    })
+    .await;
+    let call = tap.first("the call's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(&tap, &call).await;
+    let duplicates = "fleet_duplicate_deliveries_total{kind=\"tool_call\"}";
+    wait_copies_acked_while_parked(&fleet, duplicates, COPIES, || receiver.received_for(&waiting).is_empty()).await;
+
+    for id in [&slow, &waiting] {
+        let record = fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+        assert_eq!(record["attempts"].as_array().map(Vec::len), Some(1), "{id}: {record}");
+        assert_eq!(receiver.received_for(id).len(), 1, "{id} was sent once");
+    }
+    wait_drained(&fleet).await;
+    let (seen, parks) = (summed(&fleet, duplicates).await, deferrals(&fleet).await);
+    println!("copies injected {COPIES}, counted as duplicates {seen}; deferrals by the tool's concurrency {parks}");
+    assert_eq!(seen, COPIES as f64, "each copy counted once, nothing else");
+    assert_eq!(receiver.max_concurrent(), 1, "one call at a time");
 }

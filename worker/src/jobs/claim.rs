@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::NewExecution;
+use fleet_platform::store::{Delivery, NewExecution};
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::life::{Claimed, Owed};
 
@@ -34,7 +34,8 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
     let id = &envelope.execution_id;
     let kind = envelope.kind().as_str();
     for _ in 0..2 {
-        let claimed = cx.store.admit(id, &cx.config.worker_id, cx.config.claim_lease, envelope.step(), mode).await;
+        let delivery = Delivery { step: envelope.step(), park: envelope.park };
+        let claimed = cx.store.admit_delivery(id, &cx.config.worker_id, cx.config.claim_lease, delivery, mode).await;
         let (claimed, cancel_requested) = match claimed {
             Ok(c) => c,
             Err(e) => {
@@ -47,7 +48,9 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
             Claimed::Owed { owed, result } => return Ok(Admitted::Owed { owed, result }),
             Claimed::Cancelled => return Ok(Admitted::Cancelled),
             Claimed::Copy => {
-                tracing::info!("a copy of an earlier step, or of an execution that ended; only acked");
+                tracing::info!(
+                    "a copy of an earlier step, of a parked step, or of an execution that ended; only acked"
+                );
                 cx.metrics.duplicate_deliveries.with_label_values(&[kind]).inc();
                 return Err(Outcome::Copy);
             }

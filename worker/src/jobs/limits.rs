@@ -93,12 +93,12 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Resul
             );
             let released = Transition::new(ClaimAfter::Release("released"));
             let lease = cx.config.claim_lease;
-            if let Ok(false) =
-                cx.store.transition(&envelope.execution_id, Fence::Token(held.token), lease, &released).await
-            {
-                return Err(Outcome::Fenced);
+            match cx.store.transition(&envelope.execution_id, Fence::Token(held.token), lease, &released).await {
+                Ok(false) => Err(Outcome::Fenced),
+                // Given back: the park is this claim's, and marks the record once it is published.
+                Ok(true) => Err(Outcome::ParkedStep(wait, held.token)),
+                Err(_) => Err(Outcome::Parked(wait)),
             }
-            Err(Outcome::Parked(wait))
         }
     }
 }

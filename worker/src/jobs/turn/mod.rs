@@ -54,17 +54,32 @@ impl Step<'_> {
         }
     }
 
-    /// Gives the claim back and parks the step: something it needs failed before its model call.
+    /// Gives the claim back and parks the step: something it needs failed before its model call,
+    /// or its session is busy (a copy may park beside it: the session's wake is such a copy).
     async fn release_and_park(&self) -> Outcome {
-        self.release_and_park_for(self.cx.soon()).await
+        self.release().await;
+        Outcome::Parked(self.cx.soon())
     }
 
-    /// Gives the claim back and parks the step for `wait` (its provider's budget has no room yet).
+    /// Gives the claim back and parks the step for `wait` (its provider's budget or its tenant's
+    /// turn slots have no room yet). The park is this claim's: once published, it marks the
+    /// record, and a copy of the step arriving meanwhile is only acked.
     async fn release_and_park_for(&self, wait: std::time::Duration) -> Outcome {
+        if self.release().await {
+            Outcome::ParkedStep(wait, self.held.token)
+        } else {
+            Outcome::Parked(wait)
+        }
+    }
+
+    /// Gives the step's claim back; `false` if that was not written (fenced, Redis unavailable).
+    async fn release(&self) -> bool {
         let released = Transition::new(ClaimAfter::Release("released"));
         let lease = self.cx.config.claim_lease;
-        let _ = self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, &released).await;
-        Outcome::Parked(wait)
+        matches!(
+            self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, &released).await,
+            Ok(true)
+        )
     }
 }
 
