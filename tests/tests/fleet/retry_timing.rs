@@ -36,23 +36,27 @@ impl Clock {
     }
 }
 
-/// A queue of the test's own bound like the work queue: it receives a copy of every message the
-/// jobs exchange routes to `kind`, at the moment the broker routes it.
+/// A queue of the test's own bound like the work queue and its light lane: it receives a copy of
+/// every message the jobs exchange routes to `kind`, at the moment the broker routes it.
 async fn tap(fleet: &Fleet, kind: JobKind) -> (lapin::Connection, mpsc::UnboundedReceiver<(Instant, Vec<u8>)>) {
     let (conn, channel) = fleet.amqp().await;
     let name = format!("{}.tap", fleet.topology.prefix());
     let options = QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() };
     channel.queue_declare(name.as_str().into(), options, FieldTable::default()).await.unwrap();
-    channel
-        .queue_bind(
-            name.as_str().into(),
-            fleet.topology.jobs_exchange().as_str().into(),
-            kind.as_str().into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    // The kind's key and its light lane's: a tenant's first call takes the lane.
+    let keys = std::iter::once(kind.as_str().to_string()).chain(fleet_protocol::topology::light_key(kind));
+    for key in keys {
+        channel
+            .queue_bind(
+                name.as_str().into(),
+                fleet.topology.jobs_exchange().as_str().into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
     let mut consumer = channel
         .basic_consume(name.as_str().into(), "tap".into(), BasicConsumeOptions::default(), FieldTable::default())
         .await
