@@ -241,6 +241,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_priority_is_one_of_three_and_counts_in_the_body_digest() {
+        let parse = |s: &str| validate::parse_body::<ToolCallInput>(s.as_bytes());
+        let high = parse(r#"{"tool_name":"t","parameters":{},"priority":"high"}"#).ok().unwrap();
+        assert_eq!(high.priority, Some(Priority::High));
+        let plain = parse(r#"{"tool_name":"t","parameters":{}}"#).ok().unwrap();
+        assert_ne!(body_digest(&high), body_digest(&plain));
+        let refused = parse(r#"{"tool_name":"t","parameters":{},"priority":"urgent"}"#).err().unwrap();
+        assert!(refused.message.contains("priority"), "{}", refused.message);
+    }
+
+    #[test]
     fn the_body_digest_ignores_key_order_and_spacing_but_not_content() {
         let parse = |s: &str| validate::parse_body::<ToolCallInput>(s.as_bytes()).unwrap();
         let a = parse(r#"{"tool_name":"t","parameters":{"a":1,"b":2},"room_id":"r"}"#);
