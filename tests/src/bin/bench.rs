@@ -885,7 +885,11 @@ async fn drains(
     concurrency: usize,
     clients: usize,
 ) -> anyhow::Result<(BenchFleet, Drains)> {
-    let mut fleet = BenchFleet::start(&[("FLEET_WORKER_CONCURRENCY", &concurrency.to_string())]).await?;
+    // The light lane off: every job waits in the work queue, the one queue the minimal pipeline
+    // drains (one tenant's backlog would send it only its first 200 anyway).
+    let env = [("FLEET_WORKER_CONCURRENCY", concurrency.to_string()), ("FLEET_LIGHT_LANE_CALL_RATE", "0".into())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut fleet = BenchFleet::start(&env).await?;
     fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
     let account = CpuAccount::start(fleet.parts());
     let enqueue = fleet.enqueue_many(0..jobs, clients).await?;
