@@ -48,16 +48,18 @@ async fn process(cx: &Cx<'_>, delivery: &Delivery) -> Settle {
     let content_type = delivery.properties.content_type().as_ref().map(|s| s.as_str());
     let envelope = match Envelope::decode(&delivery.data, content_type) {
         Ok(e) => e,
-        Err(reason) => return dead_letter_poison(cx, delivery, reason).await,
+        Err(reason) => return Box::pin(dead_letter_poison(cx, delivery, reason)).await,
     };
     let span = job_span(cx, &envelope, delivery.routing_key.as_str());
     telemetry::set_parent(&span, telemetry::from_amqp_headers(delivery.properties.headers().as_ref()));
     let deliveries = delivery_count(delivery.properties.headers().as_ref());
     // A job past its delivery limit carries its verdict from here on, also where it is parked.
     let envelope = decided(cx, envelope, deliveries);
+    // Boxed: a settle's future lives only after the job, so it need not size every job's task
+    // (1,000 callbacks in flight each hold one).
     async {
         let outcome = outcome(cx, &envelope).await;
-        crate::settle::settle(cx, &envelope, outcome).await
+        Box::pin(crate::settle::settle(cx, &envelope, outcome)).await
     }
     .instrument(span)
     .await
