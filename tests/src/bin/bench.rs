@@ -750,7 +750,7 @@ async fn budget(conn: &Connection, workers: usize, concurrency: &str, clients: u
 /// had a turn waiting (the line admitting A ahead of B, against the machine being busy).
 fn b_breakdown(run: &QuotaRun, b_sent: &HashMap<String, Instant>) {
     let waits = run.waits(b_sent);
-    let list: Vec<String> = waits.iter().map(|w| format!("{w:.2}")).collect();
+    let list: Vec<String> = waits.iter().map(|w| format!("{w:.3}")).collect();
     println!("tenant B's waits behind A's burst (s): {}", list.join(" "));
     let first = b_sent.values().min().copied();
     let b_calls = run.log.iter().filter(|a| a.taken && a.marker.starts_with("B-"));
@@ -798,10 +798,10 @@ fn budget_report(
         format!("{tokens:.0} ({:.1} %)", 100.0 * tokens / tpm as f64),
         ">= 95 % of the binding one",
     );
-    row("tenant B: p99 wait submit → model call, idle fleet (s)", format!("{:.2}", percentile(idle, 0.99)), "");
+    row("tenant B: p99 wait submit → model call, idle fleet (s)", format!("{:.3}", percentile(idle, 0.99)), "");
     row(
         "tenant B: p99 wait submit → model call, behind A's burst (s)",
-        format!("{:.2}", percentile(b, 0.99)),
+        format!("{:.3} ({:.1}× idle)", percentile(b, 0.99), percentile(b, 0.99) / percentile(idle, 0.99)),
         "<= 2× idle",
     );
     row("tenant B: of which p99 submit → 202 (the dispatcher) (s)", format!("{:.2}", accepted_p99("B-")), "");
