@@ -181,6 +181,15 @@ async fn assert_line_empty(fleet: &Fleet) {
 }
 
 /// How often the fleet parked a step before its model call, by the provider's budget and by its
+/// The tenant's turn slots after all is done: no slot held, no turn in its line, no deadline kept.
+async fn assert_tenant_slots_free(fleet: &Fleet) {
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let (semaphore, (line, due)) = (keys.tenant_turns(TENANT), keys.tenant_turns_line(TENANT));
+    assert_eq!(zcard(fleet, &semaphore).await, 0, "no slot held: {:?}", members(fleet, &semaphore).await);
+    assert_eq!(zcard(fleet, &line).await, 0, "no turn in the tenant's line: {:?}", members(fleet, &line).await);
+    assert_eq!(hlen(fleet, &due).await, 0, "no deadline kept for a turn in line");
+}
+
 /// tenant's slots.
 async fn parks(fleet: &Fleet) -> (f64, f64) {
     let mut out = (0.0, 0.0);
@@ -285,7 +294,6 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     let keys = Keys::new(fleet.key_prefix.clone());
     let waiters = format!("{}:w:{TENANT}", keys.llm_budget_fair("openai"));
     let semaphore = keys.tenant_turns(TENANT);
-    let (slot_line, due) = keys.tenant_turns_line(TENANT);
 
     let first = post_turn(&fleet, &tenant_turn("s_both_first", "first")).await;
     fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
@@ -308,14 +316,7 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     assert_eq!(calls_with(&llm, "waiting"), 1, "one model call for the step");
     assert_eq!(llm.requests().len(), 2, "one model call per turn");
     assert_line_empty(&fleet).await;
-    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
-    assert_eq!(
-        zcard(&fleet, &slot_line).await,
-        0,
-        "no turn in the tenant's line: {:?}",
-        members(&fleet, &slot_line).await
-    );
-    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+    assert_tenant_slots_free(&fleet).await;
 }
 
 /// A turn of two steps: the first calls a tool, the second waits in the line (the first took the
@@ -390,7 +391,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
     let tap = JobTap::start(&fleet).await;
     let keys = Keys::new(fleet.key_prefix.clone());
     let semaphore = keys.tenant_turns(TENANT);
-    let (line, due) = keys.tenant_turns_line(TENANT);
+    let (line, _) = keys.tenant_turns_line(TENANT);
 
     let slow = post_turn(&fleet, &tenant_turn("s_slot_slow", "slow")).await;
     wait_for("the slow turn's model call", Duration::from_secs(20), || async {
@@ -415,9 +416,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
     assert_finished_once(&fleet, &waiting, "s_slot_waiting", "waiting", "answer to waiting", 1).await;
     assert_copies_counted(&fleet, COPIES).await;
     assert_eq!((calls_with(&llm, "slow"), calls_with(&llm, "waiting")), (1, 1), "one model call per step");
-    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
-    assert_eq!(zcard(&fleet, &line).await, 0, "no turn in the tenant's line: {:?}", members(&fleet, &line).await);
-    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+    assert_tenant_slots_free(&fleet).await;
 }
 
 /// The step holds its tenant's one slot and is in its model call when its copies arrive.
@@ -436,7 +435,6 @@ async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
     let tap = JobTap::start(&fleet).await;
     let keys = Keys::new(fleet.key_prefix.clone());
     let semaphore = keys.tenant_turns(TENANT);
-    let (line, due) = keys.tenant_turns_line(TENANT);
 
     let holding = post_turn(&fleet, &tenant_turn("s_slot_holding", "holding")).await;
     wait_for("the step's model call", Duration::from_secs(20), || async {
@@ -454,9 +452,7 @@ async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
     assert_finished_once(&fleet, &holding, "s_slot_holding", "holding", "answer to holding", 1).await;
     assert_copies_counted(&fleet, COPIES).await;
     assert_eq!(calls_with(&llm, "holding"), 1, "one model call for the step");
-    assert_eq!(zcard(&fleet, &semaphore).await, 0, "no slot held: {:?}", members(&fleet, &semaphore).await);
-    assert_eq!(zcard(&fleet, &line).await, 0, "no turn in the tenant's line");
-    assert_eq!(hlen(&fleet, &due).await, 0, "no deadline kept for a turn in line");
+    assert_tenant_slots_free(&fleet).await;
 }
 
 /// How often the fleet deferred a call of `one_at_a_time` by its concurrency.
