@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use serde_json::{json, Value};
 
-use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_observability_secret_1";
 
@@ -58,6 +58,17 @@ fn attribute<'a>(span: &'a Value, key: &str) -> Option<&'a str> {
     span["attributes"].as_array()?.iter().find(|a| a["key"] == key)?["value"]["stringValue"].as_str()
 }
 
+/// Posts `body` to `path` with the caller's trace `headers`; the accepted job's execution id.
+async fn post_traced(fleet: &Fleet, path: &str, headers: &[(&str, &str)], body: &Value) -> String {
+    let mut request = fleet.http.post(format!("{}{path}", fleet.api)).bearer_auth(&fleet.token).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let resp = request.send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_spans_api_broker_worker_and_callback() {
     let collector = Collector::default();
@@ -72,17 +83,9 @@ async fn one_trace_spans_api_broker_worker_and_callback() {
     .await;
     fleet.register_tool("traced", &receiver.url("/traced"), SECRET).await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let resp = fleet
-        .http
-        .post(format!("{}/v1/tool-calls", fleet.api))
-        .bearer_auth(&fleet.token)
-        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
-        .json(&json!({"tool_name": "traced", "parameters": {"query": "x"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 202);
-    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    let body = json!({"tool_name": "traced", "parameters": {"query": "x"}});
+    let id = post_traced(&fleet, "/v1/tool-calls", &[("traceparent", &traceparent)], &body).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
 
     // The tool owner sees the same trace id.
@@ -122,18 +125,9 @@ async fn without_an_exporter_the_callers_trace_context_reaches_the_callback() {
     let fleet = spawn_fleet(FleetOptions::default().env("FLEET_RETRY_DELAYS", "0.2")).await;
     fleet.register_tool("linked", &receiver.url("/linked"), SECRET).await;
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let resp = fleet
-        .http
-        .post(format!("{}/v1/tool-calls", fleet.api))
-        .bearer_auth(&fleet.token)
-        .header("traceparent", traceparent)
-        .header("tracestate", "caller=t61rcWkgMzE")
-        .json(&json!({"tool_name": "linked", "parameters": {"query": "x"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 202);
-    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    let headers = [("traceparent", traceparent), ("tracestate", "caller=t61rcWkgMzE")];
+    let body = json!({"tool_name": "linked", "parameters": {"query": "x"}});
+    let id = post_traced(&fleet, "/v1/tool-calls", &headers, &body).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
     let attempts = receiver.received_for(&id);
     assert_eq!(attempts.len(), 2, "a failed attempt and its retry");
@@ -170,17 +164,8 @@ async fn without_an_exporter_a_turns_model_calls_and_tool_calls_keep_the_callers
     let fleet = spawn_fleet(llm_fleet(&llm)).await;
     fleet.register_tool("search", &search.url("/search"), SECRET).await;
     let traceparent = "00-5bf92f3577b34da6a3ce929d0e0e4737-10f067aa0ba902b8-01";
-    let resp = fleet
-        .http
-        .post(format!("{}/v1/turns", fleet.api))
-        .bearer_auth(&fleet.token)
-        .header("traceparent", traceparent)
-        .json(&turn_body("s_traced", "find a laptop", &["search"]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 202);
-    let id = resp.json::<Value>().await.unwrap()["data"]["execution_id"].as_str().unwrap().to_string();
+    let body = turn_body("s_traced", "find a laptop", &["search"]);
+    let id = post_traced(&fleet, "/v1/turns", &[("traceparent", traceparent)], &body).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
     let requests = llm.requests();
     assert_eq!(requests.len(), 2, "a round with the tool call, then the answer");
