@@ -88,9 +88,8 @@ pub(crate) async fn retire(cx: &Cx<'_>, envelope: &Envelope, owed: &Owed) {
 /// of the ladder (retry delays and park queues, 250 ms to 1 h) that does not overshoot; on return
 /// it is parked again until its `not_before_ms` is due.
 pub(crate) async fn park(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration) -> Settle {
-    let held = Envelope { not_before_ms: Some(now_ms() + remaining.as_millis() as i64), ..envelope.clone() };
-    match publish_next(cx, &held).await {
-        Ok(()) => Settle::Ack,
+    match hold(cx, envelope, remaining, envelope.park).await {
+        Ok(_) => Settle::Ack,
         Err(settle) => settle,
     }
 }
@@ -100,17 +99,23 @@ pub(crate) async fn park(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration) 
 /// (a mark for a delivery not on a queue would refuse the job's every delivery until it expires).
 /// A mark that cannot be written leaves the job as an unmarked park: copies then park beside it.
 pub(crate) async fn park_step(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration, token: u64) -> Settle {
-    let until = now_ms() + remaining.as_millis() as i64;
-    let held = Envelope { not_before_ms: Some(until), park: Some(token), ..envelope.clone() };
-    if let Err(settle) = publish_next(cx, &held).await {
-        return settle;
-    }
-    match cx.store.mark_parked(&envelope.execution_id, token, held.step(), until).await {
+    let until = match hold(cx, envelope, remaining, Some(token)).await {
+        Ok(until) => until,
+        Err(settle) => return settle,
+    };
+    match cx.store.mark_parked(&envelope.execution_id, token, envelope.step(), until).await {
         Ok(true) => {}
         Ok(false) => tracing::debug!("not marked parked: a delivery was claimed since, or the step moved on"),
         Err(e) => tracing::debug!(error = %e, "cannot mark the step parked; its copies park beside it"),
     }
     Settle::Ack
+}
+
+/// Publishes the job due in `remaining`, carrying `park`: when it is due (ms), once confirmed.
+async fn hold(cx: &Cx<'_>, envelope: &Envelope, remaining: Duration, park: Option<u64>) -> Result<i64, Settle> {
+    let until = now_ms() + remaining.as_millis() as i64;
+    let held = Envelope { not_before_ms: Some(until), park, ..envelope.clone() };
+    publish_next(cx, &held).await.map(|()| until)
 }
 
 /// AMQP headers carrying the current span's trace context, so a retry continues the trace.
