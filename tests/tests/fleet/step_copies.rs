@@ -233,12 +233,43 @@ async fn assert_copies_counted(fleet: &Fleet, copies: usize) {
     assert_eq!(seen, copies, "each copy counted once, nothing else");
 }
 
+/// The last user message a model call was asked.
+fn asked(body: &Value) -> String {
+    body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string()
+}
+
+/// A first turn takes the budget's burst; the second's step (`{session}_waiting`, asking
+/// "waiting") waits in the line (`waiters`), and copies of it, injected then, are acked while it
+/// still waits, leaving one waiter. The second turn's id.
+async fn copies_while_second_turn_waits_in_line(
+    fleet: &Fleet,
+    tap: &JobTap,
+    llm: &MockLlm,
+    waiters: &str,
+    session: &str,
+) -> String {
+    let first = post_turn(fleet, &tenant_turn(&format!("{session}_first"), "first")).await;
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
+    let waiting = post_turn(fleet, &tenant_turn(&format!("{session}_waiting"), "waiting")).await;
+    let mine = format!("{waiting}:0:0:1");
+    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
+        members(fleet, waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
+
+    inject(tap, &step).await;
+    wait_copies_acked_while_parked(fleet, TURN_DUPLICATES, COPIES, || calls_with(llm, "waiting") == 0).await;
+    assert_eq!(members(fleet, waiters).await, vec![mine], "one waiter for the step and its copies");
+    waiting
+}
+
 /// Copies of a step parked in its provider's fair line. 12 requests a minute with 5 s of burst:
 /// the first turn's call takes the burst, the second turn's step waits about 5 s in the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
     let llm = MockLlm::start(|body, _| {
-        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        let asked = asked(body);
         LlmReply::text(&format!("answer to {asked}"))
     })
     .await;
@@ -252,19 +283,7 @@ async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
     let (line, fair) = (keys.llm_budget_line("openai"), keys.llm_budget_fair("openai"));
     let waiters = format!("{fair}:w:{TENANT}");
 
-    let first = post_turn(&fleet, &tenant_turn("s_line_first", "first")).await;
-    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
-    let waiting = post_turn(&fleet, &tenant_turn("s_line_waiting", "waiting")).await;
-    let mine = format!("{waiting}:0:0:1");
-    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
-        members(&fleet, &waiters).await.contains(&mine).then_some(())
-    })
-    .await;
-    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
-
-    inject(&tap, &step).await;
-    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || calls_with(&llm, "waiting") == 0).await;
-    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    let waiting = copies_while_second_turn_waits_in_line(&fleet, &tap, &llm, &waiters, "s_line").await;
     assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
 
     assert_finished_once(&fleet, &waiting, "s_line_waiting", "waiting", "answer to waiting", 1).await;
@@ -280,7 +299,7 @@ async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model_once() {
     let llm = MockLlm::start(|body, _| {
-        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        let asked = asked(body);
         LlmReply::text(&format!("answer to {asked}"))
     })
     .await;
@@ -295,19 +314,7 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     let waiters = format!("{}:w:{TENANT}", keys.llm_budget_fair("openai"));
     let semaphore = keys.tenant_turns(TENANT);
 
-    let first = post_turn(&fleet, &tenant_turn("s_both_first", "first")).await;
-    fleet.wait_status(&first, "succeeded", Duration::from_secs(30)).await;
-    let waiting = post_turn(&fleet, &tenant_turn("s_both_waiting", "waiting")).await;
-    let mine = format!("{waiting}:0:0:1");
-    wait_for("the step waiting in the line", Duration::from_secs(20), || async {
-        members(&fleet, &waiters).await.contains(&mine).then_some(())
-    })
-    .await;
-    let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
-
-    inject(&tap, &step).await;
-    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || calls_with(&llm, "waiting") == 0).await;
-    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    let waiting = copies_while_second_turn_waits_in_line(&fleet, &tap, &llm, &waiters, "s_both").await;
     let holders = members(&fleet, &semaphore).await;
     assert!(holders.iter().all(|h| h.starts_with(&waiting)) && holders.len() <= 1, "slots held: {holders:?}");
 
@@ -374,7 +381,7 @@ async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
     let llm = MockLlm::start(|body, _| {
-        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        let asked = asked(body);
         let reply = LlmReply::text(&format!("answer to {asked}"));
         if asked == "slow" {
             reply.after(Duration::from_secs(6))
@@ -423,7 +430,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
     let llm = MockLlm::start(|body, _| {
-        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string();
+        let asked = asked(body);
         LlmReply::text(&format!("answer to {asked}")).after(Duration::from_secs(4))
     })
     .await;
