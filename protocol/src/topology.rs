@@ -12,7 +12,15 @@ pub const LANE_KINDS: [JobKind; 2] = [JobKind::Turn, JobKind::ToolCall];
 
 /// The jobs exchange's routing key of `kind`'s light lane (`turn.light`, `tool_call.light`).
 pub fn light_key(kind: JobKind) -> Option<String> {
-    LANE_KINDS.contains(&kind).then(|| format!("{}.light", kind.as_str()))
+    LANE_KINDS.contains(&kind).then(|| format!("{}{LIGHT_SUFFIX}", kind.as_str()))
+}
+
+const LIGHT_SUFFIX: &str = ".light";
+
+/// Whether `routing_key` is `kind`'s light lane's (`light_key`), without building the key: a worker
+/// asks it of every delivery.
+pub fn is_light_key(kind: JobKind, routing_key: &str) -> bool {
+    LANE_KINDS.contains(&kind) && routing_key.strip_suffix(LIGHT_SUFFIX) == Some(kind.as_str())
 }
 
 /// Redeliveries after which the broker itself dead-letters a message (a job that keeps killing
@@ -223,6 +231,8 @@ mod tests {
             assert_eq!(light.bindings, [("fleet.jobs".to_string(), key.to_string())]);
         }
         assert_eq!(t.light_queue(JobKind::Webhook), None, "webhooks belong to no tenant");
+        assert!(is_light_key(JobKind::ToolCall, "tool_call.light") && !is_light_key(JobKind::ToolCall, "tool_call"));
+        assert!(!is_light_key(JobKind::Webhook, "webhook.light") && !is_light_key(JobKind::Turn, "tool_call.light"));
         assert_eq!(t.waiting_queues(JobKind::ToolCall), ["fleet.work.tool_calls", "fleet.work.tool_calls.light"]);
     }
 

@@ -129,7 +129,7 @@ async fn dead_letter_poison(cx: &Cx<'_>, delivery: &Delivery, reason: PoisonReas
 fn job_span(cx: &Cx<'_>, envelope: &Envelope, routing_key: &str) -> tracing::Span {
     let topology = &cx.config.common.topology;
     let kind = envelope.kind();
-    let light = fleet_protocol::topology::light_key(kind).is_some_and(|key| key == routing_key);
+    let light = fleet_protocol::topology::is_light_key(kind, routing_key);
     let queue = match topology.light_queue(kind) {
         Some(lane) if light => lane,
         _ => topology.work_queue(kind),

@@ -14,6 +14,7 @@ use fleet_platform::telemetry;
 use fleet_protocol::envelope::Envelope;
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::schedule::first_destination;
+use fleet_protocol::topology::light_key;
 
 use crate::error::ApiError;
 use crate::routes::wire::Data;
@@ -253,11 +254,10 @@ pub(crate) async fn publish_in(
         .enumerate()
         .map(|(i, envelope)| {
             let (exchange, mut routing_key) = first_destination(&common.topology, &common.retry, envelope, now);
-            let lane = fleet_protocol::topology::light_key(envelope.kind());
-            if let (Some(true), Some(lane)) = (light.get(i), lane) {
-                if exchange == common.topology.jobs_exchange() {
-                    routing_key = lane;
-                }
+            // Only a job due now goes to a lane (a scheduled one waits in a delay queue first).
+            let light_now = light.get(i) == Some(&true) && exchange == common.topology.jobs_exchange();
+            if let Some(lane) = light_now.then(|| light_key(envelope.kind())).flatten() {
+                routing_key = lane;
             }
             let span = send_span(envelope, &exchange, &routing_key);
             let headers = telemetry::amqp_headers(&span);
