@@ -44,6 +44,9 @@ pub struct DispatcherConfig {
     /// `FLEET_LIGHT_LANE_CALL_RATE` (new tool calls a second, default 50; 0 turns the lane off) and
     /// `FLEET_LIGHT_LANE_CALL_BURST` (default 200): the same for tool calls.
     pub light_lane_tool_calls: LaneRate,
+    /// `FLEET_FLOODING_TENANT_SUBMISSIONS` (default 4; 0: no limit): how many submissions of a
+    /// tenant flooding the fleet (over its light-lane allowance) this dispatcher takes in at once.
+    pub flooding_tenant_submissions: usize,
 }
 
 impl DispatcherConfig {
@@ -69,6 +72,7 @@ impl DispatcherConfig {
                 rate: lane_rate(src, "FLEET_LIGHT_LANE_CALL_RATE", 50.0)?,
                 burst: src.parse("FLEET_LIGHT_LANE_CALL_BURST", 200)?,
             },
+            flooding_tenant_submissions: src.parse("FLEET_FLOODING_TENANT_SUBMISSIONS", 4)?,
         })
     }
 }

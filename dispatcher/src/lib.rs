@@ -42,7 +42,8 @@ pub struct AppState {
     pub console_tasks: tokio_util::task::TaskTracker,
     /// Fires when shutdown begins: a background operation stops early.
     pub shutdown: CancellationToken,
-    /// Which new turns skip the turns' work queue (tenants not flooding the fleet).
+    /// Which new jobs skip their kind's work queue (tenants not flooding the fleet), and how many
+    /// of a flooding tenant's submissions are taken in at once.
     pub lanes: Arc<lanes::LightLanes>,
 }
 
@@ -94,7 +95,11 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
     ));
     // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
     let streams = stream::StreamHub::start(store.clone(), lifetime.intake().child_token());
-    let lanes = lanes::LightLanes::new(config.light_lane_turns, config.light_lane_tool_calls);
+    let lanes = lanes::LightLanes::new(
+        config.light_lane_turns,
+        config.light_lane_tool_calls,
+        config.flooding_tenant_submissions,
+    );
     let state = AppState {
         config: Arc::new(config),
         broker: link,

@@ -82,6 +82,9 @@ pub struct MetricSet {
     /// (`FLEET_TENANT_MAX_CONCURRENT_TURNS`; `tenant` is one of the configured tenants, so the
     /// label is bounded; `reason`: `concurrency`, `unavailable`).
     pub tenant_turns_parked: IntCounterVec,
+    /// Submissions of a tenant flooding the fleet that waited in the dispatcher for one of its
+    /// places (`FLEET_FLOODING_TENANT_SUBMISSIONS`).
+    pub submissions_held: IntCounterVec,
 }
 
 impl Metrics {
@@ -277,6 +280,11 @@ impl Metrics {
                 "fleet_tenant_turns_parked_total",
                 "Turn steps parked because their tenant's turns were all running (its max concurrent turns).",
                 &["tenant", "reason"],
+            ),
+            submissions_held: counter(
+                "fleet_submissions_held_total",
+                "Submissions of a tenant flooding the fleet that waited for one of its places in the dispatcher.",
+                &["kind"],
             ),
             registry,
         }))

@@ -185,6 +185,12 @@ impl LaneBucket {
         light
     }
 
+    /// Whether a `normal` job would find a token at `now_s` (taking none): a tenant whose bucket
+    /// has none is flooding the fleet.
+    pub fn has_token(&self, now_s: f64, rate: f64, burst: f64) -> bool {
+        (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst) >= 1.0
+    }
+
     /// Whether the bucket has refilled by `now_s` (its tenant is idle: it may be forgotten).
     pub fn is_full(&self, now_s: f64, rate: f64, burst: f64) -> bool {
         self.tokens + (now_s - self.at_s).max(0.0) * rate >= burst
@@ -321,6 +327,19 @@ mod tests {
         assert_eq!(taken(&mut bucket, Priority::Normal, 20), 5, "normal takes the rest");
         assert_eq!(taken(&mut bucket, Priority::High, 20), 5, "high borrows half a burst more");
         assert_eq!(taken(&mut bucket, Priority::Normal, 1), 0, "normal waits for the borrowed tokens");
+    }
+
+    #[test]
+    fn a_tenant_floods_once_its_bucket_has_no_token_left_until_it_refills_one() {
+        let (rate, burst) = (2.0, 3.0);
+        let mut bucket = LaneBucket::new(burst, 0.0);
+        assert!(bucket.has_token(0.0, rate, burst), "a new tenant is not flooding");
+        while bucket.take(0.0, rate, burst, Priority::Normal) {}
+        assert!(!bucket.has_token(0.0, rate, burst), "no token left");
+        assert!(!bucket.has_token(0.4, rate, burst), "0.8 of a token refilled");
+        assert!(bucket.has_token(0.5, rate, burst), "one token refilled");
+        bucket.take(0.0, rate, burst, Priority::High);
+        assert!(!bucket.has_token(0.5, rate, burst), "a borrowed token is paid back first");
     }
 
     #[test]

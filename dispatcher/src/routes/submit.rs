@@ -11,12 +11,14 @@ use utoipa::ToSchema;
 use fleet_platform::broker::{BrokerError, Outgoing, PublishFailure};
 use fleet_platform::store::{RequestHold, Reservation};
 use fleet_platform::telemetry;
-use fleet_protocol::envelope::Envelope;
+use fleet_protocol::envelope::{Envelope, JobKind};
 use fleet_protocol::execution::ExecutionStatus;
+use fleet_protocol::fair::Priority;
 use fleet_protocol::schedule::first_destination;
 use fleet_protocol::topology::light_key;
 
 use crate::error::ApiError;
+use crate::lanes::Admitted;
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -34,10 +36,26 @@ pub(crate) trait Submission {
     /// Removes what a first attempt wrote, once it is certain nothing was accepted; `recorded` says
     /// whether `record` succeeded (when it failed, part of it may still have been written).
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool);
-    /// Whether the job takes its kind's light lane (a new job of a tenant not flooding the fleet).
-    fn light_lane(&self, _state: &AppState) -> bool {
-        false
+    /// The job's kind, tenant and priority, when it is a new job that may take its kind's light
+    /// lane (and whose tenant's submissions are counted by `LightLanes`).
+    fn lane(&self) -> Option<(JobKind, &str, Priority)> {
+        None
     }
+}
+
+/// Whether the job takes its kind's light lane (a new job of a tenant not flooding the fleet).
+pub(crate) fn light_lane<S: Submission>(state: &AppState, submission: &S) -> bool {
+    submission.lane().is_some_and(|(kind, tenant, priority)| state.lanes.take(kind, tenant, priority))
+}
+
+/// Waits for the submission's place among its tenant's being taken in (`LightLanes::admit`).
+pub(crate) async fn admit<S: Submission>(state: &AppState, submission: &S) -> Option<Admitted> {
+    let (kind, tenant, _) = submission.lane()?;
+    let admitted = state.lanes.admit(kind, tenant).await;
+    if admitted.waited() {
+        state.metrics.submissions_held.with_label_values(&[kind.as_str()]).inc();
+    }
+    Some(admitted)
 }
 
 /// Records the job and publishes it with a confirm. No record is written while the broker is
@@ -50,7 +68,7 @@ async fn enqueue<S: Submission>(
 ) -> Result<(), EnqueueFailure> {
     state.broker.publisher().map_err(EnqueueFailure::Publish)?;
     let envelope = submission.record(state, execution_id, republish).await.map_err(EnqueueFailure::BeforePublish)?;
-    let light = submission.light_lane(state);
+    let light = light_lane(state, submission);
     publish_in(state, std::slice::from_ref(&envelope), &[light]).await.pop().expect("one result per envelope")
 }
 
@@ -81,6 +99,7 @@ pub(crate) async fn submit_job<S: Submission>(
     headers: &HeaderMap,
     submission: S,
 ) -> Result<Accepted, ApiError> {
+    let _admitted = admit(state, &submission).await;
     let (execution_id, hold) = match &idempotency_key {
         None => (fleet_protocol::new_execution_id(), None),
         Some(key) => match reserve(state, key, &submission.body_digest(), 1).await? {

@@ -23,7 +23,7 @@ use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
 use crate::routes::submit::{
-    failure_outcome, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
+    admit, failure_outcome, light_lane, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
 };
 use crate::routes::wire::Data;
 use crate::AppState;
@@ -40,6 +40,11 @@ pub(crate) async fn submit_batch<S: Submission>(
     span: tracing::Span,
     items: Vec<S>,
 ) -> Result<Response, ApiError> {
+    // A batch is one submission of its tenant (its calls share the caller's tenant).
+    let _admitted = match items.first() {
+        Some(first) => admit(state, first).await,
+        None => None,
+    };
     let (batch_id, hold) = match &idempotency_key {
         None => (fleet_protocol::new_execution_id(), None),
         Some(key) => match reserve(state, key, &batch_digest(&items), items.len()).await? {
@@ -104,7 +109,7 @@ impl<S: Submission> Batch<'_, S> {
             return Enqueued::NotPublished { failure: EnqueueFailure::BeforePublish(e), recorded };
         }
         let mut results: Vec<Result<(), EnqueueFailure>> = (0..n).map(|_| Ok(())).collect();
-        let light: Vec<bool> = pending.iter().map(|&i| self.items[i].light_lane(state)).collect();
+        let light: Vec<bool> = pending.iter().map(|&i| light_lane(state, &self.items[i])).collect();
         for (&i, result) in pending.iter().zip(publish_in(state, &envelopes, &light).await) {
             results[i] = result;
         }

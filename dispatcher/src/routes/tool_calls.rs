@@ -199,9 +199,8 @@ impl Submission for ToolCallInput {
         Ok(envelope)
     }
 
-    fn light_lane(&self, state: &AppState) -> bool {
-        let tenant = self.owner.as_deref().unwrap_or_default();
-        state.lanes.take(JobKind::ToolCall, tenant, self.priority.unwrap_or_default())
+    fn lane(&self) -> Option<(JobKind, &str, fleet_protocol::fair::Priority)> {
+        Some((JobKind::ToolCall, self.owner.as_deref().unwrap_or_default(), self.priority.unwrap_or_default()))
     }
 
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool) {

@@ -157,9 +157,8 @@ impl Submission for NewTurn {
         Ok(Envelope::new(execution_id.to_string(), job, now_ms()))
     }
 
-    fn light_lane(&self, state: &AppState) -> bool {
-        let tenant = self.input.tenant.as_deref().unwrap_or_default();
-        state.lanes.take(fleet_protocol::envelope::JobKind::Turn, tenant, self.input.priority)
+    fn lane(&self) -> Option<(JobKind, &str, fleet_protocol::fair::Priority)> {
+        Some((JobKind::Turn, self.input.tenant.as_deref().unwrap_or_default(), self.input.priority))
     }
 
     async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {

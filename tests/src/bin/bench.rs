@@ -728,7 +728,11 @@ async fn budget(conn: &Connection, workers: usize, concurrency: &str, clients: u
     // A's burst, B a second later, the surprise a minute in.
     let started = Instant::now();
     let b_delay = setting("FLEET_BENCH_BUDGET_B_DELAY", 1) as u64;
-    let (a_sent, b_sent) = tokio::join!(post_marked_turns(&fleet, "A", a_turns, clients), async {
+    let a_posts = async {
+        let sent = post_marked_turns(&fleet, "A", a_turns, clients).await;
+        (sent, started.elapsed())
+    };
+    let ((a_sent, a_accepted_in), b_sent) = tokio::join!(a_posts, async {
         tokio::time::sleep(Duration::from_secs(b_delay)).await;
         post_marked_turns(&fleet, "B", 20, clients).await
     });
@@ -742,6 +746,8 @@ async fn budget(conn: &Connection, workers: usize, concurrency: &str, clients: u
     fleet.stop(conn).await;
     let run = QuotaRun { log: quota.log() };
     budget_report(&run, started, surprise_at, finished, (rpm, tpm, percent), &idle, &run.waits(&b_sent));
+    let a_rate = a_turns as f64 / a_accepted_in.as_secs_f64();
+    println!("tenant A: {a_turns} turns accepted in {:.2} s ({a_rate:.0} turns/s)", a_accepted_in.as_secs_f64());
     b_breakdown(&run, &b_sent);
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! never waits behind another tenant's backlog in the work queue; and within a tenant, as its
 //! calls come faster than its lane allows, its `high` calls keep the lane and its `low` ones leave
 //! it first. One worker slot and a receiver that takes 5 ms a call make the worker what is scarce.
+//! And a flooding tenant's submissions are taken in a few at a time by the dispatcher, none lost.
 
 use std::time::Duration;
 
@@ -83,4 +84,37 @@ async fn a_tenants_high_calls_keep_the_lane_and_its_low_ones_leave_it_first() {
         "the high call waited behind its tenant's backlog ({normal_after_high} after it)"
     );
     assert_eq!(normal_after_low, 0, "the low call left the lane and ran after every normal one");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenants_submissions_wait_for_their_places_and_none_is_lost() {
+    let receiver = Receiver::start(SECRET, |_, _| Reply::result(json!({"ok": true}))).await;
+    let options = FleetOptions::default()
+        .env("FLEET_LIGHT_LANE_CALL_BURST", "2")
+        .env("FLEET_LIGHT_LANE_CALL_RATE", "0.01")
+        .env("FLEET_FLOODING_TENANT_SUBMISSIONS", "1");
+    let fleet = spawn_fleet(options).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    // globex uses the dispatcher too (alone, acme would not be held back).
+    let (status, body) = fleet.post("/v1/tool-calls", &call("other-0", "globex", "normal")).await;
+    assert_eq!(status, 202, "{body}");
+    for i in 0..3 {
+        let (status, body) = fleet.post("/v1/tool-calls", &call(&format!("first-{i}"), "acme", "normal")).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    // acme is flooding now: one of its submissions is taken in at a time. A batch of 500 holds
+    // that place while it writes its records, and 20 single calls come beside it.
+    let single_calls: Vec<Value> = (0..20).map(|i| call(&format!("single-{i}"), "acme", "normal")).collect();
+    let singles = futures::future::join_all(single_calls.iter().map(|c| fleet.post("/v1/tool-calls", c)));
+    let batch = post_batch(&fleet, (0..500).map(|i| call(&format!("batch-{i}"), "acme", "normal")).collect());
+    let (singles, ()) = tokio::join!(singles, batch);
+    assert!(singles.iter().all(|(status, _)| *status == 202), "{singles:?}");
+    let text = fleet.http.get(format!("{}/metrics", fleet.api)).send().await.unwrap().text().await.unwrap();
+    let held = fleet_tests::metric(&text, "fleet_submissions_held_total{kind=\"tool_call\"}");
+    println!("submissions that waited for acme's place: {held} of 21");
+    assert!(held >= 1.0, "no submission of the flooding tenant waited for its place");
+    let mut order = queries_once(&receiver, 524).await;
+    order.sort();
+    order.dedup();
+    assert_eq!(order.len(), 524, "each call ran once");
 }
