@@ -40,7 +40,8 @@ pub(crate) async fn submit_batch<S: Submission>(
     span: tracing::Span,
     items: Vec<S>,
 ) -> Result<Response, ApiError> {
-    // A batch is one submission of its tenant (its calls share the caller's tenant).
+    // A batch is one submission, counted as its first call's tenant's (a tenant-bound token's
+    // calls are all its tenant's).
     let _admitted = match items.first() {
         Some(first) => admit(state, first).await,
         None => None,
