@@ -534,9 +534,23 @@ impl QuotaRun {
     }
 }
 
+/// One turn's time outside its model call (ms), and its parts: the POST until its 202, from the
+/// 202 until the model call starts (delivery and the step's opening), from the model's answer
+/// until the client's poll saw `succeeded` (the step's finish, and the poll's own wait).
+struct TurnOverhead {
+    total: f64,
+    accepted: f64,
+    to_model: f64,
+    after_model: f64,
+}
+
 /// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`.
-fn print_turns(overheads: Vec<f64>, mut follow_ups: Vec<f64>) {
-    row("turn: fleet overhead per turn, median (ms)", format!("{:.1}", median(overheads)), "<= 3 ms", "".into());
+fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
+    let part = |f: fn(&TurnOverhead) -> f64| format!("{:.1}", median(overheads.iter().map(f).collect()));
+    row("turn: fleet overhead per turn, median (ms)", part(|o| o.total), "<= 3 ms", "".into());
+    row("turn: of which POST → 202, median (ms)", part(|o| o.accepted), "", "".into());
+    row("turn: of which 202 → model call, median (ms)", part(|o| o.to_model), "", "".into());
+    row("turn: of which answer → succeeded seen, median (ms)", part(|o| o.after_model), "", "".into());
     follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
     row("turn: follow-up's first event after done, median (ms)", format!("{p50:.1}"), "<= 100 ms", "".into());
@@ -547,7 +561,7 @@ fn print_turns(overheads: Vec<f64>, mut follow_ups: Vec<f64>) {
 /// turn: the time to `succeeded` less the model's); then `turns / 10` pairs of turns in one session,
 /// the second posted while the first runs (how long after the first's `done` the second's first
 /// event comes).
-async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<TurnOverhead>, Vec<f64>)> {
     let llm =
         MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay: Duration::ZERO })
             .await;
@@ -567,6 +581,7 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<f64>
             .await?
             .json()
             .await?;
+        let accepted = t0.elapsed();
         let id = resp["data"]["execution_id"].as_str().context("turn id")?.to_string();
         loop {
             let v: Value = fleet
@@ -582,9 +597,15 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<f64>
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let total = t0.elapsed();
-        let model = llm.requests().last().and_then(|r| r.ended.map(|e| e - r.started)).unwrap_or_default();
-        overheads.push((total.saturating_sub(model)).as_secs_f64() * 1000.0);
+        let seen = Instant::now();
+        let call = llm.requests().last().map(|r| (r.started, r.ended.unwrap_or(r.started))).context("model call")?;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        overheads.push(TurnOverhead {
+            total: ms((seen - t0).saturating_sub(call.1 - call.0)),
+            accepted: ms(accepted),
+            to_model: ms(call.0.saturating_duration_since(t0 + accepted)),
+            after_model: ms(seen - call.1),
+        });
     }
     fleet.stop(conn).await;
     let follow_ups = follow_ups((turns / 10).max(5), conn).await?;
