@@ -628,11 +628,15 @@ async fn a_stream_backlog_is_sent_in_pages() {
 /// Defect 14: the `done` event was streamed before the execution was marked `succeeded`, so a
 /// client reading the execution right after `done` could see `running`. Here the worker's record
 /// write is held for a moment: the record must still be final before `done` reaches the client.
+/// The hold stays well inside the worker's Redis timeout (10 s here): on a loaded machine, 1.5 s of
+/// hold once came past the default 2 s, and the step, whose write it took for failed, waited out
+/// its claim's lease (60 s) before it finished, past the test's stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_is_final_before_done_is_streamed() {
     let proxy = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
     let llm = MockLlm::start(|_, _| LlmReply::text("quick")).await;
-    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &format!("redis://{}/0", proxy.addr))).await;
+    let redis = format!("redis://{}/0", proxy.addr);
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &redis).env("FLEET_REDIS_TIMEOUT", "10")).await;
     proxy.arm(&[b"succeeded"], Trigger::Delay(Duration::from_millis(1500)));
     let reading = tokio::spawn(frames_until(api(&fleet), "s_final", 1));
     let id = post_turn(&fleet, &turn_body("s_final", "hi", &[])).await;
