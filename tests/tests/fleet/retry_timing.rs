@@ -144,7 +144,8 @@ async fn a_bare_delay_queue_hop_is_late_by_milliseconds() {
     let (conn, channel) = fleet.amqp().await;
     channel.confirm_select(Default::default()).await.unwrap();
     let mut lateness = Vec::new();
-    for i in 0..5 {
+    // Hop 0 warms the queue up and is not counted.
+    for i in 0..6 {
         let sent = Instant::now();
         channel
             .basic_publish(
@@ -159,9 +160,17 @@ async fn a_bare_delay_queue_hop_is_late_by_milliseconds() {
             .await
             .unwrap();
         let (at, _) = tokio::time::timeout(Duration::from_secs(10), tapped.recv()).await.unwrap().unwrap();
-        lateness.push(clock.ms(at) - clock.ms(sent) - DELAY_S * 1000.0);
+        if i > 0 {
+            lateness.push(clock.ms(at) - clock.ms(sent) - DELAY_S * 1000.0);
+        }
     }
     let _ = conn.close(200, "".into()).await;
     println!("bare delay-queue hop past its 1 s TTL: {}", span(&lateness));
-    assert!(lateness.iter().all(|ms| (-20.0..1000.0).contains(ms)), "hop lateness {lateness:?}");
+    // Milliseconds as a rule; one hop of five came 1,013 ms late once with the other core busy
+    // (the broker's expiry timer under load), so one may be late by up to 2 s, not more.
+    let mut sorted = lateness.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert!((-20.0..100.0).contains(&sorted[2]), "median hop lateness {lateness:?}");
+    assert!(sorted[3] < 1000.0 && sorted[4] < 2000.0, "hop lateness {lateness:?}");
+    assert!(sorted[0] >= -20.0, "a hop came before its TTL: {lateness:?}");
 }
