@@ -108,8 +108,11 @@ impl Lane {
     }
 
     fn flooding(&self, now: f64, tenant: &str) -> bool {
+        if self.rate <= 0.0 {
+            return false;
+        }
         let tenants = self.tenants.lock().expect("lanes lock");
-        self.rate > 0.0 && tenants.get(tenant).is_some_and(|b| !b.has_token(now, self.rate, self.burst))
+        tenants.get(tenant).is_some_and(|b| !b.has_token(now, self.rate, self.burst))
     }
 }
 
@@ -132,17 +135,15 @@ impl LightLanes {
     /// (first come, first in); at once otherwise. The waiting costs nothing but the request's
     /// memory: its body is read, nothing else is done.
     pub async fn admit(&self, kind: JobKind, tenant: &str) -> Admitted {
+        let free = Admitted { place: None, waited: false };
+        if self.flooding_submissions == 0 {
+            return free;
+        }
         let now = self.started.elapsed().as_secs_f64();
         let other = self.last.lock().expect("last tenants lock").note(tenant, now);
         let shared = other.is_some_and(|at| now - at <= SHARED_WINDOW_S);
-        let flooding = shared
-            && match kind {
-                JobKind::Turn => self.turns.flooding(now, tenant),
-                JobKind::ToolCall => self.tool_calls.flooding(now, tenant),
-                JobKind::Webhook => false,
-            };
-        if self.flooding_submissions == 0 || !flooding {
-            return Admitted { place: None, waited: false };
+        if !(shared && self.lane(kind).is_some_and(|lane| lane.flooding(now, tenant))) {
+            return free;
         }
         let gate = {
             let mut admitting = self.admitting.lock().expect("admission lock");
@@ -162,10 +163,15 @@ impl LightLanes {
     /// Whether `tenant`'s new job of `kind` goes to the light lane (taking one of its tokens).
     pub fn take(&self, kind: JobKind, tenant: &str, priority: Priority) -> bool {
         let now = self.started.elapsed().as_secs_f64();
+        self.lane(kind).is_some_and(|lane| lane.take(now, tenant, priority))
+    }
+
+    /// `kind`'s lane; webhooks have none (they belong to no tenant).
+    fn lane(&self, kind: JobKind) -> Option<&Lane> {
         match kind {
-            JobKind::Turn => self.turns.take(now, tenant, priority),
-            JobKind::ToolCall => self.tool_calls.take(now, tenant, priority),
-            JobKind::Webhook => false,
+            JobKind::Turn => Some(&self.turns),
+            JobKind::ToolCall => Some(&self.tool_calls),
+            JobKind::Webhook => None,
         }
     }
 }

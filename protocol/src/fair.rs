@@ -174,11 +174,21 @@ impl LaneBucket {
         LaneBucket { tokens: burst, at_s: now_s }
     }
 
+    /// The tokens at `now_s`: those left, plus what `rate` refilled since, up to `burst`.
+    fn level(&self, now_s: f64, rate: f64, burst: f64) -> f64 {
+        (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst)
+    }
+
+    /// Whether a job of `priority` may take a token from `tokens`.
+    fn may_take(tokens: f64, burst: f64, priority: Priority) -> bool {
+        tokens - 1.0 >= lane_floor(priority, burst)
+    }
+
     /// Takes one job's token if its priority may: whether the job goes to the light lane.
     pub fn take(&mut self, now_s: f64, rate: f64, burst: f64, priority: Priority) -> bool {
-        self.tokens = (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst);
+        self.tokens = self.level(now_s, rate, burst);
         self.at_s = now_s;
-        let light = self.tokens - 1.0 >= lane_floor(priority, burst);
+        let light = Self::may_take(self.tokens, burst, priority);
         if light {
             self.tokens -= 1.0;
         }
@@ -188,12 +198,12 @@ impl LaneBucket {
     /// Whether a `normal` job would find a token at `now_s` (taking none): a tenant whose bucket
     /// has none is flooding the fleet.
     pub fn has_token(&self, now_s: f64, rate: f64, burst: f64) -> bool {
-        (self.tokens + (now_s - self.at_s).max(0.0) * rate).min(burst) >= 1.0
+        Self::may_take(self.level(now_s, rate, burst), burst, Priority::Normal)
     }
 
     /// Whether the bucket has refilled by `now_s` (its tenant is idle: it may be forgotten).
     pub fn is_full(&self, now_s: f64, rate: f64, burst: f64) -> bool {
-        self.tokens + (now_s - self.at_s).max(0.0) * rate >= burst
+        self.level(now_s, rate, burst) >= burst
     }
 }
 
