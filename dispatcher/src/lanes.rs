@@ -133,7 +133,7 @@ impl LightLanes {
     /// Waits, if `tenant` is flooding with jobs of `kind` while another tenant submitted in the
     /// last minute, until fewer than `flooding_submissions` of its submissions are being taken in
     /// (first come, first in); at once otherwise. The waiting costs nothing but the request's
-    /// memory: its body is read, nothing else is done.
+    /// memory: it comes before the job's key, record and publish (`submit_job`).
     pub async fn admit(&self, kind: JobKind, tenant: &str) -> Admitted {
         let free = Admitted { place: None, waited: false };
         if self.flooding_submissions == 0 {
