@@ -63,19 +63,7 @@ impl Store {
             .ignore()
             .query_async(&mut self.conn().await?)
             .await;
-        // An unreadable entry is skipped, not fatal: it must not stop every later turn of the session.
-        Ok(self
-            .count(r)?
-            .0
-            .iter()
-            .filter_map(|s| match serde_json::from_str(s) {
-                Ok(entry) => Some(entry),
-                Err(e) => {
-                    tracing::warn!(error = %e, "skipping an unreadable history entry");
-                    None
-                }
-            })
-            .collect())
+        Ok(parse_entries(&self.count(r)?.0))
     }
 
     /// Forgets the session's history and its message log. The sequence counters stay (they expire
@@ -100,4 +88,18 @@ impl Store {
 /// dropped first and alone.
 fn exchange_of(raw: &str) -> String {
     serde_json::from_str::<HistoryEntry>(raw).map(|e| e.exchange).unwrap_or_default()
+}
+
+/// History entries as stored; an unreadable one is skipped, not fatal: it must not stop every
+/// later turn of the session.
+pub(crate) fn parse_entries(raw: &[String]) -> Vec<HistoryEntry> {
+    raw.iter()
+        .filter_map(|s| match serde_json::from_str(s) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping an unreadable history entry");
+                None
+            }
+        })
+        .collect()
 }

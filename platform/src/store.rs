@@ -44,13 +44,14 @@ use connection::{Backend, Connector};
 pub use health::{Admission, CircuitChange, CircuitEvent, ToolHealth, CIRCUIT_HISTORY_MAX};
 pub use index::{default_index_retention, ExecutionFilter, ExecutionSummary};
 pub use life::{
-    record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Delivery, Expected, Fence, Transition, PARK_SLACK,
+    record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Delivery, DeliveryClaim, Expected, Fence, Transition,
+    PARK_SLACK,
 };
 pub use limits::{Pace, Semaphore, SlotGrant};
 pub use records::{ExecutionView, NewExecution};
 pub use registry::{StoredTool, StoredWebhook, ToolVersion};
 pub use requests::{RequestHold, Reservation};
-pub use turns::{CompactHistory, RoundReport, RoundState, SessionFinish, SessionSlot};
+pub use turns::{CompactHistory, Opened, RoundReport, RoundState, SessionFinish, SessionSlot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -48,11 +48,15 @@ impl Fixture {
     }
 
     async fn admit(&self, id: &str, step: Step) -> Claimed {
-        self.store.admit(id, "w", LEASE, step, AdmitMode::Run).await.unwrap().0
+        self.store.admit(id, "w", LEASE, step, AdmitMode::Run).await.unwrap().claimed
     }
 
     async fn admit_parked(&self, id: &str, step: Step, park: Option<u64>) -> Claimed {
-        self.store.admit_delivery(id, "w", LEASE, Delivery { step, park }, AdmitMode::Hold).await.unwrap().0
+        self.store
+            .admit_delivery(id, "w", LEASE, Delivery { step, park, with_turn: false }, AdmitMode::Hold)
+            .await
+            .unwrap()
+            .claimed
     }
 
     async fn token(&self, id: &str, step: Step) -> u64 {

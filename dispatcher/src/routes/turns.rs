@@ -146,12 +146,21 @@ impl Submission for NewTurn {
         // the entry was made: the turn may have taken it (started) since, and it is not put back.
         if !(republish && state.store.get_execution(execution_id).await?.is_some()) {
             let turn = TurnState::new(input, turn::model_call_message_id(execution_id, 0));
-            record_turn(state, execution_id, &turn).await?;
             // The session's message log shows what was sent when it was sent (once per message).
-            for entry in self.sent_entries(execution_id) {
-                state.store.log_message(&input.session_id, &entry).await?;
-            }
-            self.append_input_event(state, execution_id).await?;
+            let logged = async {
+                for entry in self.sent_entries(execution_id) {
+                    state.store.log_message(&input.session_id, &entry).await?;
+                }
+                Ok::<_, ApiError>(())
+            };
+            // Apart from the line entry before the record, these wait for nothing of each other:
+            // all are in place before the job is published, and a failure undoes each of them.
+            let (recorded, logged, announced) = tokio::join!(
+                record_turn(state, execution_id, &turn),
+                logged,
+                self.append_input_event(state, execution_id)
+            );
+            recorded.and(logged).and(announced)?;
         }
         let job = Job::Turn(TurnJob { session_id: input.session_id.clone(), round: 0 });
         Ok(Envelope::new(execution_id.to_string(), job, now_ms()))

@@ -31,7 +31,7 @@ static MARK_PARKED: std::sync::LazyLock<redis::Script> =
 static ANSWER_STEER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(ANSWER_STEER_LUA));
 
-// KEYS: claim, record. ARGV: owner, lease ms, ttl s, the delivery's step (gen, round, attempt,
+// KEYS: claim, record, and a turn's state when its step is claimed with it. ARGV: owner, lease ms, ttl s, the delivery's step (gen, round, attempt,
 // poll), mode (`run` marks the record running, `hold` only claims, `take` claims even from a live
 // lease: a job whose end is decided, after its worker kept dying), the delivery's park ('' for
 // none), the slack (ms) a park marker outlives its due time by.
@@ -97,7 +97,9 @@ redis.call('HSET', KEYS[2], unpack(f))
 -- Claimed: whatever was parked is running now, or parks again under this claim.
 if parked ~= '' then redis.call('HDEL', KEYS[2], 'parked_step', 'parked_by', 'parked_until') end
 if redis.call('TTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
-return {'claimed', tostring(token), r[9] and '1' or ''}
+-- A turn's step reads its state with its claim (the state a newer claim would have to write after).
+local state = KEYS[3] and redis.call('GET', KEYS[3]) or ''
+return {'claimed', tostring(token), r[9] and '1' or '', state}
 "#;
 
 // KEYS: claim, record, attempts, turn state. ARGV: token, ttl, claim (keep|release|complete|none),
@@ -262,11 +264,22 @@ return 1
 /// (with the claim's lease added): the parked delivery may wait in its work queue a while.
 pub const PARK_SLACK: Duration = Duration::from_secs(30);
 
-/// What `admit_delivery` is told of a delivery: its step, and the park it carries if any.
+/// What `admit_delivery` is told of a delivery: its step, the park it carries if any, and whether
+/// the claim reads the turn's state with it (a turn's step: one round trip, not two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
     pub step: Step,
     pub park: Option<u64>,
+    pub with_turn: bool,
+}
+
+/// What `admit_delivery` decided: the delivery's claim, whether a client asked to cancel, and the
+/// turn's state read under a claim made with `with_turn` (`None` if it is not beside its claim).
+#[derive(Debug)]
+pub struct DeliveryClaim {
+    pub claimed: Claimed,
+    pub cancel_requested: bool,
+    pub turn: Option<TurnState>,
 }
 
 /// How a delivery's step is claimed.
@@ -388,8 +401,8 @@ impl Store {
         lease: Duration,
         step: Step,
         mode: AdmitMode,
-    ) -> Result<(Claimed, bool), StoreError> {
-        self.admit_delivery(execution_id, owner, lease, Delivery { step, park: None }, mode).await
+    ) -> Result<DeliveryClaim, StoreError> {
+        self.admit_delivery(execution_id, owner, lease, Delivery { step, park: None, with_turn: false }, mode).await
     }
 
     /// `admit` for a delivery that may be a parked one: while the record is marked parked by
@@ -402,12 +415,14 @@ impl Store {
         lease: Duration,
         delivery: Delivery,
         mode: AdmitMode,
-    ) -> Result<(Claimed, bool), StoreError> {
+    ) -> Result<DeliveryClaim, StoreError> {
         let step = delivery.step;
-        let r: Result<Vec<String>, _> = ADMIT
-            .key(self.keys.idempotency(execution_id))
-            .key(self.keys.execution(execution_id))
-            .arg(owner)
+        let mut inv = ADMIT.prepare_invoke();
+        inv.key(self.keys.idempotency(execution_id)).key(self.keys.execution(execution_id));
+        if delivery.with_turn {
+            inv.key(self.keys.turn(execution_id));
+        }
+        inv.arg(owner)
             .arg(lease.as_millis() as u64)
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg(step.gen)
@@ -420,31 +435,38 @@ impl Store {
                 AdmitMode::Take => "take",
             })
             .arg(delivery.park.map(|p| p.to_string()).unwrap_or_default())
-            .arg((PARK_SLACK + lease).as_millis() as u64)
-            .invoke_async(&mut self.conn().await?)
-            .await;
+            .arg((PARK_SLACK + lease).as_millis() as u64);
+        let r: Result<Vec<String>, _> = inv.invoke_async(&mut self.conn().await?).await;
         let reply = self.count(r)?;
         let corrupt = |what: &str| StoreError::Corrupt(format!("claim of {execution_id}: {what}"));
         let part = |i: usize| reply.get(i).map(String::as_str).unwrap_or_default();
         let json =
             |text: &str| -> Option<Value> { (!text.is_empty()).then(|| serde_json::from_str(text).ok()).flatten() };
-        Ok(match part(0) {
-            "claimed" => (Claimed::Held { token: part(1).parse().map_err(|_| corrupt("token"))? }, part(2) == "1"),
-            "copy" => (Claimed::Copy, false),
+        let only = |claimed| Ok(DeliveryClaim { claimed, cancel_requested: false, turn: None });
+        match part(0) {
+            "claimed" => {
+                let token = part(1).parse().map_err(|_| corrupt("token"))?;
+                let turn = match part(3) {
+                    "" => None,
+                    raw => Some(serde_json::from_str(raw).map_err(|e| corrupt(&format!("turn state: {e}")))?),
+                };
+                Ok(DeliveryClaim { claimed: Claimed::Held { token }, cancel_requested: part(2) == "1", turn })
+            }
+            "copy" => only(Claimed::Copy),
             "owed" => match Owed::parse(part(1)) {
-                Some(owed) => (Claimed::Owed { owed, result: json(part(2)) }, false),
+                Some(owed) => only(Claimed::Owed { owed, result: json(part(2)) }),
                 // A form a newer fleet wrote: it is that fleet's to carry out.
-                None => (Claimed::Copy, false),
+                None => only(Claimed::Copy),
             },
             "done" => {
                 let from_claim = json(part(2)).and_then(|c| c.get("result").cloned());
-                (Claimed::Done { result: json(part(1)).or(from_claim).unwrap_or(Value::Null) }, false)
+                only(Claimed::Done { result: json(part(1)).or(from_claim).unwrap_or(Value::Null) })
             }
-            "busy" => (Claimed::Busy { remaining_ms: part(1).parse().unwrap_or(1000) }, false),
-            "cancelled" => (Claimed::Cancelled, false),
-            "missing" => (Claimed::Missing, false),
-            other => return Err(corrupt(&format!("the script answered {other:?}"))),
-        })
+            "busy" => only(Claimed::Busy { remaining_ms: part(1).parse().unwrap_or(1000) }),
+            "cancelled" => only(Claimed::Cancelled),
+            "missing" => only(Claimed::Missing),
+            other => Err(corrupt(&format!("the script answered {other:?}"))),
+        }
     }
 
     /// Marks the record parked by the claim `token` gave back, its parked delivery due at

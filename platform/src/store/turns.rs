@@ -51,23 +51,34 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
-// KEYS: lock, queue. ARGV: turn, fence, ttl.
+// KEYS: lock, queue, history, history_seq, steer. ARGV: turn, fence, ttl, the history's ttl ('':
+// the history is not read). A step that has the session reads what its model call sees with it:
+// the history (refreshing its TTL) and the steers waiting, written by nobody else while it holds it.
 // The lock has no lease: the turn holding it gives it back however it ends (finished, dead
 // letter, delivery limit, cancelled); the TTL only collects the keys of a deleted fleet.
 const SESSION_ACQUIRE_LUA: &str = r#"
+local function opened(answer)
+  local history = {}
+  if ARGV[4] ~= '' then
+    history = redis.call('LRANGE', KEYS[3], 0, -1)
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
+    redis.call('EXPIRE', KEYS[4], ARGV[4])
+  end
+  return {answer, history, redis.call('LRANGE', KEYS[5], 0, -1)}
+end
 local turn, fence = holder_of(redis.call('GET', KEYS[1]))
 local mine = ARGV[1] .. '#' .. ARGV[2]
 if turn == ARGV[1] then
-  if fence > tonumber(ARGV[2]) then return 'stale' end
+  if fence > tonumber(ARGV[2]) then return {'stale', {}, {}} end
   redis.call('SET', KEYS[1], mine, 'EX', ARGV[3])
-  return 'held'
+  return opened('held')
 end
-if turn then return 'busy' end
+if turn then return {'busy', {}, {}} end
 local head = redis.call('LINDEX', KEYS[2], 0)
-if head and head ~= ARGV[1] then return 'queued' end
+if head and head ~= ARGV[1] then return {'queued', {}, {}} end
 if head == ARGV[1] then redis.call('LPOP', KEYS[2]) end
 redis.call('SET', KEYS[1], mine, 'EX', ARGV[3])
-return 'acquired'
+return opened('acquired')
 "#;
 
 // KEYS: lock, queue, steer, steered. ARGV: the steering turn, ttl, then its steers (JSON).
@@ -212,11 +223,19 @@ if owed == ARGV[5] then answer[2] = 'publish' else answer[2] = 'waiting' end
 return answer
 "#;
 
+/// What a step read as it took its session: the history (if asked for) and the waiting steers
+/// (JSON `Steer`s; read, not taken).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Opened {
+    pub history: Option<Vec<HistoryEntry>>,
+    pub steers: Vec<String>,
+}
+
 /// What `session_acquire` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SessionSlot {
-    /// This turn runs now (it was first in line, or already held the session).
-    Acquired,
+    /// This turn runs now (it was first in line, or already held the session): what it read.
+    Acquired(Opened),
     /// Another turn runs, or is ahead in line.
     Wait,
     /// A newer step of this turn holds the session: this one is fenced off.
@@ -357,23 +376,29 @@ impl Store {
     }
 
     /// Takes (or keeps) the session for the step of `execution_id` holding `fence`, if it is its
-    /// turn. The lock is held until the turn gives it back, however long its tools take.
+    /// turn, reading with it the steers waiting and (`with_history`) the session's history. The
+    /// lock is held until the turn gives it back, however long its tools take.
     pub async fn session_acquire(
         &self,
         session_id: &str,
         execution_id: &str,
         fence: u64,
+        with_history: bool,
     ) -> Result<SessionSlot, StoreError> {
-        let r: Result<String, _> = SESSION_ACQUIRE_SCRIPT
-            .key(self.keys.session(session_id, "lock"))
-            .key(self.keys.session(session_id, "queue"))
-            .arg(execution_id)
-            .arg(fence)
-            .arg(IDEMPOTENCY_TTL_SECS)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(match self.count(r)?.as_str() {
-            "acquired" | "held" => SessionSlot::Acquired,
+        let script = &*SESSION_ACQUIRE_SCRIPT;
+        let mut inv = script.prepare_invoke();
+        for part in ["lock", "queue", "history", "history_seq", "steer"] {
+            inv.key(self.keys.session(session_id, part));
+        }
+        let history_ttl = if with_history { HISTORY_TTL_SECS.to_string() } else { String::new() };
+        inv.arg(execution_id).arg(fence).arg(IDEMPOTENCY_TTL_SECS).arg(history_ttl);
+        let r: Result<(String, Vec<String>, Vec<String>), _> = inv.invoke_async(&mut self.conn().await?).await;
+        let (answer, history, steers) = self.count(r)?;
+        Ok(match answer.as_str() {
+            "acquired" | "held" => SessionSlot::Acquired(Opened {
+                history: with_history.then(|| crate::session_history::parse_entries(&history)),
+                steers,
+            }),
             "stale" => SessionSlot::Stale,
             _ => SessionSlot::Wait,
         })
@@ -400,13 +425,6 @@ impl Store {
         }
         let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
         Ok(self.count(r)? == 1)
-    }
-
-    /// The steer entries waiting for the running turn (read, not taken: they leave the list only
-    /// once the turn's state holds them, `session_trim_steers`).
-    pub async fn session_steers(&self, session_id: &str) -> Result<Vec<String>, StoreError> {
-        let r: Result<Vec<String>, _> = self.conn().await?.lrange(self.keys.session(session_id, "steer"), 0, -1).await;
-        self.count(r)
     }
 
     /// Removes the steers of `taken` (steering turns' ids) from the list, once the turn holding the

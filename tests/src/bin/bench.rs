@@ -10,7 +10,7 @@
 //!
 //! Settings: FLEET_BENCH_DRAIN_ONLY (1: only the raw broker and the three drains),
 //! FLEET_BENCH_MEMORY_ONLY (1: only the worker's memory with 1000 callbacks in flight),
-//! FLEET_BENCH_WORKER_BIN (another build's worker binary), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
+//! FLEET_BENCH_WORKER_BIN and FLEET_BENCH_DISPATCHER_BIN (another build's binaries), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
 //! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200),
 //! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start).
 //!
@@ -145,11 +145,14 @@ impl BenchFleet {
     }
 
     fn command(&self, bin: &str) -> Command {
-        // Another build's worker (`FLEET_BENCH_WORKER_BIN`), to compare two builds in one sitting.
-        let program = match (bin, std::env::var_os("FLEET_BENCH_WORKER_BIN")) {
-            ("worker", Some(path)) => PathBuf::from(path),
-            _ => sibling_binary(bin),
+        // Another build's worker or dispatcher (`FLEET_BENCH_WORKER_BIN`,
+        // `FLEET_BENCH_DISPATCHER_BIN`), to compare two builds in one sitting.
+        let other = match bin {
+            "worker" => std::env::var_os("FLEET_BENCH_WORKER_BIN"),
+            "dispatcher" => std::env::var_os("FLEET_BENCH_DISPATCHER_BIN"),
+            _ => None,
         };
+        let program = other.map(PathBuf::from).unwrap_or_else(|| sibling_binary(bin));
         let mut cmd = Command::new(program);
         cmd.env("FLEET_AMQP_URL", amqp_url())
             .env("FLEET_REDIS_URL", redis_url())

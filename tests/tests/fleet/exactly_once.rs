@@ -518,7 +518,12 @@ async fn a_steer_is_not_lost_when_the_step_that_took_it_fails() {
         (n > 0).then_some(())
     })
     .await;
-    proxy.arm(&[b"LRANGE", b":steer"], Trigger::CutAfterReply(Duration::from_secs(2)));
+    // The step takes the steers with its session (one script): its keys name the history's
+    // sequence, then the steer list (a finish's name other history keys after the sequence).
+    let steer_key = fleet.redis_keys("*session:{s_steer_lost}:steer").await.remove(0);
+    let seq_key = format!("{}:history_seq", steer_key.strip_suffix(":steer").unwrap());
+    let take = format!("{seq_key}\r\n${}\r\n{steer_key}\r\n", steer_key.len());
+    proxy.arm(&[take.as_bytes()], Trigger::CutAfterReply(Duration::from_secs(2)));
 
     fleet.wait_status(&running, "succeeded", Duration::from_secs(60)).await;
     fleet.wait_status(&steering, "succeeded", Duration::from_secs(60)).await;

@@ -8,9 +8,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{Delivery, NewExecution};
+use fleet_platform::store::{Delivery, DeliveryClaim, NewExecution};
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::life::{Claimed, Owed};
+use fleet_protocol::turn::TurnState;
 
 use crate::context::Cx;
 use crate::outcome::{Finished, Held, Outcome};
@@ -20,8 +21,9 @@ pub(crate) use fleet_platform::store::AdmitMode as Mode;
 /// A delivery that may go on.
 #[derive(Debug)]
 pub(crate) enum Admitted {
-    /// The record's step, claimed; `cancel_requested` says a client asked to cancel (a turn).
-    Step { held: Held, cancel_requested: bool },
+    /// The record's step, claimed; `cancel_requested` says a client asked to cancel (a turn), and
+    /// `turn` is a turn's state, read with the claim.
+    Step { held: Held, cancel_requested: bool, turn: Option<Box<TurnState>> },
     /// An earlier step while the record owes something: the delivery carries it out.
     Owed { owed: Owed, result: Option<Value> },
     /// The execution was cancelled before this step ran.
@@ -34,9 +36,10 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
     let id = &envelope.execution_id;
     let kind = envelope.kind().as_str();
     for _ in 0..2 {
-        let delivery = Delivery { step: envelope.step(), park: envelope.park };
+        let with_turn = matches!(envelope.job, Job::Turn(_));
+        let delivery = Delivery { step: envelope.step(), park: envelope.park, with_turn };
         let claimed = cx.store.admit_delivery(id, &cx.config.worker_id, cx.config.claim_lease, delivery, mode).await;
-        let (claimed, cancel_requested) = match claimed {
+        let DeliveryClaim { claimed, cancel_requested, turn } = match claimed {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot claim (Redis unavailable); parked");
@@ -44,7 +47,9 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
             }
         };
         match claimed {
-            Claimed::Held { token } => return Ok(Admitted::Step { held: Held { token }, cancel_requested }),
+            Claimed::Held { token } => {
+                return Ok(Admitted::Step { held: Held { token }, cancel_requested, turn: turn.map(Box::new) })
+            }
             Claimed::Owed { owed, result } => return Ok(Admitted::Owed { owed, result }),
             Claimed::Cancelled => return Ok(Admitted::Cancelled),
             Claimed::Copy => {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::json;
 
-use fleet_platform::store::{ClaimAfter, Transition};
+use fleet_platform::store::{ClaimAfter, Opened, Transition};
 use fleet_protocol::execution::{field, ExecutionStatus};
 use fleet_protocol::history::HistoryEntry;
 use fleet_protocol::turn::{self, CallOutcome, Message, Steer, StreamingCall, TurnState};
@@ -16,15 +16,12 @@ use super::{emit, Step};
 use crate::outcome::Outcome;
 
 /// Gathers what the model must see into the state, in memory only: nothing is written, so a step
-/// parked now (by its provider's budget) gathers it again when it comes back. Returns the turns
-/// whose steers it took, for `begin`.
-pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState) -> Result<Vec<String>, Outcome> {
+/// parked now (by its provider's budget) gathers it again when it comes back. `opened` is what
+/// the step read as it took its session. Returns the turns whose steers it took, for `begin`.
+pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> Result<Vec<String>, Outcome> {
     let cx = &step.cx;
-    if step.job.round == 0 && !state.history_read {
-        match cx.store.history(&state.session_id).await {
-            Ok(history) => state.insert_history(history.iter().map(HistoryEntry::to_message).collect()),
-            Err(_) => return Err(step.release_and_park().await),
-        }
+    if let Some(history) = opened.history.filter(|_| !state.history_read) {
+        state.insert_history(history.iter().map(HistoryEntry::to_message).collect());
     }
     if !state.pending.is_empty() {
         let Ok(outcomes) = cx.store.call_outcomes(step.turn_id()).await else {
@@ -42,7 +39,7 @@ pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState) -> Result<Ve
             });
         }
     }
-    Ok(take_steers(step, state).await)
+    Ok(take_steers(state, &opened.steers))
 }
 
 /// Begins the model call: its message id, and the state saved under the claim before anything
@@ -80,17 +77,11 @@ fn begin_model_call(step: &Step<'_>, state: &mut TurnState) -> Option<String> {
     abandoned
 }
 
-/// Moves waiting steers into the conversation, each once (a steer the turn took before, listed
-/// still because its trim failed, is skipped); returns the turns they came from. Read, not
-/// taken: they leave the session's list only after the state holding them is saved.
-async fn take_steers(step: &Step<'_>, state: &mut TurnState) -> Vec<String> {
-    let raw = match step.cx.store.session_steers(&state.session_id).await {
-        Ok(raw) => raw,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read steers; the next model call reads them");
-            return vec![];
-        }
-    };
+/// Moves the waiting steers (`raw`, read with the session) into the conversation, each once (a
+/// steer the turn took before, listed still because its trim failed, is skipped); returns the
+/// turns they came from. Read, not taken: they leave the session's list only after the state
+/// holding them is saved.
+fn take_steers(state: &mut TurnState, raw: &[String]) -> Vec<String> {
     let mut from = BTreeSet::new();
     for steer in raw.iter().filter_map(|r| Steer::parse(r)) {
         if !steer.from.is_empty() && state.steers_taken.contains(&steer.from) {

@@ -13,7 +13,7 @@ mod model;
 mod session;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{ClaimAfter, Fence, Transition};
+use fleet_platform::store::{ClaimAfter, Fence, Opened, Transition};
 use fleet_protocol::deadletter::DeadLetterReason;
 use fleet_protocol::envelope::{Envelope, TurnJob};
 use fleet_protocol::execution::ExecutionStatus;
@@ -88,18 +88,21 @@ pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Outc
 }
 
 async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Outcome, Outcome> {
-    let (held, cancel_requested) = match claim::admit(cx, envelope, Mode::Hold).await? {
-        Admitted::Step { held, cancel_requested } => (held, cancel_requested),
+    let (held, cancel_requested, read) = match claim::admit(cx, envelope, Mode::Hold).await? {
+        Admitted::Step { held, cancel_requested, turn } => (held, cancel_requested, turn),
         Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
         // A turn's cancel ends it at its step; a later copy finds it cancelled.
         Admitted::Cancelled => return Err(Outcome::Copy),
     };
     let step = Step { cx: *cx, envelope, job, held };
-    let mut state = load(&step).await?;
+    let mut state = match read {
+        Some(state) => *state,
+        None => load(&step).await?,
+    };
     if cancel_requested {
         return Ok(finish::cancel(&step, &state).await);
     }
-    session::take(&step, &state).await?;
+    let opened = session::take(&step, &state).await?;
     if state.round >= cx.config.max_rounds {
         let error = format!("the turn took more than {} model rounds", cx.config.max_rounds);
         let dead = DeadLetter {
@@ -113,15 +116,15 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
     }
     budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
     let slot = budget::take_turn_slot(&step, &state).await?;
-    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state)).await
+    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state, opened)).await
 }
 
 /// The step's model call (a compaction's or the turn's) and what follows from its answer.
-async fn model_step(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Outcome> {
+async fn model_step(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> Result<Outcome, Outcome> {
     if state.compaction.is_some() {
         return Ok(compact::compact(step, state).await);
     }
-    let taken = gather::collect(step, state).await?;
+    let taken = gather::collect(step, state, opened).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer).await?;
     gather::begin(step, state, taken).await?;
     let (completion, record) = model::call(step, state, model::Purpose::Answer, reserved).await?;
@@ -132,7 +135,8 @@ async fn model_step(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, O
     })
 }
 
-/// The turn's state; a turn whose state is gone has nothing left to run.
+/// The turn's state when its claim did not read it (one saved where states were kept before);
+/// a turn whose state is gone has nothing left to run.
 async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
     match step.cx.store.load_turn(step.turn_id()).await {
         Ok(Some(state)) => Ok(state),

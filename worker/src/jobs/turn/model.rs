@@ -88,10 +88,21 @@ pub(super) async fn call(
         std::future::ready(())
     };
     let fallback_id = format!("{}:{}:fallback:{}", step.turn_id(), step.envelope.gen, step.envelope.attempt);
-    let streamed = complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token);
+    // Boxed: the call's future is large, and the step's pipeline nests it in several more.
+    let streamed =
+        Box::pin(complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token));
     // The call's closure (and the sender in it) is dropped when the call ends: the writer then
-    // writes what is left and ends, before any later event of the step.
-    let streamed = async { tokio::join!(streamed, writer).0 };
+    // writes what is left and ends, before any later event of the step. The call's usage is
+    // counted meanwhile.
+    let usage_of = usage_call(state);
+    let counted = async {
+        let result = streamed.await;
+        if let Ok(c) = &result {
+            budget::count_usage(cx, usage_of, c.prompt_tokens.unwrap_or(0), c.completion_tokens.unwrap_or(0)).await;
+        }
+        result
+    };
+    let streamed = async { tokio::join!(counted, writer).0 };
     let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed.instrument(span)).await else {
         return Err(Outcome::Fenced);
     };
@@ -114,12 +125,6 @@ pub(super) async fn call(
     let (prompt, completed) = (completion.prompt_tokens.unwrap_or(0), completion.completion_tokens.unwrap_or(0));
     state.usage.prompt_tokens += prompt;
     state.usage.completion_tokens += completed;
-    let call = state.tenant.as_deref().map(|tenant| UsageCall {
-        tenant,
-        assistant: &state.assistant.id,
-        session: &state.session_id,
-    });
-    budget::count_usage(cx, call, prompt, completed).await;
     let tenant = fleet_protocol::tenant::metric_label(&cx.config.metric_tenants, state.tenant.as_deref());
     for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
         if let Some(n) = n {
@@ -129,6 +134,16 @@ pub(super) async fn call(
     }
     record.outcome = AttemptOutcome::Success;
     Ok((completion, record))
+}
+
+/// Whose usage a call of the turn is: its tenant's, assistant's and session's (none without a
+/// tenant).
+fn usage_call(state: &TurnState) -> Option<UsageCall<'_>> {
+    state.tenant.as_deref().map(|tenant| UsageCall {
+        tenant,
+        assistant: &state.assistant.id,
+        session: &state.session_id,
+    })
 }
 
 /// The `model` label: a model the fleet is configured with, else `other` (a client may name any

@@ -3,7 +3,7 @@
 //! carries the token of the step holding it, so an older step of the turn cannot act for it.
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{ClaimAfter, SessionSlot, Transition};
+use fleet_platform::store::{ClaimAfter, Opened, SessionSlot, Transition};
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::turn::{self, Steer, TurnState};
 
@@ -12,11 +12,13 @@ use crate::context::Cx;
 use crate::outcome::{Finished, Outcome};
 use crate::publish::{publish_holding, trace_headers};
 
-/// Takes the session for the step; `Err` is how the step ends when it cannot run now.
-pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<(), Outcome> {
+/// Takes the session for the step, reading with it what the model call sees (the history on the
+/// turn's first step, the waiting steers); `Err` is how the step ends when it cannot run now.
+pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<Opened, Outcome> {
     let cx = &step.cx;
-    match cx.store.session_acquire(&state.session_id, step.turn_id(), step.held.token).await {
-        Ok(SessionSlot::Acquired) => Ok(()),
+    let with_history = step.job.round == 0 && !state.history_read;
+    match cx.store.session_acquire(&state.session_id, step.turn_id(), step.held.token, with_history).await {
+        Ok(SessionSlot::Acquired(opened)) => Ok(opened),
         Ok(SessionSlot::Stale) => Err(Outcome::Fenced),
         Ok(SessionSlot::Wait) if step.job.round == 0 && state.behavior == turn::Behavior::Steer => {
             Err(steer(step, state).await)
