@@ -664,6 +664,25 @@ impl Store {
         Ok(Some(Expected { step, status }))
     }
 
+    /// Whether the record is `status` and owes its work until `owed_until` (the lease a
+    /// transition gave what it owes): how a writer whose answer was lost (its timeout passed) learns
+    /// that its write landed. A read on the same connection comes after the write it follows.
+    pub async fn wrote_owing(
+        &self,
+        execution_id: &str,
+        status: ExecutionStatus,
+        owed_until: i64,
+    ) -> Result<bool, StoreError> {
+        let r: Result<(Option<String>, Option<String>), _> = redis::cmd("HMGET")
+            .arg(self.keys.execution(execution_id))
+            .arg(field::STATUS)
+            .arg("owed_until")
+            .query_async(&mut self.conn().await?)
+            .await;
+        let (found, until) = self.count(r)?;
+        Ok(found.as_deref() == Some(status.as_str()) && until.as_deref() == Some(owed_until.to_string().as_str()))
+    }
+
     /// A steering turn whose messages the running turn took: it succeeds with `result`.
     pub async fn answer_steer(&self, execution_id: &str, result: &Value) -> Result<bool, StoreError> {
         let r: Result<i64, _> = ANSWER_STEER

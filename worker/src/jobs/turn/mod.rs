@@ -24,6 +24,7 @@ use super::claim::{self, Admitted, Mode};
 pub(super) use super::stream::emit;
 use crate::context::Cx;
 use crate::outcome::{DeadLetter, Finished, Held, Outcome};
+use crate::publish::retrying_redis;
 
 pub(super) use finish::abandon;
 
@@ -186,7 +187,18 @@ pub(super) async fn succeed(
     match cx.store.transition(turn_id, fence, cx.config.claim_lease, &succeeded).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(Outcome::Fenced),
-        Err(_) => Err(Outcome::Parked(cx.soon())),
+        // A write whose answer timed out may have landed: then the announcement it owes is this
+        // step's to make now (a copy would wait out the lease the write gave it).
+        Err(e) => {
+            let landed = || cx.store.wrote_owing(turn_id, ExecutionStatus::Succeeded, owed_until);
+            match retrying_redis(cx.config.claim_lease / 3, landed).await {
+                Ok(true) => Ok(()),
+                _ => {
+                    tracing::warn!(error = %e, "cannot mark the turn succeeded; parked");
+                    Err(Outcome::Parked(cx.soon()))
+                }
+            }
+        }
     }
 }
 
