@@ -274,7 +274,8 @@ pub struct Delivery {
 }
 
 /// What `admit_delivery` decided: the delivery's claim, whether a client asked to cancel, and the
-/// turn's state read under a claim made with `with_turn` (`None` if it is not beside its claim).
+/// turn's state read under a claim made with `with_turn` (`None` if it is not beside its claim or
+/// does not parse).
 #[derive(Debug)]
 pub struct DeliveryClaim {
     pub claimed: Claimed,
@@ -446,10 +447,8 @@ impl Store {
         match part(0) {
             "claimed" => {
                 let token = part(1).parse().map_err(|_| corrupt("token"))?;
-                let turn = match part(3) {
-                    "" => None,
-                    raw => Some(serde_json::from_str(raw).map_err(|e| corrupt(&format!("turn state: {e}")))?),
-                };
+                // A state that does not parse is left to the step's own read, which reports it.
+                let turn = serde_json::from_str(part(3)).ok();
                 Ok(DeliveryClaim { claimed: Claimed::Held { token }, cancel_requested: part(2) == "1", turn })
             }
             "copy" => only(Claimed::Copy),

@@ -136,8 +136,8 @@ async fn model_step(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> R
     })
 }
 
-/// The turn's state when its claim did not read it (one saved where states were kept before);
-/// a turn whose state is gone has nothing left to run.
+/// The turn's state when its claim did not read it (one saved where states were kept before, or
+/// one that does not parse: reported here); a turn whose state is gone has nothing left to run.
 async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
     match step.cx.store.load_turn(step.turn_id()).await {
         Ok(Some(state)) => Ok(state),
