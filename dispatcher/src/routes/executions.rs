@@ -206,26 +206,31 @@ pub(crate) async fn get_execution(
     tenancy: Option<axum::Extension<Tenancy>>,
     Path(id): Path<String>,
 ) -> Result<Json<Data<ExecutionOut>>, ApiError> {
-    let view = visible_execution(&state, &tenancy_of(tenancy), &id).await?;
-    let mut data = ExecutionOut::from(view);
-    if data.kind == "turn" {
-        data.turn = crate::routes::turns::turn_summary(&state, &id).await?;
-    }
+    // A turn's record and state come in one read: clients poll this while a turn runs.
+    let found = match fleet_protocol::envelope::is_valid_execution_id(&id) {
+        true => state.store.get_execution_and_turn(&id).await?,
+        false => None,
+    };
+    let (view, turn) = found.unzip();
+    let mut data = ExecutionOut::from(only_visible(&tenancy_of(tenancy), &id, view)?);
+    data.turn = turn.flatten().map(crate::routes::turns::TurnSummary::from);
     Ok(Data::json(data))
 }
 
 /// Execution `id`'s record, if the caller may see it: a tenant-bound token sees only its tenant's
 /// (another's answers 404, as an unknown id does).
 async fn visible_execution(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<ExecutionView, ApiError> {
-    let missing = || ApiError::not_found(format!("no execution {id:?}"));
-    if !fleet_protocol::envelope::is_valid_execution_id(id) {
-        return Err(missing());
-    }
-    let view = state.store.get_execution(id).await?.ok_or_else(missing)?;
-    if !tenancy.sees(view.tenant.as_deref()) {
-        return Err(missing());
-    }
-    Ok(view)
+    let view = match fleet_protocol::envelope::is_valid_execution_id(id) {
+        true => state.store.get_execution(id).await?,
+        false => None,
+    };
+    only_visible(tenancy, id, view)
+}
+
+/// The record found for `id`, if there is one and the caller may see it; else 404.
+fn only_visible(tenancy: &Tenancy, id: &str, view: Option<ExecutionView>) -> Result<ExecutionView, ApiError> {
+    view.filter(|v| tenancy.sees(v.tenant.as_deref()))
+        .ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))
 }
 
 /// Cancels an execution. A tool call (or webhook delivery) still `queued`, or `retrying` between

@@ -233,18 +233,24 @@ pub(crate) struct TurnSummary {
     tenant: Option<String>,
 }
 
+impl From<fleet_protocol::turn::TurnState> for TurnSummary {
+    fn from(t: fleet_protocol::turn::TurnState) -> Self {
+        TurnSummary {
+            session_id: t.session_id,
+            message_id: t.message_id,
+            model_config: t.assistant.model_config,
+            rounds: t.round,
+            tool_calls: t.tool_calls,
+            final_message: t.final_message,
+            usage: t.usage,
+            tenant: t.tenant,
+        }
+    }
+}
+
 /// The summary of turn `execution_id`, if it has a state.
 pub(crate) async fn turn_summary(state: &AppState, execution_id: &str) -> Result<Option<TurnSummary>, ApiError> {
-    Ok(state.store.load_turn(execution_id).await?.map(|t| TurnSummary {
-        session_id: t.session_id,
-        message_id: t.message_id,
-        model_config: t.assistant.model_config,
-        rounds: t.round,
-        tool_calls: t.tool_calls,
-        final_message: t.final_message,
-        usage: t.usage,
-        tenant: t.tenant,
-    }))
+    Ok(state.store.load_turn(execution_id).await?.map(TurnSummary::from))
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ type LegacyExecution =
     (std::collections::HashMap<String, String>, Vec<String>, Option<String>, std::collections::HashMap<String, String>);
 
 /// Reads a record's hash and attempt entries into its view.
-fn execution_view(
+pub(super) fn execution_view(
     execution_id: &str,
     hash: &std::collections::HashMap<String, String>,
     attempts: &[String],

@@ -14,6 +14,7 @@ use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{CallOutcome, TurnState};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
+use super::records::{execution_view, ExecutionView};
 use super::{Store, StoreError};
 
 // Built once: `Script::new` hashes its source.
@@ -290,6 +291,14 @@ pub enum RoundState {
     Elsewhere,
 }
 
+/// An execution's record hash, attempt entries and turn state (JSON), as read together.
+type RecordAndTurn = (HashMap<String, String>, Vec<String>, Option<String>);
+
+/// A turn's state as stored (JSON); one that does not parse is reported as corrupt.
+fn parse_turn(execution_id: &str, raw: &str) -> Result<TurnState, StoreError> {
+    serde_json::from_str(raw).map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}")))
+}
+
 impl Store {
     /// Writes a turn's state with no fence (a replay reopening it).
     pub async fn save_turn(&self, execution_id: &str, state: &TurnState) -> Result<(), StoreError> {
@@ -304,12 +313,40 @@ impl Store {
         for key in [self.keys.turn(execution_id), self.keys.legacy_turn(execution_id)] {
             let raw: Result<Option<String>, _> = self.conn().await?.get(&key).await;
             if let Some(raw) = self.count(raw)? {
-                return serde_json::from_str(&raw)
-                    .map(Some)
-                    .map_err(|e| StoreError::Corrupt(format!("turn {execution_id}: {e}")));
+                return parse_turn(execution_id, &raw).map(Some);
             }
         }
         Ok(None)
+    }
+
+    /// An execution's record with a turn's state (`None` for other kinds), in one round trip: a
+    /// client polling a turn reads both, and they share the claim's slot. A record or state kept
+    /// where it was before they moved there is read from there, as `get_execution` and `load_turn` do.
+    pub async fn get_execution_and_turn(
+        &self,
+        execution_id: &str,
+    ) -> Result<Option<(ExecutionView, Option<TurnState>)>, StoreError> {
+        let r: Result<RecordAndTurn, _> = redis::pipe()
+            .hgetall(self.keys.execution(execution_id))
+            .lrange(self.keys.attempts(execution_id), 0, -1)
+            .get(self.keys.turn(execution_id))
+            .query_async(&mut self.conn().await?)
+            .await;
+        let (hash, attempts, turn) = self.count(r)?;
+        let view = if hash.is_empty() {
+            match self.get_execution(execution_id).await? {
+                Some(view) => view,
+                None => return Ok(None),
+            }
+        } else {
+            execution_view(execution_id, &hash, &attempts)?
+        };
+        let turn = match turn {
+            Some(raw) => Some(parse_turn(execution_id, &raw)?),
+            None if view.kind == "turn" => self.load_turn(execution_id).await?,
+            None => None,
+        };
+        Ok(Some((view, turn)))
     }
 
     /// Opens a dead-lettered turn again for a replay: no longer marked dead-lettered, and at the end

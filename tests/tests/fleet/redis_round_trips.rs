@@ -267,3 +267,33 @@ async fn a_turn_with_one_tool_call_costs_a_bounded_number_of_redis_round_trips()
     assert!(dispatcher.round_trips <= TURN_DISPATCHER_BOUND, "{:.2} dispatcher round trips", dispatcher.round_trips);
     assert!(worker <= TOOL_TURN_WORKER_BOUND, "{worker:.2} worker round trips per turn with a tool call");
 }
+
+const READS: usize = 100;
+
+/// A client polling a turn (`GET /v1/executions/{id}`, whose answer carries the turn's summary)
+/// costs the dispatcher one round trip per read: the record, its attempts and the turn's state
+/// share a slot and are read together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_turns_execution_costs_one_round_trip() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+    let llm = MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into()], delay: Duration::ZERO }).await;
+    let redis = RedisInstance::start(&[]).await;
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &redis.url())).await;
+    let id = post_turn(&fleet, &turn_body("s_read", "hi", &[])).await;
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+
+    let idle = background(&mut admin).await;
+    let before = counters(&mut admin).await;
+    let started = std::time::Instant::now();
+    for _ in 0..READS {
+        let (status, read) = fleet.get(&format!("/v1/executions/{id}")).await;
+        assert_eq!(status, 200, "{read}");
+        assert_eq!(read["data"]["turn"]["session_id"], "s_read", "the read carries the turn's summary: {read}");
+    }
+    let read = spent(&mut admin, &before, idle, started, READS).await;
+    println!("a turn's read: {:.2} round trips; commands per read: {}", read.round_trips, read.per_command.join(", "));
+    assert!(read.round_trips <= 1.1, "{:.2} round trips per read of a turn's execution", read.round_trips);
+}
