@@ -125,6 +125,19 @@ struct BenchFleet {
 }
 
 impl BenchFleet {
+    /// Opens `session`'s stream from its start (`Last-Event-ID: 0-0`).
+    async fn open_stream(&self, session: &str) -> anyhow::Result<reqwest::Response> {
+        let stream = self
+            .http
+            .get(format!("{}/v1/sessions/{session}/stream", self.api))
+            .bearer_auth(&self.token)
+            .header("Last-Event-ID", "0-0")
+            .send()
+            .await?;
+        anyhow::ensure!(stream.status().is_success(), "the session's stream answered {}", stream.status());
+        Ok(stream)
+    }
+
     async fn start(env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let id = format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let port = free_port();
@@ -539,12 +552,16 @@ impl QuotaRun {
 
 /// One turn's time outside its model call (ms), and its parts: the POST until its 202, from the
 /// 202 until the model call starts (delivery and the step's opening), from the model's answer
-/// until the client's poll saw `succeeded` (the step's finish, and the poll's own wait).
+/// until the client's poll saw `succeeded` (the step's finish, and the poll's own wait). Beside
+/// them, the same ended by the turn's `done` arriving on its session's stream, opened before the
+/// POST: no poll's wait in it, and `done` is the step's last write.
 struct TurnOverhead {
     total: f64,
     accepted: f64,
     to_model: f64,
     after_model: f64,
+    total_by_stream: f64,
+    after_model_by_stream: f64,
 }
 
 /// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`.
@@ -554,6 +571,8 @@ fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
     row("turn: of which POST → 202, median (ms)", part(|o| o.accepted), "", "".into());
     row("turn: of which 202 → model call, median (ms)", part(|o| o.to_model), "", "".into());
     row("turn: of which answer → succeeded seen, median (ms)", part(|o| o.after_model), "", "".into());
+    row("turn: fleet overhead per turn, to `done` streamed, median (ms)", part(|o| o.total_by_stream), "", "".into());
+    row("turn: of which answer → `done` streamed, median (ms)", part(|o| o.after_model_by_stream), "", "".into());
     follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
     row("turn: follow-up's first event after done, median (ms)", format!("{p50:.1}"), "<= 100 ms", "".into());
@@ -573,7 +592,9 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<Turn
     fleet.add_worker().await?;
     let mut overheads = Vec::new();
     for n in 0..turns {
-        let body = json!({"session_id": format!("bench_{n}"), "assistant": {"id": "a", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": "hi"}]});
+        let session = format!("bench_{n}");
+        let body = json!({"session_id": session, "assistant": {"id": "a", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": "hi"}]});
+        let done = tokio::spawn(done_at(fleet.open_stream(&session).await?.bytes_stream()));
         let t0 = Instant::now();
         let resp: Value = fleet
             .http
@@ -601,6 +622,7 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<Turn
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let seen = Instant::now();
+        let streamed = done.await??;
         let call = llm.requests().last().map(|r| (r.started, r.ended.unwrap_or(r.started))).context("model call")?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         overheads.push(TurnOverhead {
@@ -608,6 +630,8 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<Turn
             accepted: ms(accepted),
             to_model: ms(call.0.saturating_duration_since(t0 + accepted)),
             after_model: ms(seen - call.1),
+            total_by_stream: ms((streamed - t0).saturating_sub(call.1 - call.0)),
+            after_model_by_stream: ms(streamed.saturating_duration_since(call.1)),
         });
     }
     fleet.stop(conn).await;
@@ -638,15 +662,8 @@ async fn follow_ups(pairs: usize, conn: &Connection) -> anyhow::Result<Vec<f64>>
                 fleet.http.post(format!("{}/v1/turns", fleet.api)).bearer_auth(&fleet.token).json(&body).send().await?;
             anyhow::ensure!(resp.status().as_u16() == 202, "a turn answered {}", resp.status());
         }
-        let resp = fleet
-            .http
-            .get(format!("{}/v1/sessions/{session}/stream", fleet.api))
-            .bearer_auth(&fleet.token)
-            .header("Last-Event-ID", "0-0")
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "the session's stream answered {}", resp.status());
-        gaps.push(gap_after_done(resp.bytes_stream()).await?.as_secs_f64() * 1000.0);
+        let stream = fleet.open_stream(&session).await?;
+        gaps.push(gap_after_done(stream.bytes_stream()).await?.as_secs_f64() * 1000.0);
     }
     fleet.stop(conn).await;
     Ok(gaps)
@@ -654,9 +671,30 @@ async fn follow_ups(pairs: usize, conn: &Connection) -> anyhow::Result<Vec<f64>>
 
 /// Reads SSE frames until the one after the first `done`: the time between the two arriving.
 async fn gap_after_done(
-    mut frames: impl futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
+    frames: impl futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
 ) -> anyhow::Result<Duration> {
-    let (mut buf, mut done_at) = (String::new(), None::<Instant>);
+    let mut done_at = None::<Instant>;
+    read_frames(frames, |frame| match done_at {
+        Some(at) => Some(at.elapsed()),
+        None => {
+            done_at = frame.contains("event: done\n").then(Instant::now);
+            None
+        }
+    })
+    .await
+}
+
+/// Reads SSE frames until the first `done`: when it arrived.
+async fn done_at(frames: impl futures::Stream<Item = reqwest::Result<Bytes>> + Unpin) -> anyhow::Result<Instant> {
+    read_frames(frames, |frame| frame.contains("event: done\n").then(Instant::now)).await
+}
+
+/// Hands each SSE frame (comments left out) to `seen` as it arrives, until it answers.
+async fn read_frames<T>(
+    mut frames: impl futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
+    mut seen: impl FnMut(&str) -> Option<T>,
+) -> anyhow::Result<T> {
+    let mut buf = String::new();
     loop {
         let chunk =
             tokio::time::timeout(Duration::from_secs(30), frames.next()).await?.context("the stream ended")??;
@@ -666,10 +704,8 @@ async fn gap_after_done(
             if frame.starts_with(':') {
                 continue;
             }
-            match done_at {
-                Some(at) => return Ok(at.elapsed()),
-                None if frame.contains("event: done\n") => done_at = Some(Instant::now()),
-                None => {}
+            if let Some(answer) = seen(&frame) {
+                return Ok(answer);
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Session SSE streams at scale and at shutdown: idle streams cost Redis nothing per stream (one
-//! reader per session, woken by a notification, instead of a poll per stream), and SIGTERM ends
-//! open streams so the dispatcher exits promptly.
+//! reader per session, woken by a notification, instead of a poll per stream), SIGTERM ends
+//! open streams so the dispatcher exits promptly, and events are sent as soon as they are read.
 
 use std::time::Duration;
 
@@ -55,4 +55,43 @@ async fn sigterm_ends_open_streams_and_the_dispatcher_exits_promptly() {
             other => panic!("the stream should end cleanly at shutdown, got {other:?}"),
         }
     }
+}
+
+/// A stream opened before its turn gets the turn's events as they are written, on a connection
+/// the client has used before too: the dispatcher's socket sends each small write at once instead
+/// of holding it until the client has acknowledged the previous one (Nagle's algorithm meeting the
+/// client's delayed ACK, which a kept-alive connection has: ~40 ms on Linux).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_a_kept_alive_connection_gets_a_turns_events_at_once() {
+    use fleet_tests::llm::{LlmReply, MockLlm};
+    use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+    let llm =
+        MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay: Duration::ZERO })
+            .await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    // One connection, kept alive: every request after the first reuses it.
+    let http = reqwest::Client::builder().pool_max_idle_per_host(1).build().unwrap();
+    let mut lags = Vec::new();
+    for n in 0..10 {
+        let session = format!("s_kept_alive_{n}");
+        let warm = http.get(format!("{}/v1/executions?limit=1", fleet.api)).bearer_auth(&fleet.token).send().await;
+        assert_eq!(warm.unwrap().status(), 200);
+        let mut stream = SseReader::new(open_stream(&http, &fleet, &session, "", &[]).await);
+        stream.opened(Duration::from_secs(30)).await;
+        post_turn(&fleet, &turn_body(&session, "hi", &[])).await;
+        loop {
+            match stream.next(Duration::from_secs(30)).await {
+                Next::Frame(f) if f.event == "done" => break,
+                Next::Frame(_) => {}
+                other => panic!("the stream stopped before `done`: {other:?}"),
+            }
+        }
+        let done_at = std::time::Instant::now();
+        let answered = llm.requests().last().and_then(|r| r.ended).expect("the model answered");
+        lags.push(done_at - answered);
+    }
+    lags.sort();
+    let median = lags[lags.len() / 2];
+    println!("the model's answer → `done` on the stream: {lags:?}");
+    assert!(median < Duration::from_millis(20), "`done` came {median:?} after the model's answer (median of {lags:?})");
 }
