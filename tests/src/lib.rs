@@ -18,6 +18,7 @@ pub mod redis_failover;
 pub mod redis_instance;
 pub mod schedule;
 pub mod seed;
+pub mod sockets;
 pub mod sse;
 pub mod tap;
 pub mod tls;

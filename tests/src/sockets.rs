@@ -1,0 +1,65 @@
+//! Another process's view of a TCP connection: the socket option it set on its end, read through
+//! a duplicate of its descriptor (`pidfd_getfd`, Linux 5.6+; a test may read its own children's).
+
+use std::io;
+
+/// Whether the socket process `pid` holds for the connection between its `local_port` and this
+/// process's `peer_port` (on 127.0.0.1) has `TCP_NODELAY` set.
+pub fn nodelay_of(pid: u32, local_port: u16, peer_port: u16) -> io::Result<bool> {
+    let inode = socket_inode(pid, local_port, peer_port)?;
+    let fd = descriptor_of(pid, inode)?;
+    // SAFETY: plain syscalls on descriptors this function opens and closes itself.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if pidfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let copy = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        let copy_error = io::Error::last_os_error();
+        libc::close(pidfd);
+        if copy < 0 {
+            return Err(copy_error);
+        }
+        let (mut value, mut len) = (0 as libc::c_int, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+        let r = libc::getsockopt(
+            copy,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        );
+        let error = io::Error::last_os_error();
+        libc::close(copy);
+        if r < 0 {
+            return Err(error);
+        }
+        Ok(value != 0)
+    }
+}
+
+/// The inode of the connection `local_port` ↔ `peer_port` in `pid`'s network namespace.
+fn socket_inode(pid: u32, local_port: u16, peer_port: u16) -> io::Result<u64> {
+    let port = |addr: &str| addr.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))?;
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() > 9 && port(fields[1]) == Some(local_port) && port(fields[2]) == Some(peer_port) {
+                return fields[9].parse().map_err(|_| io::Error::other(format!("no inode in {line:?}")));
+            }
+        }
+    }
+    Err(io::Error::other(format!("no connection {local_port} ↔ {peer_port} in process {pid}")))
+}
+
+/// The descriptor number under which `pid` holds socket `inode`.
+fn descriptor_of(pid: u32, inode: u64) -> io::Result<libc::c_int> {
+    let wanted = format!("socket:[{inode}]");
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let entry = entry?;
+        if std::fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str()) {
+            return entry.file_name().to_string_lossy().parse().map_err(|_| io::Error::other("a descriptor name"));
+        }
+    }
+    Err(io::Error::other(format!("process {pid} holds no {wanted}")))
+}
