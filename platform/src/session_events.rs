@@ -150,7 +150,7 @@ impl Store {
         let mut last_error = None;
         for url in self.nodes.iter() {
             let attempt = async {
-                let mut pubsub = redis::Client::open(url.as_str())?.get_async_pubsub().await?;
+                let mut pubsub = redis::Client::open(crate::store::sends_at_once(url)?)?.get_async_pubsub().await?;
                 pubsub.subscribe(&channel).await?;
                 Ok::<_, redis::RedisError>(pubsub)
             };

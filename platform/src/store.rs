@@ -73,6 +73,19 @@ pub struct Store {
     pub(crate) execution_index_retention: Retention,
 }
 
+/// `TCP_NODELAY` for every Redis connection: requests on a multiplexed connection are small writes,
+/// and with Nagle's algorithm one written while another was unanswered waited for Redis's
+/// acknowledgement.
+fn nodelay() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+/// `url`'s connection settings, with `nodelay()`.
+pub(crate) fn sends_at_once(url: &str) -> Result<redis::ConnectionInfo, redis::RedisError> {
+    use redis::IntoConnectionInfo;
+    Ok(url.into_connection_info()?.set_tcp_settings(nodelay()))
+}
+
 impl Store {
     /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
     /// Several comma-separated URLs name the seed nodes of a Redis Cluster.
@@ -90,15 +103,17 @@ impl Store {
         let connector = if nodes.len() > 1 {
             let mut builder =
                 redis::cluster::ClusterClient::builder(nodes).connection_timeout(timeout).response_timeout(timeout);
+            builder = builder.tcp_settings(nodelay());
             if secure {
                 builder = builder.certs(tls.redis_certificates());
             }
             Connector::Cluster { client: builder.build()? }
         } else {
+            let info = sends_at_once(url)?;
             let client = if secure {
-                redis::Client::build_with_tls(url, tls.redis_certificates())?
+                redis::Client::build_with_tls(info, tls.redis_certificates())?
             } else {
-                redis::Client::open(url)?
+                redis::Client::open(info)?
             };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))

@@ -7,7 +7,29 @@ use std::io;
 /// process's `peer_port` (on 127.0.0.1) has `TCP_NODELAY` set.
 pub fn nodelay_of(pid: u32, local_port: u16, peer_port: u16) -> io::Result<bool> {
     let inode = socket_inode(pid, local_port, peer_port)?;
-    let fd = descriptor_of(pid, inode)?;
+    nodelay_of_socket(pid, descriptor_of(pid, inode)?)
+}
+
+/// `TCP_NODELAY` of each connection process `pid` holds to `remote_port` (whatever its own port).
+pub fn nodelay_to(pid: u32, remote_port: u16) -> io::Result<Vec<bool>> {
+    let port = |addr: &str| addr.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+    let mut inodes = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))?;
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // State 01: established.
+            if fields.len() > 9 && fields[3] == "01" && port(fields[2]) == Some(remote_port) {
+                inodes.extend(fields[9].parse::<u64>().ok());
+            }
+        }
+    }
+    let held = inodes.into_iter().filter_map(|inode| descriptor_of(pid, inode).ok());
+    held.map(|fd| nodelay_of_socket(pid, fd)).collect()
+}
+
+/// `TCP_NODELAY` of the socket `pid` holds as descriptor `fd`.
+fn nodelay_of_socket(pid: u32, fd: libc::c_int) -> io::Result<bool> {
     // SAFETY: plain syscalls on descriptors this function opens and closes itself.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;

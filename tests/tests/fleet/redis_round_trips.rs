@@ -297,3 +297,22 @@ async fn reading_a_turns_execution_costs_one_round_trip() {
     println!("a turn's read: {:.2} round trips; commands per read: {}", read.round_trips, read.per_command.join(", "));
     assert!(read.round_trips <= 1.1, "{:.2} round trips per read of a turn's execution", read.round_trips);
 }
+
+/// The fleet's Redis connections send each request at once (`TCP_NODELAY`): with Nagle's
+/// algorithm a request written while an earlier one on the same multiplexed connection was
+/// unanswered waited for Redis's acknowledgement. Read from the processes' own sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleets_redis_connections_send_requests_at_once() {
+    let redis = RedisInstance::start(&[]).await;
+    let receiver = Receiver::echo(SECRET).await;
+    let fleet = spawn_fleet(FleetOptions::default().env("FLEET_REDIS_URL", &redis.url())).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let id = fleet.call_tool("echo", json!({"query": "opens the connections"})).await;
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
+    let port = redis.port;
+    for (who, pid) in [("dispatcher", fleet.dispatcher_pid().unwrap()), ("worker", fleet.worker_pid(0))] {
+        let nodelay = fleet_tests::sockets::nodelay_to(pid, port).unwrap();
+        assert!(!nodelay.is_empty(), "the {who} holds a connection to Redis");
+        assert!(nodelay.iter().all(|on| *on), "the {who}'s Redis connections, TCP_NODELAY: {nodelay:?}");
+    }
+}
