@@ -31,10 +31,11 @@ static MARK_PARKED: std::sync::LazyLock<redis::Script> =
 static ANSWER_STEER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(ANSWER_STEER_LUA));
 
-// KEYS: claim, record, and a turn's state when its step is claimed with it. ARGV: owner, lease ms, ttl s, the delivery's step (gen, round, attempt,
-// poll), mode (`run` marks the record running, `hold` only claims, `take` claims even from a live
-// lease: a job whose end is decided, after its worker kept dying), the delivery's park ('' for
-// none), the slack (ms) a park marker outlives its due time by.
+// KEYS: claim, record, and a turn's state when its step is claimed with it. ARGV: owner, lease
+// ms, ttl s, the delivery's step (gen, round, attempt, poll), mode (`run` marks the record
+// running, `hold` only claims, `take` claims even from a live lease: a job whose end is decided,
+// after its worker kept dying), the delivery's park ('' for none), the slack (ms) a park marker
+// outlives its due time by.
 // An earlier step is a copy, unless the record owes something (then the copy carries it out, under
 // a lease of its own so two copies do not). So is the record's own step while it is parked (see
 // `MARK_PARKED_LUA`) and the delivery is not the parked one. A step at or past the record's is

@@ -144,14 +144,33 @@ impl Store {
             (self.keys.legacy_execution(execution_id), self.keys.legacy_attempts(execution_id)),
         ];
         for (record, attempts) in layouts {
-            let r: Result<(std::collections::HashMap<String, String>, Vec<String>), _> =
-                redis::pipe().hgetall(&record).lrange(&attempts, 0, -1).query_async(&mut self.conn().await?).await;
-            let (hash, attempts) = self.count(r)?;
-            if !hash.is_empty() {
-                return execution_view(execution_id, &hash, &attempts).map(Some);
+            if let Some(view) = self.read_execution(execution_id, &record, &attempts).await? {
+                return Ok(Some(view));
             }
         }
         Ok(None)
+    }
+
+    /// An execution's record as kept before records moved beside their claims, if there is one.
+    pub(super) async fn get_legacy_execution(&self, execution_id: &str) -> Result<Option<ExecutionView>, StoreError> {
+        let (record, attempts) = (self.keys.legacy_execution(execution_id), self.keys.legacy_attempts(execution_id));
+        self.read_execution(execution_id, &record, &attempts).await
+    }
+
+    /// The record at `record` with its attempts at `attempts`, if it exists.
+    async fn read_execution(
+        &self,
+        execution_id: &str,
+        record: &str,
+        attempts: &str,
+    ) -> Result<Option<ExecutionView>, StoreError> {
+        let r: Result<(std::collections::HashMap<String, String>, Vec<String>), _> =
+            redis::pipe().hgetall(record).lrange(attempts, 0, -1).query_async(&mut self.conn().await?).await;
+        let (hash, attempts) = self.count(r)?;
+        if hash.is_empty() {
+            return Ok(None);
+        }
+        execution_view(execution_id, &hash, &attempts).map(Some)
     }
 
     /// Moves a record written before records moved beside their claims (with its attempts, and a

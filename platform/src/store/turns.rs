@@ -334,7 +334,8 @@ impl Store {
             .await;
         let (hash, attempts, turn) = self.count(r)?;
         let view = if hash.is_empty() {
-            match self.get_execution(execution_id).await? {
+            // The new layout was just read: only the old one is left to look in.
+            match self.get_legacy_execution(execution_id).await? {
                 Some(view) => view,
                 None => return Ok(None),
             }

@@ -630,6 +630,18 @@ async fn a_stream_backlog_is_sent_in_pages() {
     drop(clients);
 }
 
+/// A fleet whose Redis (through a proxy) holds the worker's `succeeded` write 1.5 s, with the
+/// worker's Redis timeout `timeout_secs`; its model answers at once.
+async fn success_write_held(timeout_secs: &str) -> (Proxy, MockLlm, fleet_tests::Fleet) {
+    let proxy = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
+    let llm = MockLlm::start(|_, _| LlmReply::text("quick")).await;
+    let redis = format!("redis://{}/0", proxy.addr);
+    let fleet =
+        spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &redis).env("FLEET_REDIS_TIMEOUT", timeout_secs)).await;
+    proxy.arm(&[b"succeeded"], Trigger::Delay(Duration::from_millis(1500)));
+    (proxy, llm, fleet)
+}
+
 /// Defect 14: the `done` event was streamed before the execution was marked `succeeded`, so a
 /// client reading the execution right after `done` could see `running`. Here the worker's record
 /// write is held for a moment: the record must still be final before `done` reaches the client.
@@ -637,11 +649,7 @@ async fn a_stream_backlog_is_sent_in_pages() {
 /// hold past the timeout is defect 16's (below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_is_final_before_done_is_streamed() {
-    let proxy = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
-    let llm = MockLlm::start(|_, _| LlmReply::text("quick")).await;
-    let redis = format!("redis://{}/0", proxy.addr);
-    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &redis).env("FLEET_REDIS_TIMEOUT", "10")).await;
-    proxy.arm(&[b"succeeded"], Trigger::Delay(Duration::from_millis(1500)));
+    let (proxy, _llm, fleet) = success_write_held("10").await;
     let reading = tokio::spawn(frames_until(api(&fleet), "s_final", 1));
     let id = post_turn(&fleet, &turn_body("s_final", "hi", &[])).await;
     reading.await.unwrap();
@@ -657,11 +665,7 @@ async fn the_record_is_final_before_done_is_streamed() {
 /// within seconds, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_write_that_timed_out_but_landed_is_announced_at_once() {
-    let proxy = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
-    let llm = MockLlm::start(|_, _| LlmReply::text("quick")).await;
-    let redis = format!("redis://{}/0", proxy.addr);
-    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REDIS_URL", &redis).env("FLEET_REDIS_TIMEOUT", "1")).await;
-    proxy.arm(&[b"succeeded"], Trigger::Delay(Duration::from_millis(1500)));
+    let (proxy, _llm, fleet) = success_write_held("1").await;
     let reading = tokio::spawn(frames_until(api(&fleet), "s_landed", 1));
     let posted = Instant::now();
     let id = post_turn(&fleet, &turn_body("s_landed", "hi", &[])).await;

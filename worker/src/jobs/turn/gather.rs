@@ -20,7 +20,8 @@ use crate::outcome::Outcome;
 /// the step read as it took its session. Returns the turns whose steers it took, for `begin`.
 pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> Result<Vec<String>, Outcome> {
     let cx = &step.cx;
-    if let Some(history) = opened.history.filter(|_| !state.history_read) {
+    // Read only on a first step whose state has not taken it yet (`session::take`).
+    if let Some(history) = opened.history {
         state.insert_history(history.iter().map(HistoryEntry::to_message).collect());
     }
     if !state.pending.is_empty() {
