@@ -135,8 +135,10 @@ pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
     mut renew: impl FnMut() -> F,
 ) -> Option<T> {
     tokio::pin!(work);
-    let mut tick = tokio::time::interval(lease / 3);
-    tick.tick().await;
+    // The first tick is a third of the lease away. An interval's immediate first tick is not
+    // immediate: the timer wheel rounds it up to its next millisecond, and the work would wait for it.
+    let period = lease / 3;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         tokio::select! {
             done = &mut work => return Some(done),
@@ -146,5 +148,46 @@ pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::FutureExt;
+
+    use super::while_renewing;
+
+    /// The work starts on the first poll: a renewal timer's first tick, rounded up to the timer
+    /// wheel's next millisecond, once held every callback and model call back by up to 1 ms.
+    #[tokio::test]
+    async fn the_work_starts_at_once_not_at_the_timers_first_tick() {
+        let renewals = std::cell::Cell::new(0);
+        let first_poll = while_renewing(Duration::from_secs(60), async { 7 }, || {
+            renewals.set(renewals.get() + 1);
+            async { true }
+        })
+        .now_or_never();
+        assert_eq!(first_poll, Some(Some(7)), "the work ran on the first poll");
+        assert_eq!(renewals.get(), 0, "nothing is renewed before a third of the lease");
+    }
+
+    /// A renewal comes a third of the lease after the work started, and every third after; one
+    /// that answers `false` stops the work.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_come_every_third_of_the_lease_and_can_stop_the_work() {
+        let started = tokio::time::Instant::now();
+        let at = std::sync::Mutex::new(vec![]);
+        let out = while_renewing(Duration::from_secs(3), std::future::pending::<()>(), || {
+            let mut at = at.lock().unwrap();
+            at.push(started.elapsed());
+            let go_on = at.len() < 3;
+            async move { go_on }
+        })
+        .await;
+        assert_eq!(out, None, "the third renewal stopped the work");
+        let secs: Vec<u64> = at.lock().unwrap().iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 3]);
     }
 }
