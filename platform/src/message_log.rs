@@ -14,14 +14,16 @@ use crate::store::{Store, StoreError};
 pub const MAX_LOGGED_MESSAGES: usize = 10_000;
 
 /// KEYS: log, seq, ids. ARGV: message id, ttl, max entries, entry (JSON object). Appends the entry
-/// once per id, numbered from the session's counter (`seq` spliced in front).
-const APPEND_LUA: &str = r#"
-if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return 0 end
-local seq = redis.call('INCR', KEYS[2])
-redis.call('RPUSH', KEYS[1], '{"seq":' .. seq .. ',' .. string.sub(ARGV[4], 2))
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end
-return seq
+/// once per id, numbered from the session's counter (`seq` spliced in front); `seq` is 0 when the
+/// id was there. A fragment: `session_events` runs it before a turn's last events, in one script.
+pub(crate) const LOG_ONCE_LUA: &str = r#"
+local seq = 0
+if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
+  seq = redis.call('INCR', KEYS[2])
+  redis.call('RPUSH', KEYS[1], '{"seq":' .. seq .. ',' .. string.sub(ARGV[4], 2))
+  redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
+  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+end
 "#;
 
 /// KEYS: log, ids. ARGV: message id. Removes a message whose sending was refused (its turn was
@@ -35,24 +37,35 @@ end
 return 1
 "#;
 
-static APPEND: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(APPEND_LUA));
+static APPEND: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(&format!("{LOG_ONCE_LUA}return seq")));
 static REMOVE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(REMOVE_LUA));
 
 impl Store {
     /// Appends `entry` to the session's message log, once per message id; `false` if it was there.
     pub async fn log_message(&self, session_id: &str, entry: &HistoryEntry) -> Result<bool, StoreError> {
+        let r: Result<i64, _> =
+            self.log_invocation(&APPEND, session_id, entry).invoke_async(&mut self.conn().await?).await;
+        Ok(self.count(r)? > 0)
+    }
+
+    /// `script` (`LOG_ONCE_LUA` first) with the log's keys and arguments in front.
+    pub(crate) fn log_invocation<'a>(
+        &self,
+        script: &'a Script,
+        session_id: &str,
+        entry: &HistoryEntry,
+    ) -> redis::ScriptInvocation<'a> {
         let json = serde_json::to_string(entry).expect("a message serialises");
-        let r: Result<i64, _> = APPEND
-            .key(self.keys().session(session_id, "messages"))
+        let mut invocation = script.key(self.keys().session(session_id, "messages"));
+        invocation
             .key(self.keys().session(session_id, "messages_seq"))
             .key(self.keys().session(session_id, "messages_ids"))
             .arg(&entry.id)
             .arg(HISTORY_TTL_SECS)
             .arg(MAX_LOGGED_MESSAGES)
-            .arg(json)
-            .invoke_async(&mut self.conn().await?)
-            .await;
-        Ok(self.count(r)? > 0)
+            .arg(json);
+        invocation
     }
 
     /// Takes back a message whose turn was certainly not accepted.

@@ -21,20 +21,25 @@ static PUBLISH_SCRIPT: std::sync::LazyLock<redis::Script> =
 const EVENTS_KEPT: u32 = 1000;
 const EVENTS_TTL_SECS: u64 = 24 * 3600;
 
-/// Appends each of `ARGV[5..]` to the stream `KEYS[1]` in order and announces the session
-/// `ARGV[4]` on `ARGV[3]` once; returns their ids.
+/// Appends each of `ARGV[E+5..]` to the stream `KEYS[K]` in order (`ARGV[E+1]`: entries kept,
+/// `ARGV[E+2]`: ttl) and announces the session `ARGV[E+4]` on `ARGV[E+3]` once; returns their ids.
+/// `K` and `E` say where its key and arguments start, after any a fragment before it takes.
 const PUBLISH_MANY_LUA: &str = r#"
 local ids = {}
-for i = 5, #ARGV do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'data', ARGV[i])
+for i = E + 5, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[K], 'MAXLEN', '~', ARGV[E + 1], '*', 'data', ARGV[i])
 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[K], ARGV[E + 2])
+redis.call('PUBLISH', ARGV[E + 3], ARGV[E + 4])
 return ids
 "#;
 
 static PUBLISH_MANY_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(PUBLISH_MANY_LUA));
+    std::sync::LazyLock::new(|| redis::Script::new(&format!("local K, E = 1, 0\n{PUBLISH_MANY_LUA}")));
+// The message log's four arguments and three keys (all in the session's slot) come first.
+static LOG_AND_PUBLISH_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(&format!("{}local K, E = 4, 4\n{PUBLISH_MANY_LUA}", crate::message_log::LOG_ONCE_LUA))
+});
 
 /// How often an idle subscription checks that its connection is alive (one PING per process).
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(30);
@@ -67,6 +72,25 @@ impl Store {
     /// announces them once: one round trip for a run of tokens that arrived together.
     pub async fn publish_events(&self, session_id: &str, events: &[Value]) -> Result<Vec<String>, StoreError> {
         let mut invocation = PUBLISH_MANY_SCRIPT.key(self.keys().session(session_id, "events"));
+        invocation.arg(EVENTS_KEPT).arg(EVENTS_TTL_SECS).arg(self.keys().session_events_channel()).arg(session_id);
+        for event in events {
+            invocation.arg(event.to_string());
+        }
+        let r: Result<Vec<String>, _> = invocation.invoke_async(&mut self.conn().await?).await;
+        self.count(r)
+    }
+
+    /// Appends `entry` to the session's message log (once per message id), then `events` to its
+    /// stream, announced once: one round trip, and no reader hears of the events before the log
+    /// has the message.
+    pub async fn log_and_publish(
+        &self,
+        session_id: &str,
+        entry: &fleet_protocol::history::HistoryEntry,
+        events: &[Value],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut invocation = self.log_invocation(&LOG_AND_PUBLISH_SCRIPT, session_id, entry);
+        invocation.key(self.keys().session(session_id, "events"));
         invocation.arg(EVENTS_KEPT).arg(EVENTS_TTL_SECS).arg(self.keys().session_events_channel()).arg(session_id);
         for event in events {
             invocation.arg(event.to_string());

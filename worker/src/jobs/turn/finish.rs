@@ -21,7 +21,6 @@ use fleet_protocol::turn::{self, Completion, Message, TurnState};
 use super::session::wake;
 use super::{emit, Step};
 use crate::context::Cx;
-use crate::jobs::stream::batched;
 use crate::outcome::{Finished, Outcome};
 use crate::publish::{publish_next, retire};
 
@@ -144,15 +143,14 @@ pub(super) async fn announce(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState
     let answer = Message::text("assistant", message["content"].as_str().unwrap_or_default());
     let created_at = message["created_at"].as_str().unwrap_or_default();
     let entry = history::answer_entry(&envelope.execution_id, &state.message_id, &answer, created_at);
-    if let Err(e) = cx.store.log_message(&state.session_id, &entry).await {
-        tracing::warn!(error = %e, "the answer is not in the session's message log");
+    // The log entry and both events in one write, in order.
+    let session = &state.session_id;
+    let now = now_ms();
+    let events = [turn::message_complete_event(&message), turn::done_event(&state.message_id)]
+        .map(|event| turn::with_base_fields(event, session, now));
+    if let Err(e) = cx.store.log_and_publish(session, &entry, &events).await {
+        tracing::warn!(error = %e, "the answer is not in the session's message log, nor its last events in the stream");
     }
-    // Both events in one write, in order.
-    let (events, writer) = batched(cx, &state.session_id);
-    events.send(turn::message_complete_event(&message));
-    events.send(turn::done_event(&state.message_id));
-    drop(events);
-    writer.await;
     retire(cx, envelope, &Owed::Announce).await;
     Ok(Outcome::Done(Finished::Success))
 }
