@@ -8,6 +8,9 @@
 //! with batched acks, and the fleet's workers. The fleet is reported as a ratio to the minimal
 //! pipeline; the raw broker (consume + ack, single and batched) is the broker's ceiling.
 //!
+//! The latency (enqueue → callback at half the sustained rate) is split at the 202, and set beside
+//! the broker's own confirm time for lone publishes at the same rate.
+//!
 //! Settings: FLEET_BENCH_DRAIN_ONLY (1: only the raw broker and the three drains),
 //! FLEET_BENCH_MEMORY_ONLY (1: only the worker's memory with 1000 callbacks in flight),
 //! FLEET_BENCH_WORKER_BIN and FLEET_BENCH_DISPATCHER_BIN (another build's binaries), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
@@ -215,14 +218,16 @@ impl BenchFleet {
         Ok(())
     }
 
-    async fn enqueue(&self, n: usize) -> anyhow::Result<(String, Instant)> {
+    /// One tool call: its execution id, when its POST was sent and when its 202 came.
+    async fn enqueue(&self, n: usize) -> anyhow::Result<(String, Instant, Instant)> {
         let body = json!({"tool_name":"bench","parameters":{"query":"benchmark payload","n":n},"room_id":"room_1","assistant_id":"asst_1"});
         let sent = Instant::now();
         let resp =
             self.http.post(format!("{}/v1/tool-calls", self.api)).bearer_auth(&self.token).json(&body).send().await?;
         anyhow::ensure!(resp.status().as_u16() == 202, "enqueue answered {}", resp.status());
+        let accepted = Instant::now();
         let v: Value = resp.json().await?;
-        Ok((v["data"]["execution_id"].as_str().unwrap_or_default().to_string(), sent))
+        Ok((v["data"]["execution_id"].as_str().unwrap_or_default().to_string(), sent, accepted))
     }
 
     async fn enqueue_many(&self, range: std::ops::Range<usize>, clients: usize) -> anyhow::Result<f64> {
@@ -446,15 +451,27 @@ async fn main() -> anyhow::Result<()> {
     drop(inflight);
     wait_until(Duration::from_secs(120), || {
         let at = receiver.arrivals.lock().unwrap();
-        sent.iter().all(|(id, _)| at.contains_key(id))
+        sent.iter().all(|(id, ..)| at.contains_key(id))
     })
     .await?;
-    let mut latencies: Vec<f64> = {
+    // End to end, and its two parts: the POST until its 202, the 202 until the callback.
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (mut latencies, mut posts, mut deliveries) = (vec![], vec![], vec![]);
+    {
         let at = receiver.arrivals.lock().unwrap();
-        sent.iter().map(|(id, t)| at[id].duration_since(*t).as_secs_f64() * 1000.0).collect()
-    };
-    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        for (id, sent, accepted) in &sent {
+            latencies.push(ms(at[id].duration_since(*sent)));
+            posts.push(ms(accepted.duration_since(*sent)));
+            deliveries.push(ms(at[id].saturating_duration_since(*accepted)));
+        }
+    }
+    for v in [&mut latencies, &mut posts, &mut deliveries] {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    }
     fleet.stop(&conn).await;
+    // The broker's own part of a 202: confirmed publishes alone, at the same rate.
+    let mut confirms = raw_confirm_latencies(&conn, rate, latency_jobs).await?;
+    confirms.sort_by(|a, b| a.partial_cmp(b).unwrap());
 
     // ---- 4. memory: one worker holding 1000 callbacks to a slow receiver ----
     let (baseline, peak, after) = memory(&conn, clients).await?;
@@ -503,6 +520,11 @@ async fn main() -> anyhow::Result<()> {
         "<= 10 ms",
         "".into(),
     );
+    let parts = [("POST → 202", &posts), ("202 → callback", &deliveries), ("a raw confirmed publish alone", &confirms)];
+    for (part, values) in parts {
+        let (p50, p99) = (percentile(values, 0.50), percentile(values, 0.99));
+        row(&format!("  of which {part}, p50 / p99 (ms)"), format!("{p50:.1} / {p99:.1}"), "", "".into());
+    }
     row("worker RSS: idle (MiB)", format!("{:.1}", baseline as f64 / 1024.0), "", "".into());
     row("worker RSS: 1000 callbacks in flight (MiB)", format!("{:.1}", peak as f64 / 1024.0), "<= 64 MiB", "".into());
     row(
@@ -1136,6 +1158,43 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
     let drain_batched = raw_drain(conn, &raw_queue, jobs, prefetch, true).await?;
     channel.queue_delete(raw_queue.as_str().into(), QueueDeleteOptions::default()).await?;
     Ok(Raw { publish, drain, drain_batched })
+}
+
+/// Publish → confirm times (ms) of `jobs` persistent messages published at `rate` a second to a
+/// quorum queue of their own, each on its own: what the broker adds to a 202 at that rate.
+async fn raw_confirm_latencies(conn: &Connection, rate: f64, jobs: usize) -> anyhow::Result<Vec<f64>> {
+    let channel = conn.create_channel().await?;
+    let queue = format!("bench-confirm-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from(b"quorum".to_vec())));
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(queue.as_str().into(), durable, args).await?;
+    channel.confirm_select(Default::default()).await?;
+    let payload = vec![b'x'; 400];
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut times = Vec::with_capacity(jobs);
+    for _ in 0..jobs {
+        tick.tick().await;
+        let (channel, queue, payload) = (&channel, &queue, &payload);
+        pending.push(async move {
+            let sent = Instant::now();
+            let properties = BasicProperties::default().with_delivery_mode(2);
+            let options = BasicPublishOptions::default();
+            channel.basic_publish("".into(), queue.as_str().into(), options, payload, properties).await?.await?;
+            anyhow::Ok(sent.elapsed().as_secs_f64() * 1000.0)
+        });
+        while let Some(Some(done)) = futures::FutureExt::now_or_never(pending.next()) {
+            times.push(done?);
+        }
+    }
+    while let Some(done) = pending.next().await {
+        times.push(done?);
+    }
+    drop(pending);
+    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
+    Ok(times)
 }
 
 async fn raw_publish(channel: &lapin::Channel, queue: &str, jobs: usize, window: usize) -> anyhow::Result<f64> {
