@@ -121,6 +121,19 @@ async fn hlen(fleet: &Fleet, key: &str) -> i64 {
     redis::cmd("HLEN").arg(key).query_async(&mut fleet.redis().await).await.unwrap()
 }
 
+/// Waits until the step of execution `id` is parked: its record carries the marker a copy of the
+/// step is acked by. (In a line is not yet parked: until its claim is given back and its park
+/// published and marked, a copy finds the claim held, and waits for the lease.)
+async fn wait_marked_parked(fleet: &Fleet, id: &str) {
+    let record = Keys::new(fleet.key_prefix.clone()).execution(id);
+    wait_for("the step parked, its record marked", Duration::from_secs(20), || async {
+        let marker: Option<String> =
+            redis::cmd("HGET").arg(&record).arg("parked_step").query_async(&mut fleet.redis().await).await.unwrap();
+        marker.is_some_and(|m| !m.is_empty()).then_some(())
+    })
+    .await;
+}
+
 async fn members(fleet: &Fleet, key: &str) -> Vec<String> {
     redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).query_async(&mut fleet.redis().await).await.unwrap()
 }
@@ -256,6 +269,7 @@ async fn copies_while_second_turn_waits_in_line(
         members(fleet, waiters).await.contains(&mine).then_some(())
     })
     .await;
+    wait_marked_parked(fleet, &waiting).await;
     let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
 
     inject(tap, &step).await;
@@ -359,6 +373,7 @@ async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once(
         members(&fleet, &waiters).await.contains(&mine).then_some(())
     })
     .await;
+    wait_marked_parked(&fleet, &id).await;
     let is_step = |t: &Tapped, round: u64| t.execution_id() == id && t.kind() == "turn" && t.json["round"] == round;
     let first = tap.first("the first step's delivery", |t| is_step(t, 0)).await;
     let second = tap.first("the second step's delivery", |t| is_step(t, 1)).await;
@@ -410,6 +425,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
         members(&fleet, &line).await.contains(&waiting).then_some(())
     })
     .await;
+    wait_marked_parked(&fleet, &waiting).await;
     let step = tap.first("the step's delivery", |t| t.execution_id() == waiting).await;
 
     inject(&tap, &step).await;
