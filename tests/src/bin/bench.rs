@@ -219,6 +219,17 @@ impl BenchFleet {
         Ok(())
     }
 
+    /// The seconds the dispatcher spent in `route`'s handler so far, and the requests it served
+    /// (its `fleet_http_request_duration_seconds` sum and count).
+    async fn served(&self, route: &str) -> anyhow::Result<(f64, f64)> {
+        let text = self.http.get(format!("{}/metrics", self.api)).send().await?.text().await?;
+        let read = |series: &str| {
+            let prefix = format!("fleet_http_request_duration_seconds_{series}{{route=\"{route}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok())
+        };
+        Ok((read("sum").unwrap_or(0.0), read("count").unwrap_or(0.0)))
+    }
+
     /// One tool call: its execution id, when its POST was sent and when its 202 came.
     async fn enqueue(&self, n: usize) -> anyhow::Result<(String, Instant, Instant)> {
         let body = json!({"tool_name":"bench","parameters":{"query":"benchmark payload","n":n},"room_id":"room_1","assistant_id":"asst_1"});
@@ -435,7 +446,10 @@ async fn main() -> anyhow::Result<()> {
     let sustained_rate = sustained_jobs as f64 / started.elapsed().as_secs_f64();
     let base = done + sustained_jobs;
     let rate = (sustained_rate / 2.0).max(1.0);
+    let served_before = fleet.served("/v1/tool-calls").await?;
     let sent = paced_enqueues(&fleet, base..base + latency_jobs, rate).await?;
+    let served = fleet.served("/v1/tool-calls").await?;
+    let in_dispatcher_ms = 1000.0 * (served.0 - served_before.0) / (served.1 - served_before.1).max(1.0);
     wait_until(Duration::from_secs(120), || {
         let at = receiver.arrivals.lock().unwrap();
         sent.iter().all(|(id, ..)| at.contains_key(id))
@@ -525,6 +539,7 @@ async fn main() -> anyhow::Result<()> {
         let (p50, p99) = (percentile(values, 0.50), percentile(values, 0.99));
         row(&format!("  of which {part}, p50 / p99 (ms)"), format!("{p50:.1} / {p99:.1}"), "", "".into());
     }
+    row("  of which in the dispatcher's handler, mean (ms)", format!("{in_dispatcher_ms:.1}"), "", "".into());
     let references = [("under the same load", &meanwhile), ("alone", &confirms)];
     for (when, values) in references {
         let (p50, p99) = (percentile(values, 0.50), percentile(values, 0.99));
@@ -1179,17 +1194,19 @@ async fn paced_enqueues(
 ) -> anyhow::Result<Vec<(String, Instant, Instant)>> {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sent = Vec::with_capacity(range.len());
+    let (mut next, mut sent) = (range.start, Vec::with_capacity(range.len()));
     let mut inflight = futures::stream::FuturesUnordered::new();
-    for n in range {
-        tick.tick().await;
-        inflight.push(fleet.enqueue(n));
-        while let Some(Some(done)) = futures::FutureExt::now_or_never(inflight.next()) {
-            sent.push(done?);
+    // The calls in flight are polled between ticks too: a 202 is timed when it comes, not at the
+    // next tick.
+    loop {
+        tokio::select! {
+            _ = tick.tick(), if next < range.end => {
+                inflight.push(fleet.enqueue(next));
+                next += 1;
+            }
+            Some(done) = inflight.next(), if !inflight.is_empty() => sent.push(done?),
+            else => break,
         }
-    }
-    while let Some(done) = inflight.next().await {
-        sent.push(done?);
     }
     Ok(sent)
 }
@@ -1208,23 +1225,25 @@ async fn raw_confirm_latencies(conn: &Connection, rate: f64, jobs: usize) -> any
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pending = futures::stream::FuturesUnordered::new();
-    let mut times = Vec::with_capacity(jobs);
-    for _ in 0..jobs {
-        tick.tick().await;
+    let (mut published, mut times) = (0, Vec::with_capacity(jobs));
+    let publish = |sent: Instant| {
         let (channel, queue, payload) = (&channel, &queue, &payload);
-        pending.push(async move {
-            let sent = Instant::now();
+        async move {
             let properties = BasicProperties::default().with_delivery_mode(2);
             let options = BasicPublishOptions::default();
             channel.basic_publish("".into(), queue.as_str().into(), options, payload, properties).await?.await?;
             anyhow::Ok(sent.elapsed().as_secs_f64() * 1000.0)
-        });
-        while let Some(Some(done)) = futures::FutureExt::now_or_never(pending.next()) {
-            times.push(done?);
         }
-    }
-    while let Some(done) = pending.next().await {
-        times.push(done?);
+    };
+    loop {
+        tokio::select! {
+            _ = tick.tick(), if published < jobs => {
+                pending.push(publish(Instant::now()));
+                published += 1;
+            }
+            Some(done) = pending.next(), if !pending.is_empty() => times.push(done?),
+            else => break,
+        }
     }
     drop(pending);
     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
