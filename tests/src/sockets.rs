@@ -12,20 +12,39 @@ pub fn nodelay_of(pid: u32, local_port: u16, peer_port: u16) -> io::Result<bool>
 
 /// `TCP_NODELAY` of each connection process `pid` holds to `remote_port` (whatever its own port).
 pub fn nodelay_to(pid: u32, remote_port: u16) -> io::Result<Vec<bool>> {
+    let inodes: Vec<u64> =
+        connections(pid)?.into_iter().filter(|c| c.established && c.remote == remote_port).map(|c| c.inode).collect();
+    let held = inodes.into_iter().filter_map(|inode| descriptor_of(pid, inode).ok());
+    held.map(|fd| nodelay_of_socket(pid, fd)).collect()
+}
+
+/// One TCP connection of `/proc/<pid>/net/tcp{,6}`.
+struct Connection {
+    local: u16,
+    remote: u16,
+    established: bool,
+    inode: u64,
+}
+
+/// The TCP connections (IPv4 and IPv6) in `pid`'s network namespace.
+fn connections(pid: u32) -> io::Result<Vec<Connection>> {
     let port = |addr: &str| addr.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-    let mut inodes = Vec::new();
+    let mut found = Vec::new();
     for table in ["tcp", "tcp6"] {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))?;
         for line in text.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(remote), Some(inode)) =
+                (fields.get(1).and_then(|a| port(a)), fields.get(2).and_then(|a| port(a)), fields.get(9))
+            else {
+                continue;
+            };
+            let inode = inode.parse().map_err(|_| io::Error::other(format!("no inode in {line:?}")))?;
             // State 01: established.
-            if fields.len() > 9 && fields[3] == "01" && port(fields[2]) == Some(remote_port) {
-                inodes.extend(fields[9].parse::<u64>().ok());
-            }
+            found.push(Connection { local, remote, established: fields[3] == "01", inode });
         }
     }
-    let held = inodes.into_iter().filter_map(|inode| descriptor_of(pid, inode).ok());
-    held.map(|fd| nodelay_of_socket(pid, fd)).collect()
+    Ok(found)
 }
 
 /// `TCP_NODELAY` of the socket `pid` holds as descriptor `fd`.
@@ -61,17 +80,10 @@ fn nodelay_of_socket(pid: u32, fd: libc::c_int) -> io::Result<bool> {
 
 /// The inode of the connection `local_port` ↔ `peer_port` in `pid`'s network namespace.
 fn socket_inode(pid: u32, local_port: u16, peer_port: u16) -> io::Result<u64> {
-    let port = |addr: &str| addr.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))?;
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() > 9 && port(fields[1]) == Some(local_port) && port(fields[2]) == Some(peer_port) {
-                return fields[9].parse().map_err(|_| io::Error::other(format!("no inode in {line:?}")));
-            }
-        }
-    }
-    Err(io::Error::other(format!("no connection {local_port} ↔ {peer_port} in process {pid}")))
+    let found = connections(pid)?.into_iter().find(|c| c.local == local_port && c.remote == peer_port);
+    found
+        .map(|c| c.inode)
+        .ok_or_else(|| io::Error::other(format!("no connection {local_port} ↔ {peer_port} in process {pid}")))
 }
 
 /// The descriptor number under which `pid` holds socket `inode`.

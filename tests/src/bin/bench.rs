@@ -450,11 +450,7 @@ async fn main() -> anyhow::Result<()> {
     let sent = paced_enqueues(&fleet, base..base + latency_jobs, rate).await?;
     let served = fleet.served("/v1/tool-calls").await?;
     let in_dispatcher_ms = 1000.0 * (served.0 - served_before.0) / (served.1 - served_before.1).max(1.0);
-    wait_until(Duration::from_secs(120), || {
-        let at = receiver.arrivals.lock().unwrap();
-        sent.iter().all(|(id, ..)| at.contains_key(id))
-    })
-    .await?;
+    all_arrived(&receiver, &sent).await?;
     // The same load again, with a tenth as many lone confirmed publishes beside it: the broker's
     // confirm time under that load (this pass's own latencies are not reported).
     let again = base + latency_jobs..base + 2 * latency_jobs;
@@ -463,12 +459,7 @@ async fn main() -> anyhow::Result<()> {
         raw_confirm_latencies(&conn, rate / 10.0, latency_jobs.div_ceil(10))
     );
     let (again, mut meanwhile) = (again?, meanwhile?);
-    meanwhile.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    wait_until(Duration::from_secs(120), || {
-        let at = receiver.arrivals.lock().unwrap();
-        again.iter().all(|(id, ..)| at.contains_key(id))
-    })
-    .await?;
+    all_arrived(&receiver, &again).await?;
     // End to end, and its two parts: the POST until its 202, the 202 until the callback.
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (mut latencies, mut posts, mut deliveries) = (vec![], vec![], vec![]);
@@ -480,13 +471,12 @@ async fn main() -> anyhow::Result<()> {
             deliveries.push(ms(at[id].saturating_duration_since(*accepted)));
         }
     }
-    for v in [&mut latencies, &mut posts, &mut deliveries] {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    }
     fleet.stop(&conn).await;
     // The broker's floor: confirmed publishes alone, at the same rate, the fleet stopped.
     let mut confirms = raw_confirm_latencies(&conn, rate, latency_jobs).await?;
-    confirms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    for v in [&mut latencies, &mut posts, &mut deliveries, &mut meanwhile, &mut confirms] {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    }
 
     // ---- 4. memory: one worker holding 1000 callbacks to a slow receiver ----
     let (baseline, peak, after) = memory(&conn, clients).await?;
@@ -535,21 +525,15 @@ async fn main() -> anyhow::Result<()> {
         "<= 10 ms",
         "".into(),
     );
-    for (part, values) in [("POST → 202", &posts), ("202 → callback", &deliveries)] {
+    let p50_p99 = |part: &str, values: &[f64]| {
         let (p50, p99) = (percentile(values, 0.50), percentile(values, 0.99));
-        row(&format!("  of which {part}, p50 / p99 (ms)"), format!("{p50:.1} / {p99:.1}"), "", "".into());
-    }
+        row(&format!("  {part}, p50 / p99 (ms)"), format!("{p50:.1} / {p99:.1}"), "", "".into());
+    };
+    p50_p99("of which POST → 202", &posts);
+    p50_p99("of which 202 → callback", &deliveries);
     row("  of which in the dispatcher's handler, mean (ms)", format!("{in_dispatcher_ms:.1}"), "", "".into());
-    let references = [("under the same load", &meanwhile), ("alone", &confirms)];
-    for (when, values) in references {
-        let (p50, p99) = (percentile(values, 0.50), percentile(values, 0.99));
-        row(
-            &format!("  a raw confirmed publish {when}, p50 / p99 (ms)"),
-            format!("{p50:.1} / {p99:.1}"),
-            "",
-            "".into(),
-        );
-    }
+    p50_p99("a raw confirmed publish under the same load", &meanwhile);
+    p50_p99("a raw confirmed publish alone", &confirms);
     row("worker RSS: idle (MiB)", format!("{:.1}", baseline as f64 / 1024.0), "", "".into());
     row("worker RSS: 1000 callbacks in flight (MiB)", format!("{:.1}", peak as f64 / 1024.0), "<= 64 MiB", "".into());
     row(
@@ -1170,12 +1154,7 @@ struct Raw {
 
 async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usize) -> anyhow::Result<Raw> {
     let channel = conn.create_channel().await?;
-    let raw_queue = format!("bench-raw-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from(b"quorum".to_vec())));
-    channel
-        .queue_declare(raw_queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
-        .await?;
+    let raw_queue = declare_quorum_queue(&channel, "bench-raw").await?;
     channel.confirm_select(Default::default()).await?;
     let publish = raw_publish(&channel, &raw_queue, jobs, window).await?;
     let drain = raw_drain(conn, &raw_queue, jobs, prefetch, false).await?;
@@ -1185,69 +1164,81 @@ async fn raw_broker(conn: &Connection, jobs: usize, window: usize, prefetch: usi
     Ok(Raw { publish, drain, drain_batched })
 }
 
-/// Tool calls `range` through the API at `rate` a second, each sent on its tick whatever the ones
-/// before are waiting for: their ids, with when each was sent and accepted.
+/// Waits until every call of `sent` reached `receiver`.
+async fn all_arrived(receiver: &Receiver, sent: &[(String, Instant, Instant)]) -> anyhow::Result<()> {
+    wait_until(Duration::from_secs(120), || {
+        let at = receiver.arrivals.lock().unwrap();
+        sent.iter().all(|(id, ..)| at.contains_key(id))
+    })
+    .await
+}
+
+/// Tool calls `range` through the API at `rate` a second: their ids, with when each was sent and
+/// accepted.
 async fn paced_enqueues(
     fleet: &BenchFleet,
     range: std::ops::Range<usize>,
     rate: f64,
 ) -> anyhow::Result<Vec<(String, Instant, Instant)>> {
+    let start = range.start;
+    paced(range.len(), rate, |i| fleet.enqueue(start + i)).await
+}
+
+/// Starts `make(0)`, `make(1)`, … up to `n`, one every 1/`rate` s whatever the ones before are
+/// waiting for, and collects what they answer. Those in flight are polled between ticks too: a
+/// future ends when its answer comes, not at the next tick.
+async fn paced<T, F: std::future::Future<Output = anyhow::Result<T>>>(
+    n: usize,
+    rate: f64,
+    mut make: impl FnMut(usize) -> F,
+) -> anyhow::Result<Vec<T>> {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut next, mut sent) = (range.start, Vec::with_capacity(range.len()));
+    let (mut started, mut out) = (0, Vec::with_capacity(n));
     let mut inflight = futures::stream::FuturesUnordered::new();
-    // The calls in flight are polled between ticks too: a 202 is timed when it comes, not at the
-    // next tick.
     loop {
         tokio::select! {
-            _ = tick.tick(), if next < range.end => {
-                inflight.push(fleet.enqueue(next));
-                next += 1;
+            _ = tick.tick(), if started < n => {
+                inflight.push(make(started));
+                started += 1;
             }
-            Some(done) = inflight.next(), if !inflight.is_empty() => sent.push(done?),
+            Some(done) = inflight.next(), if !inflight.is_empty() => out.push(done?),
             else => break,
         }
     }
-    Ok(sent)
+    Ok(out)
 }
 
 /// Publish → confirm times (ms) of `jobs` persistent messages published at `rate` a second to a
 /// quorum queue of their own, each on its own: what the broker adds to a 202 at that rate.
 async fn raw_confirm_latencies(conn: &Connection, rate: f64, jobs: usize) -> anyhow::Result<Vec<f64>> {
     let channel = conn.create_channel().await?;
-    let queue = format!("bench-confirm-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from(b"quorum".to_vec())));
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare(queue.as_str().into(), durable, args).await?;
+    let queue = declare_quorum_queue(&channel, "bench-confirm").await?;
     channel.confirm_select(Default::default()).await?;
     let payload = vec![b'x'; 400];
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pending = futures::stream::FuturesUnordered::new();
-    let (mut published, mut times) = (0, Vec::with_capacity(jobs));
-    let publish = |sent: Instant| {
+    let publish = |_| {
         let (channel, queue, payload) = (&channel, &queue, &payload);
         async move {
+            let sent = Instant::now();
             let properties = BasicProperties::default().with_delivery_mode(2);
             let options = BasicPublishOptions::default();
             channel.basic_publish("".into(), queue.as_str().into(), options, payload, properties).await?.await?;
             anyhow::Ok(sent.elapsed().as_secs_f64() * 1000.0)
         }
     };
-    loop {
-        tokio::select! {
-            _ = tick.tick(), if published < jobs => {
-                pending.push(publish(Instant::now()));
-                published += 1;
-            }
-            Some(done) = pending.next(), if !pending.is_empty() => times.push(done?),
-            else => break,
-        }
-    }
-    drop(pending);
+    let times = paced(jobs, rate, publish).await?;
     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
     Ok(times)
+}
+
+/// Declares a durable quorum queue named `prefix` and a random suffix; its name.
+async fn declare_quorum_queue(channel: &lapin::Channel, prefix: &str) -> anyhow::Result<String> {
+    let queue = format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from(b"quorum".to_vec())));
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(queue.as_str().into(), durable, args).await?;
+    Ok(queue)
 }
 
 async fn raw_publish(channel: &lapin::Channel, queue: &str, jobs: usize, window: usize) -> anyhow::Result<f64> {
