@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use fleet_protocol::timefmt::millis_from_rfc3339;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
 use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
@@ -40,6 +41,24 @@ async fn health(fleet: &Fleet, tool: &str) -> Value {
     let (status, resp) = fleet.get(&format!("/v1/tools/{tool}")).await;
     assert_eq!(status, 200, "{resp}");
     resp["data"]["health"].clone()
+}
+
+/// The start (epoch ms, in order) of every attempt of `ids` that started after `after_ms`; each was
+/// sent and answered 503 (the endpoint is down).
+async fn attempt_starts(fleet: &Fleet, ids: &[String], after_ms: i64) -> Vec<i64> {
+    let mut starts = vec![];
+    for id in ids {
+        let (_, view) = fleet.get(&format!("/v1/executions/{id}")).await;
+        for attempt in view["data"]["attempts"].as_array().into_iter().flatten() {
+            let started = millis_from_rfc3339(attempt["started_at"].as_str().unwrap()).unwrap();
+            if started > after_ms {
+                assert_eq!(attempt["http_status"], 503, "{attempt}");
+                starts.push(started);
+            }
+        }
+    }
+    starts.sort_unstable();
+    starts
 }
 
 async fn wait_state(fleet: &Fleet, tool: &str, state: &str, timeout: Duration) -> Value {
@@ -104,7 +123,6 @@ async fn a_failing_endpoint_opens_its_circuit_defers_its_calls_and_a_probe_close
         ids
     };
     let opened = wait_state(&fleet, "flaky", "open", Duration::from_secs(20)).await;
-    let opened_seen = Instant::now();
     assert!(opened["consecutive_failures"].as_u64().unwrap() >= 3, "{opened}");
     assert!(opened["opened_at"].is_string() && opened["last_failure_at"].is_string(), "{opened}");
     assert_eq!(opened["last_success_at"], Value::Null);
@@ -113,16 +131,19 @@ async fn a_failing_endpoint_opens_its_circuit_defers_its_calls_and_a_probe_close
     })
     .await;
 
-    // Stragglers sent before the circuit opened are answered at once; from here on every request
-    // is a probe. Wait for three probes, then judge their spacing.
-    let settled = opened_seen + Duration::from_millis(500);
+    // Stragglers admitted before the circuit opened may start a little after it; from here on
+    // every attempt is a probe. The worker's probe slot is taken when it admits a call, so each
+    // probe is timed by its attempt's start in the record, not by its arrival at the receiver
+    // (a POST can take hundreds of ms to arrive with the machine's cores busy).
+    let opened_ms = millis_from_rfc3339(opened["opened_at"].as_str().unwrap()).unwrap();
+    let settled_ms = opened_ms + 500;
     let probes = wait_for("three probes while open", Duration::from_secs(30), || async {
-        let probes: Vec<Instant> = receiver.received().iter().map(|r| r.at).filter(|at| *at > settled).collect();
+        let probes = attempt_starts(&fleet, &ids, settled_ms).await;
         (probes.len() >= 3).then_some(probes)
     })
     .await;
-    let window = probes.last().unwrap().duration_since(settled);
-    let gaps: Vec<Duration> = probes.windows(2).map(|w| w[1].duration_since(w[0])).collect();
+    let window = Duration::from_millis((probes.last().unwrap() - settled_ms) as u64);
+    let gaps: Vec<Duration> = probes.windows(2).map(|w| Duration::from_millis((w[1] - w[0]) as u64)).collect();
     println!(
         "probes while open: {} in {:.2} s (interval {} s), gaps {:?}",
         probes.len(),
