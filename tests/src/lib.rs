@@ -99,8 +99,31 @@ pub async fn console_login(http: &reqwest::Client, api: &str, token: &str, tls: 
         .unwrap()
 }
 
+/// A port nothing listens on now, for a process the test starts to bind. It is drawn at random
+/// from below the kernel's ephemeral range: a port from that range (what binding port 0 gives) can
+/// be taken by any outgoing connection before the process binds it, and the suite makes thousands
+/// (a dispatcher then failed with "Address already in use", and a test talked to whatever had
+/// the port).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    let low = ephemeral_ports_start();
+    let floor = 10_000;
+    if low <= floor + 1_000 {
+        return std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    }
+    loop {
+        let port = floor + (uuid::Uuid::new_v4().as_u128() % u128::from(low - floor)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`; Linux's default 32768).
+fn ephemeral_ports_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next().and_then(|low| low.parse().ok()))
+        .unwrap_or(32_768)
 }
 
 /// HMAC-SHA256 written from RFC 2104 over `sha2` alone, so tests check the fleet's signatures with
@@ -135,5 +158,17 @@ mod tests {
         let long_key = [0xaau8; 131];
         let mac = super::independent_hmac_sha256(&long_key, b"Test Using Larger Than Block-Size Key - Hash Key First");
         assert_eq!(hex::encode(mac), "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    }
+
+    #[test]
+    fn a_free_port_is_outside_the_range_outgoing_connections_take() {
+        let start = super::ephemeral_ports_start();
+        let ports: Vec<u16> = (0..50).map(|_| super::free_port()).collect();
+        for port in &ports {
+            assert!((10_000..start).contains(port), "{port} not below {start}");
+            std::net::TcpListener::bind(("127.0.0.1", *port)).expect("still free");
+        }
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert!(distinct.len() > 40, "drawn at random: {ports:?}");
     }
 }
