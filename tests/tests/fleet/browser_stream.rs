@@ -143,28 +143,14 @@ async fn a_browser_event_source_streams_a_turn_and_resumes_after_a_dropped_conne
     proxy.restore();
     let expected = direct.until_done(Duration::from_secs(30)).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
-    wait_for("the browser to receive done", Duration::from_secs(30), || {
-        let n = count(&reports_in_order(&reports), "event", Some("done"));
-        async move { (n >= 1).then_some(()) }
+    // The page reports each event with a fetch of its own, and fetches can arrive out of order:
+    // the reports are complete once `done` is in and no report before it is still on its way.
+    let seen = wait_for("the browser to receive done, every report in", Duration::from_secs(30), || {
+        let seen = reports_in_order(&reports);
+        let complete = seen.iter().enumerate().all(|(n, r)| r["seq"].as_u64() == Some(n as u64));
+        async move { (complete && count(&seen, "event", Some("done")) >= 1).then_some(seen) }
     })
     .await;
-
-    let seen = reports_in_order(&reports);
-    let received: Vec<(String, String)> = seen
-        .iter()
-        .filter(|r| r["kind"] == "event")
-        .map(|r| (r["id"].as_str().unwrap().to_string(), r["type"].as_str().unwrap().to_string()))
-        .collect();
-    let expected: Vec<(String, String)> = expected.iter().map(|f| (f.id.clone(), f.event.clone())).collect();
-    assert_eq!(received, expected, "the browser got every event once, in order");
-    assert_eq!(count(&seen, "event", Some("token")), 16);
-    // It really reconnected mid-turn: an error, then a second open, with events on both sides.
-    let kinds: Vec<&str> = seen.iter().map(|r| r["kind"].as_str().unwrap()).collect();
-    let reopened = kinds.iter().enumerate().filter(|(_, k)| **k == "open").nth(1).map(|(i, _)| i);
-    let reopened = reopened.unwrap_or_else(|| panic!("the browser reconnected: {kinds:?}"));
-    assert!(kinds[..reopened].contains(&"error"), "{kinds:?}");
-    assert!(kinds[..reopened].contains(&"event") && kinds[reopened..].contains(&"event"), "{kinds:?}");
-    assert!(proxy.accepted() >= 2, "the browser connected twice through the proxy");
     // What the browser reported, in order, for the record: `open`, events as `type#id`, `error`.
     let transcript: Vec<String> = seen
         .iter()
@@ -174,6 +160,21 @@ async fn a_browser_event_source_streams_a_turn_and_resumes_after_a_dropped_conne
         })
         .collect();
     println!("the browser saw: {}", transcript.join(" "));
+    let received: Vec<(String, String)> = seen
+        .iter()
+        .filter(|r| r["kind"] == "event")
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r["type"].as_str().unwrap().to_string()))
+        .collect();
+    let expected: Vec<(String, String)> = expected.iter().map(|f| (f.id.clone(), f.event.clone())).collect();
+    assert_eq!(received, expected, "the browser got every event once, in order; it saw: {}", transcript.join(" "));
+    assert_eq!(count(&seen, "event", Some("token")), 16);
+    // It really reconnected mid-turn: an error, then a second open, with events on both sides.
+    let kinds: Vec<&str> = seen.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    let reopened = kinds.iter().enumerate().filter(|(_, k)| **k == "open").nth(1).map(|(i, _)| i);
+    let reopened = reopened.unwrap_or_else(|| panic!("the browser reconnected: {kinds:?}"));
+    assert!(kinds[..reopened].contains(&"error"), "{kinds:?}");
+    assert!(kinds[..reopened].contains(&"event") && kinds[reopened..].contains(&"event"), "{kinds:?}");
+    assert!(proxy.accepted() >= 2, "the browser connected twice through the proxy");
 }
 
 /// Seed 000's "Authentication for Streaming / Option 1: Short-Lived Token in Query Parameter" in
