@@ -598,11 +598,18 @@ struct TurnOverhead {
 /// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`.
 fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
     let part = |f: fn(&TurnOverhead) -> f64| format!("{:.1}", median(overheads.iter().map(f).collect()));
-    row("turn: fleet overhead per turn, median (ms)", part(|o| o.total), "<= 3 ms", "".into());
+    // `done` is written after the record says `succeeded`: ended by it, the overhead has no poll's
+    // wait in it (a 1 ms sleep, rounded up to the timer's next tick, and a GET between looks).
+    row("turn: fleet overhead per turn, by the poll, median (ms)", part(|o| o.total), "", "".into());
     row("turn: of which POST → 202, median (ms)", part(|o| o.accepted), "", "".into());
     row("turn: of which 202 → model call, median (ms)", part(|o| o.to_model), "", "".into());
     row("turn: of which answer → succeeded seen, median (ms)", part(|o| o.after_model), "", "".into());
-    row("turn: fleet overhead per turn, to `done` streamed, median (ms)", part(|o| o.total_by_stream), "", "".into());
+    row(
+        "turn: fleet overhead per turn, to `done` streamed, median (ms)",
+        part(|o| o.total_by_stream),
+        "<= 3 ms",
+        "".into(),
+    );
     row("turn: of which answer → `done` streamed, median (ms)", part(|o| o.after_model_by_stream), "", "".into());
     follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
