@@ -17,7 +17,9 @@ static UNLOCK_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::
 static ADD_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{ADD_LUA}")));
 static REMOVE_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{REMOVE_LUA}")));
+    std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{DROP_LUA}{REMOVE_LUA}")));
+static TRIM_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(&format!("{COUNT_LUA}{DROP_LUA}{TRIM_LUA}")));
 
 /// Index entries dropped per trimming pass, so one save stays cheap.
 const TRIM_BATCH: u64 = 500;
@@ -60,20 +62,48 @@ count(KEYS[4], ARGV[5], 1)
 return 1
 "#;
 
+/// Drops one dead letter (its record, index entry, facet and counts); answers whether its record
+/// existed.
+const DROP_LUA: &str = r#"
+local function drop(index, facets, counts, record, id)
+  local existed = redis.call('DEL', record)
+  redis.call('ZREM', index, id)
+  local facet = redis.call('HGET', facets, id)
+  if facet then
+    redis.call('HDEL', facets, id)
+    count(counts, facet, -1)
+  end
+  return existed
+end
+"#;
+
 /// Removes dead letters (KEYS: index, facets, counts, then each record; ARGV: the ids): record,
 /// index entry, facet and counts together. Returns how many records existed, per id.
 const REMOVE_LUA: &str = r#"
 local out = {}
 for i, id in ipairs(ARGV) do
-  out[i] = redis.call('DEL', KEYS[3 + i])
-  redis.call('ZREM', KEYS[1], id)
-  local facet = redis.call('HGET', KEYS[2], id)
-  if facet then
-    redis.call('HDEL', KEYS[2], id)
-    count(KEYS[3], facet, -1)
-  end
+  out[i] = drop(KEYS[1], KEYS[2], KEYS[3], KEYS[3 + i], id)
 end
 return out
+"#;
+
+/// Drops the oldest entries a trim chose (KEYS: index, facets, counts, then each record; ARGV:
+/// the cutoff ms, the maximum count, then the ids, oldest first), each only if it is still due:
+/// past the cutoff, or the index still over its maximum. Saves trim at once (a worker's
+/// concurrent dead letters, the dispatcher's drain): a trim that counted entries another has
+/// dropped since must not take the next oldest, which are live. Returns how many it dropped.
+const TRIM_LUA: &str = r#"
+local cutoff, max = tonumber(ARGV[1]), tonumber(ARGV[2])
+local dropped = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local at = redis.call('ZSCORE', KEYS[1], id)
+  if at and (tonumber(at) < cutoff or redis.call('ZCARD', KEYS[1]) > max) then
+    drop(KEYS[1], KEYS[2], KEYS[3], KEYS[i + 1], id)
+    dropped = dropped + 1
+  end
+end
+return dropped
 "#;
 
 impl Store {
@@ -241,8 +271,18 @@ impl Store {
         }
         let r: Result<Vec<String>, _> = self.conn().await?.zrange(&index, 0, n as isize - 1).await;
         let ids = self.count(r)?;
-        self.remove_dead_letters(&ids).await?;
-        Ok(ids.len() as u64)
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let k = self.keys();
+        let mut script = TRIM_SCRIPT.key(&index);
+        script.key(k.dead_letters_facets()).key(k.dead_letters_counts());
+        script.arg(policy.cutoff_ms(now_ms)).arg(policy.max_count);
+        for id in &ids {
+            script.key(k.dead_letter(id)).arg(id);
+        }
+        let r: Result<u64, _> = script.invoke_async(&mut self.conn().await?).await;
+        self.count(r)
     }
 
     /// How many dead letters were made since `since_ms`.

@@ -238,6 +238,53 @@ async fn redis_con() -> redis::aio::MultiplexedConnection {
     redis::Client::open(fleet_tests::redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap()
 }
 
+/// A worker of concurrency 64 keeping dead letters a day, with tool `perm` calling `receiver`.
+async fn perm_fleet(receiver: &Receiver) -> fleet_tests::Fleet {
+    let fleet = spawn_fleet(
+        FleetOptions::default()
+            .env("FLEET_WORKER_CONCURRENCY", "64")
+            .env("FLEET_DEAD_LETTER_RETENTION", "86400")
+            .env("FLEET_DEAD_LETTER_MAX", "100000"),
+    )
+    .await;
+    fleet.register_tool("perm", &receiver.url("/perm"), SECRET).await;
+    fleet
+}
+
+/// Dead letters of tool `ancient` from two days ago (a millisecond apart, in order), in the
+/// record store and its index as a save two days ago left them; returns now (ms).
+async fn plant_expired(keys: &fleet_protocol::keys::Keys, ids: &[String]) -> i64 {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let old_ms = now_ms - 2 * 86_400_000;
+    let mut pipe = redis::pipe();
+    for (n, id) in ids.iter().enumerate() {
+        let old = json!({"execution_id": id, "tool_name": "ancient", "assistant_id": null, "room_id": null,
+            "attempts": 1, "last_error": "HTTP 404", "first_attempt_at": null, "last_attempt_at": null,
+            "reason": "permanent", "dead_lettered_at": fleet_protocol::timefmt::rfc3339_from_millis(old_ms),
+            "history": []});
+        pipe.set(keys.dead_letter(id), old.to_string()).ignore();
+        pipe.zadd(keys.dead_letters_index(), id, old_ms + n as i64).ignore();
+    }
+    let _: () = pipe.query_async(&mut redis_con().await).await.unwrap();
+    now_ms
+}
+
+/// `n` calls of tool `perm` (its receiver answers 404), accepted 32 at a time, once the worker
+/// has dead-lettered them all; their execution ids.
+async fn dead_lettered_calls(fleet: &fleet_tests::Fleet, n: usize) -> Vec<String> {
+    let accepted: Vec<String> = futures::stream::iter(0..n)
+        .map(|i| async move { fleet.call_tool("perm", json!({"query": i.to_string()})).await })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    wait_for(&format!("{n} dead letters"), Duration::from_secs(180), || async {
+        let m = fleet.worker_metrics(0).await;
+        (metric(&m, "fleet_dead_letters_total{kind=\"tool_call\",reason=\"permanent\"}") == n as u64).then_some(())
+    })
+    .await;
+    accepted
+}
+
 async fn publish_to_dead_exchange(fleet: &fleet_tests::Fleet, body: &[u8]) {
     let (conn, channel) = fleet.amqp().await;
     channel.confirm_select(Default::default()).await.unwrap();
@@ -269,37 +316,13 @@ async fn any_of_two_thousand_dead_letters_can_be_found_retried_and_purged() {
         }
     })
     .await;
-    let fleet = spawn_fleet(
-        FleetOptions::default()
-            .env("FLEET_WORKER_CONCURRENCY", "64")
-            .env("FLEET_DEAD_LETTER_RETENTION", "86400")
-            .env("FLEET_DEAD_LETTER_MAX", "100000"),
-    )
-    .await;
-    fleet.register_tool("perm", &receiver.url("/perm"), SECRET).await;
+    let fleet = perm_fleet(&receiver).await;
     let keys = fleet_protocol::keys::Keys::new(&fleet.key_prefix);
     let mut con = redis_con().await;
     let mut p = Problems::default();
 
     // A dead letter from two days ago: past the one-day retention, so the next save trims it.
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    let old_ms = now_ms - 2 * 86_400_000;
-    let old = json!({"execution_id": "exec_ancient", "tool_name": "ancient", "assistant_id": null, "room_id": null,
-        "attempts": 1, "last_error": "HTTP 404", "first_attempt_at": null, "last_attempt_at": null, "reason": "permanent",
-        "dead_lettered_at": fleet_protocol::timefmt::rfc3339_from_millis(old_ms), "history": []});
-    let _: () = redis::cmd("SET")
-        .arg(keys.dead_letter("exec_ancient"))
-        .arg(old.to_string())
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("ZADD")
-        .arg(keys.dead_letters_index())
-        .arg(old_ms)
-        .arg("exec_ancient")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    plant_expired(&keys, &["exec_ancient".to_string()]).await;
 
     // The oldest: two poison messages through the worker and one raw body the broker dead-lettered.
     for body in [&b"not json at all"[..], &b"{\"v\": 99}"[..]] {
@@ -314,19 +337,7 @@ async fn any_of_two_thousand_dead_letters_can_be_found_retried_and_purged() {
 
     // 2,000 permanent failures (the receiver answers 404), accepted 32 at a time.
     let started = std::time::Instant::now();
-    let accepted: Vec<String> = futures::stream::iter(0..N)
-        .map(|i| {
-            let fleet = &fleet;
-            async move { fleet.call_tool("perm", json!({"query": i.to_string()})).await }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    wait_for("2,000 dead letters", Duration::from_secs(180), || async {
-        let m = fleet.worker_metrics(0).await;
-        (metric(&m, "fleet_dead_letters_total{kind=\"tool_call\",reason=\"permanent\"}") == N as u64).then_some(())
-    })
-    .await;
+    let accepted = dead_lettered_calls(&fleet, N).await;
     eprintln!("2,000 dead letters in {:?}", started.elapsed());
     let listed = wait_for("the 2,000 listed", Duration::from_secs(30), || async {
         let all = list_all(&fleet, "tool_name=perm").await;
@@ -419,6 +430,33 @@ async fn any_of_two_thousand_dead_letters_can_be_found_retried_and_purged() {
         .unwrap();
     p.check(!exists && rank.is_none(), format!("past retention: record kept {exists}, index rank {rank:?}"));
     assert!(p.0.is_empty(), "problems:\n{}", p.0.join("\n"));
+}
+
+/// Every save trims what is past retention, and many saves run at once (a worker's concurrent
+/// dead letters, the dispatcher's drain). Two trims that both counted the same expired entries
+/// must not drop them twice over: the second would take the oldest live dead letters instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_trimming_at_once_drop_only_what_is_past_retention() {
+    const EXPIRED: usize = 300;
+    const CALLS: usize = 300;
+    let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
+    let fleet = perm_fleet(&receiver).await;
+    // Dead letters from two days ago, past the one-day retention: the next saves trim them.
+    let keys = fleet_protocol::keys::Keys::new(&fleet.key_prefix);
+    let expired: Vec<String> = (0..EXPIRED).map(|n| format!("exec_expired_{n}")).collect();
+    let now_ms = plant_expired(&keys, &expired).await;
+    let accepted = dead_lettered_calls(&fleet, CALLS).await;
+    let listed = ids_of(&list_all(&fleet, "tool_name=perm").await);
+    let lost: Vec<&String> = accepted.iter().filter(|id| !listed.contains(id)).collect();
+    assert!(lost.is_empty(), "{} of {CALLS} live dead letters were trimmed: {lost:?}", lost.len());
+    let left: u64 = redis::cmd("ZCOUNT")
+        .arg(keys.dead_letters_index())
+        .arg("-inf")
+        .arg(format!("({}", now_ms - 86_400_000))
+        .query_async(&mut redis_con().await)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the expired dead letters were trimmed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
