@@ -159,14 +159,23 @@ impl Store {
         if ids.is_empty() {
             return Ok(vec![]);
         }
-        let k = self.keys();
-        let mut script = REMOVE_SCRIPT.key(k.dead_letters_index());
-        script.key(k.dead_letters_facets()).key(k.dead_letters_counts());
-        for id in ids {
-            script.key(k.dead_letter(id)).arg(id);
-        }
-        let r: Result<Vec<i64>, _> = script.invoke_async(&mut self.conn().await?).await;
+        let r: Result<Vec<i64>, _> = self.on_each(&REMOVE_SCRIPT, &[], ids).invoke_async(&mut self.conn().await?).await;
         Ok(self.count(r)?.into_iter().map(|n| n > 0).collect())
+    }
+
+    /// `script` on dead letters `ids`: KEYS the index, facets, counts, then each record; ARGV
+    /// `args`, then the ids (the layout `REMOVE_LUA` and `TRIM_LUA` read).
+    fn on_each<'a>(&self, script: &'a redis::Script, args: &[i64], ids: &[String]) -> redis::ScriptInvocation<'a> {
+        let k = self.keys();
+        let mut invocation = script.key(k.dead_letters_index());
+        invocation.key(k.dead_letters_facets()).key(k.dead_letters_counts());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        for id in ids {
+            invocation.key(k.dead_letter(id)).arg(id);
+        }
+        invocation
     }
 
     /// How many indexed dead letters have this reason and tool (either may be any), from the
@@ -274,14 +283,8 @@ impl Store {
         if ids.is_empty() {
             return Ok(0);
         }
-        let k = self.keys();
-        let mut script = TRIM_SCRIPT.key(&index);
-        script.key(k.dead_letters_facets()).key(k.dead_letters_counts());
-        script.arg(policy.cutoff_ms(now_ms)).arg(policy.max_count);
-        for id in &ids {
-            script.key(k.dead_letter(id)).arg(id);
-        }
-        let r: Result<u64, _> = script.invoke_async(&mut self.conn().await?).await;
+        let args = [policy.cutoff_ms(now_ms), policy.max_count as i64];
+        let r: Result<u64, _> = self.on_each(&TRIM_SCRIPT, &args, &ids).invoke_async(&mut self.conn().await?).await;
         self.count(r)
     }
 
