@@ -456,6 +456,28 @@ async fn a_call_due_in_thirty_days_keeps_its_record_until_then() {
     assert!(ttl >= 37 * 86_400 - 120, "the record lives {ttl} s, less than the 30 days until due plus 7");
 }
 
+/// The claim and result scripts raise a record's TTL with one `EXPIRE GT` (a check and a set
+/// cost two calls each time): a record that lost its TTL still gets one, and the claim, the record
+/// and its attempts all live the 7 days past the call's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_call_keeps_its_claim_record_and_attempts_seven_days() {
+    let receiver = Receiver::echo(SECRET).await;
+    let mut fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
+    fleet.register_tool("kept", &receiver.url("/kept"), SECRET).await;
+    let id = fleet.call_tool("kept", json!({"query": "x"})).await;
+    let keys = fleet_protocol::keys::Keys::new(fleet.key_prefix.clone());
+    let mut con = fleet.redis().await;
+    let persisted: i64 = redis::cmd("PERSIST").arg(keys.execution(&id)).query_async(&mut con).await.unwrap();
+    assert_eq!(persisted, 1, "the new record had a TTL to remove");
+    fleet.spawn_worker().await;
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    let week = fleet_protocol::IDEMPOTENCY_TTL_SECS as i64;
+    for key in [keys.idempotency(&id), keys.execution(&id), keys.attempts(&id)] {
+        let ttl: i64 = redis::cmd("TTL").arg(&key).query_async(&mut con).await.unwrap();
+        assert!((week - 120..=week).contains(&ttl), "{key} lives {ttl} s, not the 7 days past the call's end");
+    }
+}
+
 /// Defect 10: a provider's error body (credentials in a URL, a query-string key, a stack trace)
 /// reached the `retry` event and the worker's log raw. Every emitted error is sanitised.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
