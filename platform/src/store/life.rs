@@ -106,7 +106,14 @@ end
 local token = int(math.max(num(c and c.token, 0), num(r[6], 0)) + 1)
 redis.call('SET', KEYS[1], '{"state":"claimed","token":' .. token .. ',"owner":' .. cjson.encode(ARGV[1])
   .. ',"lease_until":' .. int(now + tonumber(ARGV[2])) .. '}', 'EX', ARGV[3])
-local f = {'fence', token, 'gen', ARGV[4], 's_round', ARGV[5], 's_attempt', ARGV[6], 's_poll', ARGV[7]}
+local f = {'fence', token}
+-- The step's fields only when they move (they read as these defaults while unwritten).
+for i = 1, 4 do
+  if d[i] ~= e[i] then
+    for j, name in ipairs({'gen', 's_round', 's_attempt', 's_poll'}) do f[#f + 1] = name; f[#f + 1] = ARGV[3 + j] end
+    break
+  end
+end
 -- This step arrived: whatever the record owed it (its publish) is done.
 if owed ~= '' then f[#f + 1] = 'owed'; f[#f + 1] = '' end
 if ARGV[8] == 'run' then
@@ -121,7 +128,7 @@ local state = KEYS[3] and redis.call('GET', KEYS[3]) or ''
 return {'claimed', token, r[9] and '1' or '', state}
 "#;
 
-// KEYS: claim, record, attempts, turn state. ARGV: token, ttl, claim (keep|release|complete|none),
+// KEYS: claim, record, attempts, turn state (only with a state to write). ARGV: token, ttl, claim (keep|release|complete|none),
 // lease ms, the owed value this write consumes ('' to be fenced by the token instead), attempt
 // entry, turn state, result, the claim's state when released, then field/value pairs.
 // A claim that is gone was lost, not taken (nothing deletes one; a failover can drop writes): the
@@ -558,9 +565,12 @@ impl Store {
         let mut inv = TRANSITION.prepare_invoke();
         inv.key(self.keys.idempotency(execution_id))
             .key(self.keys.execution(execution_id))
-            .key(self.keys.attempts(execution_id))
-            .key(self.keys.turn(execution_id))
-            .arg(token)
+            .key(self.keys.attempts(execution_id));
+        // The turn's state key only when its state is written (a callback's write has none).
+        if t.turn.is_some() {
+            inv.key(self.keys.turn(execution_id));
+        }
+        inv.arg(token)
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg(claim)
             .arg(lease.as_millis() as u64)
