@@ -19,6 +19,7 @@ mod retry_policy;
 mod settle;
 pub mod signature;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use std::convert::Infallible;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -160,7 +161,11 @@ async fn consume(
 ) {
     let permits = Arc::new(Semaphore::new(usize::from(config.concurrency)));
     let mut permit: Option<OwnedSemaphorePermit> = None;
+    // Finished jobs are collected as new ones start and when the last one in flight ends (`idle`),
+    // not awaited one by one: that woke this loop once more for every job.
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let idle = Arc::new(Notify::new());
     let mut closers: JoinSet<()> = JoinSet::new();
     'connections: while let Some(live) = link.wait_live(&cancel).await {
         let (lane, mut deliveries) = match open_consumers(&live, config, &mut closers).await {
@@ -185,27 +190,30 @@ async fn consume(
                 // The channel is gone with its connection: its jobs' deliveries return to the queue
                 // by themselves, and the claim fences off whichever copy runs second.
                 _ = link.lost(&live) => break,
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Err(e) = done {
-                        if e.is_panic() {
-                            tracing::error!("a job task panicked; its delivery returns to the queue");
-                        }
-                    }
-                    if tasks.is_empty() {
+                Some(_) = closers.join_next(), if !closers.is_empty() => {}
+                _ = idle.notified() => {
+                    reap(&mut tasks);
+                    // The last job's task may still be ending: its count says its work is done.
+                    if in_flight.load(Ordering::Acquire) == 0 {
                         release_freed_memory();
                     }
                 }
-                Some(_) = closers.join_next(), if !closers.is_empty() => {}
                 acquired = permits.clone().acquire_owned(), if permit.is_none() => permit = acquired.ok(),
                 delivery = deliveries.next(), if permit.is_some() => match next_step(delivery) {
                     Step::Run(delivery) => {
                         lane.acks.delivered(delivery.delivery_tag);
                         let job = delivery::handle(shared.clone(), delivery, live.publisher.clone(), lane.acks.clone());
                         let held = (permit.take(), lane.hold());
+                        let (in_flight, idle) = (in_flight.clone(), idle.clone());
+                        in_flight.fetch_add(1, Ordering::AcqRel);
                         tasks.spawn(async move {
                             job.await;
                             drop(held);
+                            if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+                                idle.notify_one();
+                            }
                         });
+                        reap(&mut tasks);
                     }
                     Step::Resubscribe(why) => {
                         tracing::warn!(why, "resubscribing; running jobs finish on the retired channel");
@@ -349,6 +357,17 @@ async fn open_consumers(
     closers.spawn(acks.clone().run(stop.clone()));
     let lane = Lane { channel, tags, acks, acks_stop: stop.drop_guard(), holds, settled };
     Ok((lane, futures::stream::select_all(consumers)))
+}
+
+/// Collects the job tasks that have finished, without waiting for any; reports a panic.
+fn reap(tasks: &mut JoinSet<()>) {
+    while let Some(done) = tasks.try_join_next() {
+        if let Err(e) = done {
+            if e.is_panic() {
+                tracing::error!("a job task panicked; its delivery returns to the queue");
+            }
+        }
+    }
 }
 
 /// Lets held jobs finish within `grace`; the rest are aborted and their deliveries, never acked,
