@@ -313,10 +313,15 @@ async fn a_tool_call_past_its_delivery_limit_is_answered_to_its_turn() {
     let view = expect_status(&fleet, &id, "succeeded", Duration::from_secs(30)).await;
     assert_eq!(view["result"]["message"]["content"], "answered");
     let call = search.received()[0].execution_id().to_string();
-    let (_, record) = fleet.get(&format!("/v1/dead-letters/{call}")).await;
+    // The turn is told first (the call's dead letter owes it), then the dead letter is stored and
+    // the call's status written: the turn may finish before either.
+    let record = wait_for("the call's dead letter", Duration::from_secs(20), || async {
+        let (code, record) = fleet.get(&format!("/v1/dead-letters/{call}")).await;
+        (code == 200).then_some(record)
+    })
+    .await;
     assert_eq!(record["data"]["reason"], "delivery_limit", "{record}");
-    let (_, execution) = fleet.get(&format!("/v1/executions/{call}")).await;
-    assert_eq!(execution["data"]["status"], "dead_lettered");
+    expect_status(&fleet, &call, "dead_lettered", Duration::from_secs(20)).await;
     let requests = llm.requests();
     let tool_message = requests[1].messages().into_iter().find(|m| m["role"] == "tool").expect("the call's result");
     assert!(tool_message["content"].as_str().unwrap().contains("delivered"), "{tool_message}");
