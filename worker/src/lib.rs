@@ -161,11 +161,10 @@ async fn consume(
 ) {
     let permits = Arc::new(Semaphore::new(usize::from(config.concurrency)));
     let mut permit: Option<OwnedSemaphorePermit> = None;
-    // Finished jobs are collected as new ones start and when the last one in flight ends (`idle`),
-    // not awaited one by one: that woke this loop once more for every job.
+    // Finished jobs are collected as new ones start and when the last one in flight ends
+    // (`flight`), not awaited one by one: that woke this loop once more for every job.
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let idle = Arc::new(Notify::new());
+    let flight = Arc::new(Flight::default());
     let mut closers: JoinSet<()> = JoinSet::new();
     'connections: while let Some(live) = link.wait_live(&cancel).await {
         let (lane, mut deliveries) = match open_consumers(&live, config, &mut closers).await {
@@ -191,10 +190,10 @@ async fn consume(
                 // by themselves, and the claim fences off whichever copy runs second.
                 _ = link.lost(&live) => break,
                 Some(_) = closers.join_next(), if !closers.is_empty() => {}
-                _ = idle.notified() => {
+                _ = flight.idle.notified() => {
                     reap(&mut tasks);
                     // The last job's task may still be ending: its count says its work is done.
-                    if in_flight.load(Ordering::Acquire) == 0 {
+                    if flight.jobs.load(Ordering::Acquire) == 0 {
                         release_freed_memory();
                     }
                 }
@@ -203,15 +202,10 @@ async fn consume(
                     Step::Run(delivery) => {
                         lane.acks.delivered(delivery.delivery_tag);
                         let job = delivery::handle(shared.clone(), delivery, live.publisher.clone(), lane.acks.clone());
-                        let held = (permit.take(), lane.hold());
-                        let (in_flight, idle) = (in_flight.clone(), idle.clone());
-                        in_flight.fetch_add(1, Ordering::AcqRel);
+                        let held = (permit.take(), lane.hold(), flight.enter());
                         tasks.spawn(async move {
                             job.await;
                             drop(held);
-                            if in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-                                idle.notify_one();
-                            }
                         });
                         reap(&mut tasks);
                     }
@@ -359,6 +353,32 @@ async fn open_consumers(
     Ok((lane, futures::stream::select_all(consumers)))
 }
 
+/// The worker's jobs in flight, across its lanes.
+#[derive(Default)]
+struct Flight {
+    jobs: AtomicUsize,
+    /// Woken when the last job in flight ends.
+    idle: Notify,
+}
+
+/// One job in flight, until its task drops it: when it ends, panics or is aborted.
+struct InFlight(Arc<Flight>);
+
+impl Flight {
+    fn enter(self: &Arc<Self>) -> InFlight {
+        self.jobs.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.jobs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_one();
+        }
+    }
+}
+
 /// Collects the job tasks that have finished, without waiting for any; reports a panic.
 fn reap(tasks: &mut JoinSet<()>) {
     while let Some(done) = tasks.try_join_next() {
@@ -435,5 +455,20 @@ mod tests {
         let cancelled = Step::Resubscribe("a consumer was cancelled by the broker");
         assert_eq!(next_step::<u32, String>(Some(None)), cancelled);
         assert_eq!(next_step::<u32, String>(None), cancelled);
+    }
+
+    #[tokio::test]
+    async fn the_last_job_in_flight_wakes_the_loop_even_when_its_task_panics() {
+        let flight = Arc::new(Flight::default());
+        let (first, last) = (flight.enter(), flight.enter());
+        drop(first);
+        assert_eq!(flight.jobs.load(Ordering::Acquire), 1);
+        let task = tokio::spawn(async move {
+            let _held = last;
+            panic!("a job panics");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert_eq!(flight.jobs.load(Ordering::Acquire), 0);
+        tokio::time::timeout(Duration::from_secs(5), flight.idle.notified()).await.expect("the loop is woken");
     }
 }

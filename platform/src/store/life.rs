@@ -128,9 +128,10 @@ local state = KEYS[3] and redis.call('GET', KEYS[3]) or ''
 return {'claimed', token, r[9] and '1' or '', state}
 "#;
 
-// KEYS: claim, record, attempts, turn state (only with a state to write). ARGV: token, ttl, claim (keep|release|complete|none),
-// lease ms, the owed value this write consumes ('' to be fenced by the token instead), attempt
-// entry, turn state, result, the claim's state when released, then field/value pairs.
+// KEYS: claim, record, attempts, turn state (only with a state to write). ARGV: token, ttl, claim
+// (keep|release|complete|none), lease ms, the owed value this write consumes ('' to be fenced by
+// the token instead), attempt entry, turn state, result, the claim's state when released, then
+// field/value pairs.
 // A claim that is gone was lost, not taken (nothing deletes one; a failover can drop writes): the
 // record's fence decides then. A complete already made by this token is this worker's own, retried
 // after its reply was lost.
