@@ -426,7 +426,7 @@ async fn main() -> anyhow::Result<()> {
 
     // ---- 2. the drain: minimal pipeline, the same with batched acks, the fleet ----
     let receiver = Receiver::start(Duration::ZERO).await;
-    let (fleet, drains) = drains(&receiver, jobs, workers, concurrency, clients).await?;
+    let (fleet, drains) = drains(&conn, &receiver, jobs, workers, concurrency, clients).await?;
     let enqueue_rate = drains.enqueue;
     if std::env::var("FLEET_BENCH_DRAIN_ONLY").is_ok_and(|v| v == "1") {
         fleet.stop(&conn).await;
@@ -983,6 +983,7 @@ struct Drains {
 /// beforehand: the minimal pipeline (single acks, then batched), then the fleet's `workers`
 /// started together. Returns the fleet, still running, for the phases after.
 async fn drains(
+    conn: &Connection,
     receiver: &Receiver,
     jobs: usize,
     workers: usize,
@@ -998,12 +999,37 @@ async fn drains(
     let account = CpuAccount::start(fleet.parts());
     let enqueue = fleet.enqueue_many(0..jobs, clients).await?;
     print_account("fleet enqueue", &account.per_job(jobs));
-    let minimal = minimal_drain(&fleet, receiver, jobs, workers, concurrency, false).await?;
-    fleet.enqueue_many(jobs..2 * jobs, clients).await?;
-    let minimal_batched = minimal_drain(&fleet, receiver, jobs, workers, concurrency, true).await?;
-    fleet.enqueue_many(2 * jobs..3 * jobs, clients).await?;
+    let yardstick = Yardstick { conn, receiver, env: &env, jobs, workers, concurrency, clients };
+    let minimal = yardstick.drain(false).await?;
+    let minimal_batched = yardstick.drain(true).await?;
     let fleet_rate = fleet_drain(&mut fleet, receiver, jobs, workers).await?;
     Ok((fleet, Drains { enqueue, minimal, minimal_batched, fleet: fleet_rate }))
+}
+
+/// What a minimal pipeline's drain runs on.
+struct Yardstick<'a> {
+    conn: &'a Connection,
+    receiver: &'a Receiver,
+    env: &'a [(&'a str, &'a str)],
+    jobs: usize,
+    workers: usize,
+    concurrency: usize,
+    clients: usize,
+}
+
+impl Yardstick<'_> {
+    /// The minimal pipeline on `jobs` jobs enqueued through a fleet of their own (a dispatcher and
+    /// its topology, no workers), stopped afterwards. The deliveries it had not acked when it was
+    /// stopped go back to that fleet's queue: in the fleet's own, they were copies whose claims
+    /// (`SET NX` of a bare word) the fleet's claim script cannot read, and its drain paid for them.
+    async fn drain(&self, batched_acks: bool) -> anyhow::Result<f64> {
+        let queues = BenchFleet::start(self.env).await?;
+        queues.register(&format!("http://{}/bench", self.receiver.addr)).await?;
+        queues.enqueue_many(0..self.jobs, self.clients).await?;
+        let rate = minimal_drain(&queues, self.receiver, self.jobs, self.workers, self.concurrency, batched_acks).await;
+        queues.stop(self.conn).await;
+        rate
+    }
 }
 
 /// The minimal pipeline (`minimal.rs`, a process of its own) on the `jobs` jobs in the fleet's work
@@ -1092,7 +1118,7 @@ async fn peers(
     clients: usize,
 ) -> anyhow::Result<()> {
     let receiver = Receiver::start(Duration::ZERO).await;
-    let (fleet, drains) = drains(&receiver, jobs, workers, concurrency, clients).await?;
+    let (fleet, drains) = drains(conn, &receiver, jobs, workers, concurrency, clients).await?;
     fleet.stop(conn).await;
     let celery_rate = celery_drain(conn, &receiver, jobs).await?;
     println!("{:<52} {:>10}", "minimal pipeline drain (jobs/s)", format!("{:.0}", drains.minimal));
