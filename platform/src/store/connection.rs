@@ -2,7 +2,8 @@
 //! manager, or a Redis Cluster. The client library reconnects after an I/O error only; a reconnect
 //! that Redis refuses for another reason (a password mid-rotation, `-LOADING`, a cluster whose
 //! topology moved under it) would otherwise stay the process's connection for good. So a run of
-//! consecutive failures drops the connection and the next command builds a fresh one.
+//! consecutive failures drops the connection and the next command builds a fresh one. A script
+//! that fails on the data it read is not such a failure: Redis answered.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -20,6 +21,15 @@ const MIN_TIME_BETWEEN_STARTS: Duration = Duration::from_secs(1);
 /// Whether to drop the connection and build it again. Pure: the policy, unit-tested.
 pub(crate) fn start_over(consecutive_failures: u32, since_last_start: Duration) -> bool {
     consecutive_failures >= FAILURES_BEFORE_STARTING_OVER && since_last_start >= MIN_TIME_BETWEEN_STARTS
+}
+
+/// Whether `error` is a script's own failure on the data it read (a value it cannot parse): Redis
+/// ran the script and answered, so the connection works, and another connection would fail the
+/// same way. Such failures do not count towards starting over. Only a plain `ERR`: a command
+/// refused inside a script (`READONLY` on a demoted primary, `LOADING`) says where the connection
+/// is, and may need a new one.
+pub(crate) fn failed_in_a_script(error: &redis::RedisError) -> bool {
+    error.code() == Some("ERR") && error.detail().is_some_and(|detail| detail.contains("@user_script:"))
 }
 
 /// A Redis connection: one server (reconnecting manager) or a Redis Cluster.
@@ -122,6 +132,9 @@ impl Backend {
     }
 
     pub(crate) fn failed(&self, error: &redis::RedisError) {
+        if failed_in_a_script(error) {
+            return;
+        }
         let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last_start = self.last_start.lock().expect("start-over lock");
         if !start_over(failures, last_start.elapsed()) {
@@ -187,6 +200,29 @@ async fn again_if_forgotten<T: redis::FromRedisValue>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_script_that_fails_on_its_data_says_nothing_of_the_connection() {
+        let server = |detail: &str| {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                "An error was signalled by the server",
+                detail.to_string(),
+            ))
+        };
+        let decode = "user_script:21: Expected value but found invalid token at character 1 script: \
+            e9a95241dd1396523a93f79b6b29fdbba9e040ed, on @user_script:21.";
+        assert!(failed_in_a_script(&server(decode)));
+        let demoted = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "An error was signalled by the server",
+            "You can't write against a read only replica. script: e9a9, on @user_script:44.".to_string(),
+        ));
+        assert!(!failed_in_a_script(&demoted), "a demoted primary needs a new connection");
+        assert!(!failed_in_a_script(&server("Client sent AUTH, but no password is set")));
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!failed_in_a_script(&io));
+    }
 
     #[test]
     fn a_run_of_failures_starts_over_at_most_once_a_second() {

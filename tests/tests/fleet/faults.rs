@@ -176,6 +176,41 @@ async fn a_refused_reconnect_does_not_cut_the_fleet_off_redis_for_good() {
     assert_eq!(receiver.side_effects(&after), 1);
 }
 
+/// A claim the fleet cannot read (another program's `SET NX` of a bare word under the fleet's
+/// prefix, as the bench's minimal pipeline writes) makes the claim script fail on that execution
+/// alone. Redis answered, so however many such deliveries fail in a row, the worker keeps its
+/// connection: starting over would cut off every other job's commands in flight, and fix nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_fleet_cannot_read_does_not_cost_the_worker_its_redis_connection() {
+    let receiver = Receiver::echo(SECRET).await;
+    let options = FleetOptions { capture_logs: true, ..FleetOptions::default().workers(0) };
+    let mut fleet = spawn_fleet(options.env("FLEET_RETRY_DELAYS", "0.2,0.4")).await;
+    fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
+    let mut con = fleet.redis().await;
+    let mut unreadable = vec![];
+    for n in 0..6 {
+        let id = fleet.call_tool("echo", json!({"query": format!("q{n}")})).await;
+        let key = format!("{}idempotency:{id}", fleet.key_prefix);
+        let _: () = redis::cmd("SET").arg(key).arg("claimed").query_async(&mut con).await.unwrap();
+        unreadable.push(id);
+    }
+    fleet.spawn_worker().await;
+    // Each of them fails its claim, is parked for the first retry delay, and comes back: rounds
+    // of six failures in a row, for well over the second a start-over waits for.
+    wait_for("rounds of failed claims", Duration::from_secs(30), || async {
+        let m = fleet.worker_metrics(0).await;
+        (metric(&m, "fleet_redis_errors_total") >= 36.0).then_some(())
+    })
+    .await;
+    let logs = fleet.logs();
+    assert!(logs.contains("cannot claim"), "the failed claims are logged: {logs}");
+    assert!(!logs.contains("starting over with a new connection"), "the worker dropped its connection: {logs}");
+    // Nothing of theirs was sent; a readable job beside them runs.
+    assert!(unreadable.iter().all(|id| receiver.side_effects(id) == 0));
+    let fine = fleet.call_tool("echo", json!({"query": "fine"})).await;
+    fleet.wait_status(&fine, "succeeded", Duration::from_secs(20)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_warns_when_redis_may_evict_idempotency_keys() {
     let redis = RedisInstance::start(&["--maxmemory-policy", "allkeys-lru"]).await;
