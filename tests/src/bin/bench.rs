@@ -979,9 +979,10 @@ struct Drains {
     fleet: f64,
 }
 
-/// The three drains of `jobs` jobs each, enqueued through the fleet's API into its work queue
-/// beforehand: the minimal pipeline (single acks, then batched), then the fleet's `workers`
-/// started together. Returns the fleet, still running, for the phases after.
+/// The three drains of `jobs` jobs each, enqueued through a dispatcher's API into its work queue
+/// beforehand: the minimal pipeline (single acks, then batched), each on a fleet of its own
+/// (`Yardstick`), then the fleet's `workers` started together on the jobs its own enqueue
+/// measured. Returns the fleet, still running, for the phases after.
 async fn drains(
     conn: &Connection,
     receiver: &Receiver,
