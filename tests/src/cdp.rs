@@ -27,6 +27,32 @@ fn pipe() -> [i32; 2] {
     fds
 }
 
+/// Whether an error answered to `Runtime.evaluate` only means the page was between documents.
+fn between_documents(error: &Value) -> bool {
+    let message = error["message"].as_str().unwrap_or_default();
+    [
+        "Inspected target navigated or closed",
+        "Execution context was destroyed",
+        "Cannot find default execution context",
+        "Cannot find context with specified id",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
+/// Puts `fd` on `target` for the child to inherit. A `dup2` onto itself keeps `O_CLOEXEC` (in a
+/// process with few files open, pipe2 may hand out 3 or 4 itself), so the flag is cleared then.
+///
+/// # Safety
+/// Called between fork and exec: only async-signal-safe calls.
+unsafe fn inherit_as(fd: i32, target: i32) -> bool {
+    if fd == target {
+        libc::fcntl(fd, libc::F_SETFD, 0) == 0
+    } else {
+        libc::dup2(fd, target) >= 0
+    }
+}
+
 impl Chromium {
     /// Starts Chromium (window `width`×`height`) with one blank page attached.
     pub fn start(width: u32, height: u32) -> Chromium {
@@ -43,14 +69,14 @@ impl Chromium {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: only async-signal-safe dup2 calls between fork and exec; the copies on 3 and 4
-        // lose O_CLOEXEC, so Chromium inherits exactly those two.
+        // SAFETY: only async-signal-safe dup2 and fcntl calls between fork and exec.
         unsafe {
             command.pre_exec(move || {
-                if libc::dup2(child_reads, 3) < 0 || libc::dup2(child_writes, 4) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                if inherit_as(child_reads, 3) && inherit_as(child_writes, 4) {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
                 }
-                Ok(())
             });
         }
         let child = command.spawn().expect("chromium on PATH (scripts/ensure-chromium.sh installs it)");
@@ -80,6 +106,14 @@ impl Chromium {
 
     /// Sends one command (to the page once attached) and returns its result; panics on an error.
     pub fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.try_call(method, params) {
+            Ok(result) => result,
+            Err(error) => panic!("{method}: {error}"),
+        }
+    }
+
+    /// Sends one command (to the page once attached): its result, or the error Chromium answered.
+    pub fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({"id": id, "method": method, "params": params});
@@ -96,17 +130,32 @@ impl Chromium {
             raw.pop();
             let answer: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
             if answer["id"] == id {
-                assert!(answer["error"].is_null(), "{method}: {}", answer["error"]);
-                return answer["result"].clone();
+                return if answer["error"].is_null() {
+                    Ok(answer["result"].clone())
+                } else {
+                    Err(answer["error"].clone())
+                };
             }
         }
     }
 
     /// Evaluates `expression` in the page (awaiting a promise) and returns its value.
+    ///
+    /// A page between two documents (a navigation, a form's submission or a meta refresh under
+    /// way) answers "Inspected target navigated or closed" or has no context for a moment: the
+    /// expression is evaluated again in the next document, for up to 10 s.
     pub fn eval(&mut self, expression: &str) -> Value {
-        let r = self
-            .call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true, "awaitPromise": true}));
-        r["result"]["value"].clone()
+        let params = json!({"expression": expression, "returnByValue": true, "awaitPromise": true});
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.try_call("Runtime.evaluate", params.clone()) {
+                Ok(r) => return r["result"]["value"].clone(),
+                Err(e) if between_documents(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("Runtime.evaluate: {e}"),
+            }
+        }
     }
 
     /// Navigates and waits for the page to load.

@@ -5,6 +5,10 @@
 //! `<script>` render as text. With `FLEET_CONSOLE_SCREENSHOTS=<dir>` it also saves each page there
 //! (`docs/console/*.png` come from it).
 //!
+//! The browser helper's own promise is tested here too: reading a page that replaces itself
+//! (the redrive's progress refreshes every second) answers from one document or the next, never
+//! with an error.
+//!
 //! Needs `chromium` on PATH (`scripts/ensure-chromium.sh`, run by `make test`, installs it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +19,10 @@ use serde_json::json;
 
 use fleet_tests::cdp::Chromium;
 use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
+
+/// A page that reloads itself at once, counting its loads in the tab's session storage.
+const RELOADING: &str = "<!doctype html><html><head><meta http-equiv=\"refresh\" content=\"0\"></head>\
+    <body><script>sessionStorage.loads = Number(sessionStorage.loads || 0) + 1</script><b id=\"here\">here</b></body></html>";
 
 const SECRET: &str = "whsec_console_browser_1234";
 const XSS: &str = "<script>window.__xss = 1</script>";
@@ -224,4 +232,30 @@ async fn an_operator_finds_retries_and_redrives_dead_letters_in_a_real_browser()
     for id in bulk.iter().take(5) {
         fleet.wait_status(id, "succeeded", Duration::from_secs(30)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_page_that_keeps_replacing_itself_never_fails() {
+    let site = Receiver::start_verifying(Arc::new(|_, _| Ok(())), |_, _| Reply {
+        status: 200,
+        body: RELOADING.to_string(),
+        delay: Duration::ZERO,
+        headers: vec![("content-type".into(), "text/html".into())],
+    })
+    .await;
+    let url = site.url("/reloading");
+    let (loads, reads) = tokio::task::block_in_place(|| {
+        let mut b = Chromium::start(800, 600);
+        b.goto(&url);
+        let (mut loads, mut reads) = (0, 0);
+        // Each read lands before, during or after one of the page's replacements.
+        while loads < 60 {
+            let read = b.eval("[Number(sessionStorage.loads || 0), document.getElementById('here') !== null]");
+            loads = read[0].as_i64().expect("a number of loads");
+            reads += 1;
+        }
+        (loads, reads)
+    });
+    assert!(site.received().len() >= 60, "the page was served {} times", site.received().len());
+    assert!(reads >= loads, "{reads} reads over {loads} loads");
 }
