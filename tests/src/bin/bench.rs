@@ -2,9 +2,9 @@
 //! quorum queue type with persistence, publisher confirms and manual acks, plus memory, scaling and
 //! per-turn overhead. Prints one table: figure, value, target, ratio.
 //!
-//! The drain is measured three ways on the same jobs (each mode its own N, enqueued through the
-//! fleet's API into the fleet's work queue), each timed from the receiver's first callback to its
-//! last: the minimal pipeline (`minimal.rs`: the contract's minimum per job, single acks), the same
+//! The drain is measured three ways on the same jobs (each mode its own N, enqueued through a
+//! fleet's API into its work queue just before its drain), each timed from the receiver's first
+//! callback to its last: the minimal pipeline (`minimal.rs`: the contract's minimum per job, single acks), the same
 //! with batched acks, and the fleet's workers. The fleet is reported as a ratio to the minimal
 //! pipeline; the raw broker (consume + ack, single and batched) is the broker's ceiling.
 //!
@@ -982,7 +982,7 @@ struct Drains {
 /// The three drains of `jobs` jobs each, enqueued through a dispatcher's API into its work queue
 /// beforehand: the minimal pipeline (single acks, then batched), each on a fleet of its own
 /// (`Yardstick`), then the fleet's `workers` started together on the jobs its own enqueue
-/// measured. Returns the fleet, still running, for the phases after.
+/// measured, made after the yardstick's drains. Returns the fleet, still running, for the phases after.
 async fn drains(
     conn: &Connection,
     receiver: &Receiver,
@@ -997,12 +997,14 @@ async fn drains(
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut fleet = BenchFleet::start(&env).await?;
     fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
-    let account = CpuAccount::start(fleet.parts());
-    let enqueue = fleet.enqueue_many(0..jobs, clients).await?;
-    print_account("fleet enqueue", &account.per_job(jobs));
+    // The fleet's jobs are enqueued after the yardstick's drains, so that each drain runs with
+    // only its own jobs in the broker.
     let yardstick = Yardstick { conn, receiver, env: &env, jobs, workers, concurrency, clients };
     let minimal = yardstick.drain(false).await?;
     let minimal_batched = yardstick.drain(true).await?;
+    let account = CpuAccount::start(fleet.parts());
+    let enqueue = fleet.enqueue_many(0..jobs, clients).await?;
+    print_account("fleet enqueue", &account.per_job(jobs));
     let fleet_rate = fleet_drain(&mut fleet, receiver, jobs, workers).await?;
     Ok((fleet, Drains { enqueue, minimal, minimal_batched, fleet: fleet_rate }))
 }
