@@ -415,9 +415,9 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if std::env::var("FLEET_BENCH_TURNS_ONLY").is_ok_and(|v| v == "1") {
-        let (overheads, follow_ups) = turn_phase(&conn, turns).await?;
+        let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
         println!();
-        print_turns(overheads, follow_ups);
+        print_turns(overheads, follow_ups, &hops);
         return Ok(());
     }
 
@@ -499,7 +499,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // ---- 6. turns: the fleet's own time per turn, beside the model's; follow-ups ----
-    let (overheads, follow_ups) = turn_phase(&conn, turns).await?;
+    let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
 
     let _ = conn.close(200, "".into()).await;
     println!();
@@ -549,7 +549,7 @@ async fn main() -> anyhow::Result<()> {
         ">= 3.5×",
         format!("{:.2}×", rates[1] / rates[0]),
     );
-    print_turns(overheads, follow_ups);
+    print_turns(overheads, follow_ups, &hops);
 
     // ---- 7. a provider's quota shared by two tenants' turns ----
     println!();
@@ -595,8 +595,58 @@ struct TurnOverhead {
     after_model_by_stream: f64,
 }
 
-/// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`.
-fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
+/// What one hop of a turn's path costs on this machine now, timed alone just before the turns (ms,
+/// p50): a small Lua script's round trip to Redis (each of the fleet's writes is one) and a
+/// confirmed publish to a quorum queue (a turn's acceptance waits for one). A turn's overhead is a
+/// chain of such hops, so these bound it: they move with the machine as much as the turn does.
+struct HopFloor {
+    redis_trip: f64,
+    confirmed_publish: f64,
+    /// The same, each after a 1 ms pause: as on a turn's path, where each process has gone idle
+    /// by the time the chain comes back to it, and each hop pays for waking it.
+    redis_trip_after_pause: f64,
+    confirmed_publish_after_pause: f64,
+}
+
+/// Times `n` of each hop one after another, with nothing else running: back to back, then each
+/// after a 1 ms pause.
+async fn hop_floor(conn: &Connection, n: usize) -> anyhow::Result<HopFloor> {
+    let mut redis = redis::Client::open(redis_url())?.get_multiplexed_async_connection().await?;
+    let script = redis::Script::new("redis.call('SET', KEYS[1], ARGV[1], 'EX', 60) return 1");
+    let key = format!("bench-hop-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let channel = conn.create_channel().await?;
+    let queue = declare_quorum_queue(&channel, "bench-hop").await?;
+    channel.confirm_select(Default::default()).await?;
+    let mut times: [Vec<f64>; 4] = Default::default();
+    for (i, pause) in (0..2 * n).map(|i| (i, i >= n)) {
+        if pause {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sent = Instant::now();
+        let _: i64 = script.key(&key).arg(i).invoke_async(&mut redis).await?;
+        times[usize::from(pause)].push(sent.elapsed().as_secs_f64() * 1000.0);
+        if pause {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sent = Instant::now();
+        let properties = BasicProperties::default().with_delivery_mode(2);
+        let options = BasicPublishOptions::default();
+        channel.basic_publish("".into(), queue.as_str().into(), options, &[b'x'; 400], properties).await?.await?;
+        times[2 + usize::from(pause)].push(sent.elapsed().as_secs_f64() * 1000.0);
+    }
+    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
+    let [trips, trips_after_pause, confirms, confirms_after_pause] = times.map(median);
+    Ok(HopFloor {
+        redis_trip: trips,
+        confirmed_publish: confirms,
+        redis_trip_after_pause: trips_after_pause,
+        confirmed_publish_after_pause: confirms_after_pause,
+    })
+}
+
+/// The turn figures: the fleet's overhead per turn and a follow-up's start after `done`, beside
+/// what one hop costs.
+fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>, hops: &HopFloor) {
     let part = |f: fn(&TurnOverhead) -> f64| format!("{:.1}", median(overheads.iter().map(f).collect()));
     // `done` is written after the record says `succeeded`: ended by it, the overhead has no poll's
     // wait in it (a 1 ms sleep, rounded up to the timer's next tick, and a GET between looks).
@@ -611,6 +661,20 @@ fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
         "".into(),
     );
     row("turn: of which answer → `done` streamed, median (ms)", part(|o| o.after_model_by_stream), "", "".into());
+    row("turn: one Redis script round trip alone, p50 (ms)", format!("{:.2}", hops.redis_trip), "", "".into());
+    row("turn: one confirmed publish alone, p50 (ms)", format!("{:.2}", hops.confirmed_publish), "", "".into());
+    row(
+        "turn: one Redis script round trip after a 1 ms pause, p50 (ms)",
+        format!("{:.2}", hops.redis_trip_after_pause),
+        "",
+        "".into(),
+    );
+    row(
+        "turn: one confirmed publish after a 1 ms pause, p50 (ms)",
+        format!("{:.2}", hops.confirmed_publish_after_pause),
+        "",
+        "".into(),
+    );
     follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
     row("turn: follow-up's first event after done, median (ms)", format!("{p50:.1}"), "<= 100 ms", "".into());
@@ -621,7 +685,8 @@ fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>) {
 /// turn: the time to `succeeded` less the model's); then `turns / 10` pairs of turns in one session,
 /// the second posted while the first runs (how long after the first's `done` the second's first
 /// event comes).
-async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<TurnOverhead>, Vec<f64>)> {
+async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<TurnOverhead>, Vec<f64>, HopFloor)> {
+    let hops = hop_floor(conn, 300).await?;
     let llm =
         MockLlm::start(|_, _| LlmReply::Text { tokens: vec!["Hi".into(), " there".into()], delay: Duration::ZERO })
             .await;
@@ -674,7 +739,7 @@ async fn turn_phase(conn: &Connection, turns: usize) -> anyhow::Result<(Vec<Turn
     }
     fleet.stop(conn).await;
     let follow_ups = follow_ups((turns / 10).max(5), conn).await?;
-    Ok((overheads, follow_ups))
+    Ok((overheads, follow_ups, hops))
 }
 
 /// `pairs` sessions, each given two turns at once (the second a follow-up queued behind the
