@@ -661,20 +661,15 @@ fn print_turns(overheads: Vec<TurnOverhead>, mut follow_ups: Vec<f64>, hops: &Ho
         "".into(),
     );
     row("turn: of which answer → `done` streamed, median (ms)", part(|o| o.after_model_by_stream), "", "".into());
-    row("turn: one Redis script round trip alone, p50 (ms)", format!("{:.2}", hops.redis_trip), "", "".into());
-    row("turn: one confirmed publish alone, p50 (ms)", format!("{:.2}", hops.confirmed_publish), "", "".into());
-    row(
-        "turn: one Redis script round trip after a 1 ms pause, p50 (ms)",
-        format!("{:.2}", hops.redis_trip_after_pause),
-        "",
-        "".into(),
-    );
-    row(
-        "turn: one confirmed publish after a 1 ms pause, p50 (ms)",
-        format!("{:.2}", hops.confirmed_publish_after_pause),
-        "",
-        "".into(),
-    );
+    let each_hop = [
+        ("one Redis script round trip alone", hops.redis_trip),
+        ("one confirmed publish alone", hops.confirmed_publish),
+        ("one Redis script round trip after a 1 ms pause", hops.redis_trip_after_pause),
+        ("one confirmed publish after a 1 ms pause", hops.confirmed_publish_after_pause),
+    ];
+    for (hop, ms) in each_hop {
+        row(&format!("turn: {hop}, p50 (ms)"), format!("{ms:.2}"), "", "".into());
+    }
     follow_ups.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (p50, p99) = (percentile(&follow_ups, 0.5), percentile(&follow_ups, 0.99));
     row("turn: follow-up's first event after done, median (ms)", format!("{p50:.1}"), "<= 100 ms", "".into());
