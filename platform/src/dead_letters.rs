@@ -29,6 +29,9 @@ pub const STORED_HEADER: &str = "x-fleet-dead-letter-stored";
 /// Index entries read per page while a bulk operation scans.
 const SCAN_PAGE: usize = 500;
 
+/// Dead letters a purge deletes at once.
+const PURGE_AT_ONCE: usize = 16;
+
 /// How long one operation may hold a dead letter's lock (a crashed holder frees it by expiry).
 const LOCK_TTL: Duration = Duration::from_secs(30);
 
@@ -178,6 +181,8 @@ fn replayable(record: &DeadLetterRecord) -> Option<Envelope> {
 /// Applies `action` to every dead letter matching `filter` (at most `limit`, no faster than
 /// `per_second`): by id when the filter names ids, else by one newest-first pass over the index.
 /// Dead letters added during the pass are newer than where it started and are left alone.
+/// Deletes run `PURGE_AT_ONCE` at a time (each is four round trips, and a purge of thousands
+/// would otherwise outlast its caller's timeout); retries run one by one, at their pace.
 pub async fn apply(
     store: &Store,
     redrive: Option<&Redrive<'_>>,
@@ -187,6 +192,10 @@ pub async fn apply(
     per_second: Option<f64>,
 ) -> Result<SweepReport, SweepError> {
     let pause = per_second.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
+    let at_once = match action {
+        Action::Retry => 1,
+        Action::Delete => PURGE_AT_ONCE,
+    };
     let mut report = SweepReport::default();
     let mut cursor: Option<ListCursor> = None;
     loop {
@@ -194,27 +203,45 @@ pub async fn apply(
         if page.is_empty() {
             return Ok(report);
         }
-        for (id, record) in page {
-            if limit.is_some_and(|l| report.done >= l) {
+        let mut page = page.into_iter().peekable();
+        while page.peek().is_some() {
+            // Never more at once than the limit leaves, so `done` cannot pass it.
+            let room = limit.map_or(at_once, |l| at_once.min(l.saturating_sub(report.done) as usize));
+            if room == 0 {
                 return Ok(report);
             }
-            report.scanned += 1;
-            if !record.as_ref().is_some_and(|r| filter.matches(r)) {
-                continue;
+            let mut batch = Vec::with_capacity(room);
+            for (id, record) in page.by_ref() {
+                report.scanned += 1;
+                if record.as_ref().is_some_and(|r| filter.matches(r)) {
+                    report.matched += 1;
+                    batch.push(id);
+                    if batch.len() == room {
+                        break;
+                    }
+                }
             }
-            report.matched += 1;
-            match act_on(store, redrive, &id, action).await? {
-                Outcome::Done => report.done += 1,
-                Outcome::NotReplayable => report.not_replayable += 1,
-                Outcome::Superseded(_) => report.superseded += 1,
-                Outcome::NotFound | Outcome::Busy => {}
+            let outcomes = futures::future::join_all(batch.iter().map(|id| act_on(store, redrive, id, action))).await;
+            for outcome in outcomes {
+                report.count(outcome?);
             }
-            if let (Some(p), Action::Retry) = (pause, action) {
+            if let (Some(p), Action::Retry, false) = (pause, action, batch.is_empty()) {
                 tokio::time::sleep(p).await;
             }
         }
         if !filter.execution_ids.is_empty() {
             return Ok(report);
+        }
+    }
+}
+
+impl SweepReport {
+    fn count(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Done => self.done += 1,
+            Outcome::NotReplayable => self.not_replayable += 1,
+            Outcome::Superseded(_) => self.superseded += 1,
+            Outcome::NotFound | Outcome::Busy => {}
         }
     }
 }

@@ -401,8 +401,13 @@ async fn any_of_two_thousand_dead_letters_can_be_found_retried_and_purged() {
     let (status, body) = fleet.post("/v1/dead-letters/purge", &json!({"reason": "poison"})).await;
     p.check(status == 200 && body["data"]["done"] == 2, format!("purge poison: {status} {body}"));
 
+    // A purge with a limit deletes that many and no more (deletes go several at a time).
+    const LIMIT: usize = 37;
+    let (status, body) = fleet.post("/v1/dead-letters/purge", &json!({"tool_name": "perm", "limit": LIMIT})).await;
+    p.check(status == 200 && body["data"]["done"] == LIMIT, format!("purge with a limit: {status} {body}"));
+
     // Two concurrent bulk purges over the two halves of the time range cover every one left.
-    let left = N - 5;
+    let left = N - 5 - LIMIT;
     let mid = listed[N / 4]["dead_lettered_at"].as_str().unwrap().to_string();
     let (until, since) = (json!({"tool_name": "perm", "until": mid}), json!({"tool_name": "perm", "since": mid}));
     let purging = std::time::Instant::now();
