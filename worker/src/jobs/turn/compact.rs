@@ -41,7 +41,7 @@ async fn summarise(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Ou
         Some(plan) => {
             let prompt = asked.prompt.as_deref().unwrap_or(compaction::DEFAULT_PROMPT);
             state.conversation = vec![Message::text("system", prompt), Message::text("user", &plan.transcript)];
-            let reserved = model::reserve(step, state, Purpose::Summary).await?;
+            let reserved = model::reserve(step, state, Purpose::Summary, None).await?;
             let (completion, attempt) = model::call(step, state, Purpose::Summary, reserved).await?;
             record = Some(attempt);
             let report = Report {

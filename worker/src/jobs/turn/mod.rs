@@ -103,7 +103,9 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
     if cancel_requested {
         return Ok(finish::cancel(&step, &state).await);
     }
-    let opened = session::take(&step, &state).await?;
+    // A provider without a budget is asked for its pause meanwhile: that only reads.
+    let (opened, ahead) = tokio::join!(session::take(&step, &state), budget::ask_ahead(&step, &state));
+    let opened = opened?;
     if state.round >= cx.config.max_rounds {
         let error = format!("the turn took more than {} model rounds", cx.config.max_rounds);
         let dead = DeadLetter {
@@ -117,16 +119,21 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
     }
     budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
     let slot = budget::take_turn_slot(&step, &state).await?;
-    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state, opened)).await
+    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state, opened, ahead)).await
 }
 
 /// The step's model call (a compaction's or the turn's) and what follows from its answer.
-async fn model_step(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> Result<Outcome, Outcome> {
+async fn model_step(
+    step: &Step<'_>,
+    state: &mut TurnState,
+    opened: Opened,
+    ahead: Option<budget::Ahead>,
+) -> Result<Outcome, Outcome> {
     if state.compaction.is_some() {
         return Ok(compact::compact(step, state).await);
     }
     let taken = gather::collect(step, state, opened).await?;
-    let reserved = model::reserve(step, state, model::Purpose::Answer).await?;
+    let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     gather::begin(step, state, taken).await?;
     let (completion, record) = model::call(step, state, model::Purpose::Answer, reserved).await?;
     Ok(if completion.tool_calls.is_empty() {

@@ -35,19 +35,25 @@ pub(super) enum Purpose {
 }
 
 /// The provider, model and answer bound a call of the turn uses.
-fn target(cx: &Cx<'_>, state: &TurnState) -> (String, String, u32) {
+pub(super) fn target(cx: &Cx<'_>, state: &TurnState) -> (String, String, u32) {
     let config = &state.assistant.model_config;
     let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
     let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
     (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
 }
 
-/// Takes the call's estimate from its provider's budget, or parks the step until its slot.
-pub(super) async fn reserve(step: &Step<'_>, state: &TurnState, purpose: Purpose) -> Result<Reserved, Outcome> {
+/// Takes the call's estimate from its provider's budget, or parks the step until its slot;
+/// `ahead` is the provider's answer when it was asked beside the session's take.
+pub(super) async fn reserve(
+    step: &Step<'_>,
+    state: &TurnState,
+    purpose: Purpose,
+    ahead: Option<budget::Ahead>,
+) -> Result<Reserved, Outcome> {
     let (provider, model, max_tokens) = target(&step.cx, state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
-    budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens)).await
+    budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
 }
 
 /// The model call, its tokens streamed under the call's message id. `Ok` carries the attempt for
