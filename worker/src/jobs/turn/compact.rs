@@ -42,7 +42,10 @@ async fn summarise(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Ou
             let prompt = asked.prompt.as_deref().unwrap_or(compaction::DEFAULT_PROMPT);
             state.conversation = vec![Message::text("system", prompt), Message::text("user", &plan.transcript)];
             let reserved = model::reserve(step, state, Purpose::Summary, None).await?;
-            let (completion, attempt) = model::call(step, state, Purpose::Summary, reserved).await?;
+            // Nothing of a summary streams, and its state is saved after it.
+            let ready = std::future::ready(true);
+            let (completion, attempt) = model::call(step, state, Purpose::Summary, reserved, ready).await?;
+            model::add_usage(state, &completion);
             record = Some(attempt);
             let report = Report {
                 turns_compacted: plan.turns,

@@ -1,7 +1,8 @@
 //! What a step's model call sees besides the turn's own conversation: the session's history (first
 //! step, read under the session's lock), the previous round's tool results, and steers; then the
 //! model call begins: its message id, and the state saved under the claim before anything streams,
-//! so a retried or re-run call sees the same conversation and a steer is taken exactly once.
+//! so a retried or re-run call sees the same conversation and a steer is taken exactly once (the
+//! request itself goes out beside that save; its tokens wait for it).
 
 use std::collections::BTreeSet;
 
@@ -43,11 +44,17 @@ pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Open
     Ok(take_steers(state, &opened.steers))
 }
 
-/// Begins the model call: its message id, and the state saved under the claim before anything
-/// streams; the steers taken leave the session's list once that is saved.
-pub(super) async fn begin(step: &Step<'_>, state: &mut TurnState, taken: Vec<String>) -> Result<(), Outcome> {
+/// Saves the begun call's state (`prepare`) under the claim: nothing of the call streams before
+/// this returns. Then the call this attempt abandoned is announced, the steers taken leave the
+/// session's list, and the steers the state holds are answered. Answers the steers still
+/// unanswered, for the state's next save.
+pub(super) async fn begin(
+    step: &Step<'_>,
+    state: &TurnState,
+    taken: Vec<String>,
+    abandoned: Option<String>,
+) -> Result<Vec<String>, Outcome> {
     let cx = &step.cx;
-    let abandoned = begin_model_call(step, state);
     let begun = Transition::new(ClaimAfter::Keep)
         .status(ExecutionStatus::Running)
         .turn(state)
@@ -64,13 +71,13 @@ pub(super) async fn begin(step: &Step<'_>, state: &mut TurnState, taken: Vec<Str
             tracing::debug!(error = %e, "taken steers stay listed; the turn skips them next time");
         }
     }
-    answer_steers(step, state).await;
-    Ok(())
+    Ok(answer_steers(step, &state.steers_unanswered).await)
 }
 
-/// The model call's own message id (each call streams under its own), and the call of this same
-/// attempt that began before and never finished (its worker was lost), if any: it is announced.
-fn begin_model_call(step: &Step<'_>, state: &mut TurnState) -> Option<String> {
+/// The model call's own message id (each call streams under its own), set in memory before its
+/// state is saved; answers the call of this same attempt that began before and never finished
+/// (its worker was lost), if any: `begin` announces it.
+pub(super) fn prepare(step: &Step<'_>, state: &mut TurnState) -> Option<String> {
     let abandoned = state.streaming.take().filter(|s| s.attempt == step.envelope.attempt).map(|s| s.message_id);
     state.message_id = turn::model_call_message_id(step.turn_id(), state.model_calls);
     state.model_calls += 1;
@@ -97,15 +104,15 @@ fn take_steers(state: &mut TurnState, raw: &[String]) -> Vec<String> {
     from.into_iter().collect()
 }
 
-/// A steer is answered by the turn it joined: its own execution succeeds, pointing here. The
-/// answered ones leave the state with its next save.
-async fn answer_steers(step: &Step<'_>, state: &mut TurnState) {
+/// A steer is answered by the turn it joined: its own execution succeeds, pointing here. Answers
+/// those not answered (they stay in the state); the answered ones leave it with its next save.
+async fn answer_steers(step: &Step<'_>, waiting: &[String]) -> Vec<String> {
     let result = json!({"steered": true, "steered_into": step.turn_id()});
     let mut unanswered = Vec::new();
-    for from in std::mem::take(&mut state.steers_unanswered) {
-        if step.cx.store.answer_steer(&from, &result).await.is_err() {
-            unanswered.push(from);
+    for from in waiting {
+        if step.cx.store.answer_steer(from, &result).await.is_err() {
+            unanswered.push(from.clone());
         }
     }
-    state.steers_unanswered = unanswered;
+    unanswered
 }

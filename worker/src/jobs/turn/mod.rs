@@ -12,6 +12,9 @@ mod gather;
 mod model;
 mod session;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, Fence, Opened, Transition};
 use fleet_protocol::deadletter::DeadLetterReason;
@@ -134,13 +137,44 @@ async fn model_step(
     }
     let taken = gather::collect(step, state, opened).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
-    gather::begin(step, state, taken).await?;
-    let (completion, record) = model::call(step, state, model::Purpose::Answer, reserved).await?;
+    let abandoned = gather::prepare(step, state);
+    // The request goes out while the call's state is saved; its tokens wait for the save, and a
+    // save that fails drops the call.
+    let (unanswered, called) = {
+        let (saved, gate) = tokio::sync::oneshot::channel::<()>();
+        let gate = async { gate.await.is_ok() };
+        let mut call = std::pin::pin!(model::call(step, state, model::Purpose::Answer, reserved, gate));
+        let (begun, early) = beside(gather::begin(step, state, taken, abandoned), call.as_mut()).await;
+        let unanswered = begun?;
+        let _ = saved.send(());
+        let called = match early {
+            Some(called) => called,
+            None => call.await,
+        };
+        (unanswered, called)
+    };
+    state.steers_unanswered = unanswered;
+    let (completion, record) = called?;
+    model::add_usage(state, &completion);
     Ok(if completion.tool_calls.is_empty() {
         finish::finish(step, state, completion, record).await
     } else {
         fanout::fan_out(step, state, completion, record).await
     })
+}
+
+/// Runs `first` to its end while `second` makes progress beside it (`first` is polled first);
+/// `second`'s output too if it ended before.
+async fn beside<A: Future, B: Future>(first: A, mut second: Pin<&mut B>) -> (A::Output, Option<B::Output>) {
+    let mut first = std::pin::pin!(first);
+    let mut early = None;
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut first => return (out, early),
+            out = second.as_mut(), if early.is_none() => early = Some(out),
+        }
+    }
 }
 
 /// The turn's state when its claim did not read it (one saved where states were kept before, or
@@ -214,4 +248,58 @@ pub(super) async fn announce_retry(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJ
     let Ok(Some(state)) = cx.store.load_turn(&envelope.execution_id).await else { return };
     let event = turn::retry_event(&state.message_id, envelope.attempt, "llm_retry", error);
     emit(cx, &job.session_id, event).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::time::Duration;
+
+    use super::beside;
+
+    /// The model call makes progress while its state is saved (its request goes out), and is
+    /// left to its caller, not finished, when the save ends first.
+    #[tokio::test(start_paused = true)]
+    async fn the_second_runs_beside_the_first_and_is_left_unfinished() {
+        let progressed = std::cell::Cell::new(false);
+        let mut second = pin!(async {
+            progressed.set(true);
+            std::future::pending::<()>().await;
+        });
+        let first = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            "saved"
+        };
+        let (out, early) = beside(first, second.as_mut()).await;
+        assert_eq!(out, "saved");
+        assert!(early.is_none(), "the second had not ended");
+        assert!(progressed.get(), "the second was polled while the first ran");
+    }
+
+    /// A call that ends before its state is saved (a lease lost) is kept for its caller, and the
+    /// save still runs to its end.
+    #[tokio::test(start_paused = true)]
+    async fn the_second_ending_first_is_kept_and_the_first_still_ends() {
+        let mut second = pin!(async { 7 });
+        let first = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            "saved"
+        };
+        assert_eq!(beside(first, second.as_mut()).await, ("saved", Some(7)));
+    }
+
+    /// The first is polled first: its write is queued before the second's request.
+    #[tokio::test]
+    async fn the_first_is_polled_first() {
+        let order = std::sync::Mutex::new(Vec::new());
+        let mut second = pin!(async {
+            order.lock().unwrap().push("second");
+        });
+        let first = async {
+            order.lock().unwrap().push("first");
+            tokio::task::yield_now().await;
+        };
+        let _ = beside(first, second.as_mut()).await;
+        assert_eq!(*order.lock().unwrap(), ["first", "second"]);
+    }
 }

@@ -56,13 +56,15 @@ pub(super) async fn reserve(
     budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
 }
 
-/// The model call, its tokens streamed under the call's message id. `Ok` carries the attempt for
-/// the history, written with the step's next transition.
+/// The model call, its tokens streamed under the call's message id once `gate` answers `true` (the
+/// call's state is saved; `false`: nothing streams). `Ok` carries the attempt for the history,
+/// written with the step's next transition; `add_usage` puts its tokens in the state.
 pub(super) async fn call(
     step: &Step<'_>,
-    state: &mut TurnState,
+    state: &TurnState,
     purpose: Purpose,
     reserved: Reserved,
+    gate: impl std::future::Future<Output = bool>,
 ) -> Result<(Completion, AttemptRecord), Outcome> {
     let cx = &step.cx;
     let config = &state.assistant.model_config;
@@ -85,6 +87,11 @@ pub(super) async fn call(
     // Tokens are handed to a writer that runs beside the call: the call never waits for Redis per
     // token, and a run of tokens that arrived during one write goes out as the next.
     let (tokens, writer) = batched(cx, &session);
+    let writer = async {
+        if gate.await {
+            writer.await;
+        }
+    };
     let (counter, message_id) = (&index, &message_id);
     let on_token = move |token: String| {
         let n = counter.fetch_add(1, Ordering::Relaxed);
@@ -128,9 +135,6 @@ pub(super) async fn call(
             return Err(Outcome::Failed(Failure { record, error, retry_after, permanent, held, started_ms }));
         }
     };
-    let (prompt, completed) = (completion.prompt_tokens.unwrap_or(0), completion.completion_tokens.unwrap_or(0));
-    state.usage.prompt_tokens += prompt;
-    state.usage.completion_tokens += completed;
     let tenant = fleet_protocol::tenant::metric_label(&cx.config.metric_tenants, state.tenant.as_deref());
     for (kind, n) in [("prompt", completion.prompt_tokens), ("completion", completion.completion_tokens)] {
         if let Some(n) = n {
@@ -140,6 +144,12 @@ pub(super) async fn call(
     }
     record.outcome = AttemptOutcome::Success;
     Ok((completion, record))
+}
+
+/// Adds a call's tokens to the turn's usage.
+pub(super) fn add_usage(state: &mut TurnState, completion: &Completion) {
+    state.usage.prompt_tokens += completion.prompt_tokens.unwrap_or(0);
+    state.usage.completion_tokens += completion.completion_tokens.unwrap_or(0);
 }
 
 /// Whose usage a call of the turn is: its tenant's, assistant's and session's (none without a
