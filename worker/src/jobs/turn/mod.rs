@@ -138,21 +138,10 @@ async fn model_step(
     let taken = gather::collect(step, state, opened).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     let abandoned = gather::prepare(step, state);
-    // The request goes out while the call's state is saved; its tokens wait for the save, and a
-    // save that fails drops the call.
-    let (unanswered, called) = {
-        let (saved, gate) = tokio::sync::oneshot::channel::<()>();
-        let gate = async { gate.await.is_ok() };
-        let mut call = std::pin::pin!(model::call(step, state, model::Purpose::Answer, reserved, gate));
-        let (begun, early) = beside(gather::begin(step, state, taken, abandoned), call.as_mut()).await;
-        let unanswered = begun?;
-        let _ = saved.send(());
-        let called = match early {
-            Some(called) => called,
-            None => call.await,
-        };
-        (unanswered, called)
-    };
+    let (unanswered, called) = call_beside_save(gather::begin(step, state, taken, abandoned), |gate| {
+        model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
+    })
+    .await?;
     state.steers_unanswered = unanswered;
     let (completion, record) = called?;
     model::add_usage(state, &completion);
@@ -161,6 +150,26 @@ async fn model_step(
     } else {
         fanout::fan_out(step, state, completion, record).await
     })
+}
+
+/// Runs a model call (`call`, given its gate) beside the save of the state it needs (`save`): the
+/// request goes out at once, the gate opens only once the save has succeeded (nothing of the call
+/// streams before), and a save that fails drops the call, cancelling its request. The call is
+/// boxed: the save's future sits beside it in the step's.
+async fn call_beside_save<T, E, C: Future>(
+    save: impl Future<Output = Result<T, E>>,
+    call: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> C,
+) -> Result<(T, C::Output), E> {
+    let (saved, gate) = tokio::sync::oneshot::channel();
+    let mut call = Box::pin(call(gate));
+    let (save_result, early) = beside(save, call.as_mut()).await;
+    let kept = save_result?;
+    let _ = saved.send(());
+    let called = match early {
+        Some(called) => called,
+        None => call.await,
+    };
+    Ok((kept, called))
 }
 
 /// Runs `first` to its end while `second` makes progress beside it (`first` is polled first);
@@ -252,40 +261,69 @@ pub(super) async fn announce_retry(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJ
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
     use std::pin::pin;
     use std::time::Duration;
 
-    use super::beside;
+    use super::{beside, call_beside_save};
 
-    /// The model call makes progress while its state is saved (its request goes out), and is
-    /// left to its caller, not finished, when the save ends first.
-    #[tokio::test(start_paused = true)]
-    async fn the_second_runs_beside_the_first_and_is_left_unfinished() {
-        let progressed = std::cell::Cell::new(false);
-        let mut second = pin!(async {
-            progressed.set(true);
-            std::future::pending::<()>().await;
-        });
-        let first = async {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            "saved"
-        };
-        let (out, early) = beside(first, second.as_mut()).await;
-        assert_eq!(out, "saved");
-        assert!(early.is_none(), "the second had not ended");
-        assert!(progressed.get(), "the second was polled while the first ran");
+    /// Sets its flag when dropped.
+    struct SetOnDrop<'a>(&'a Cell<bool>);
+
+    impl Drop for SetOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
     }
 
-    /// A call that ends before its state is saved (a lease lost) is kept for its caller, and the
-    /// save still runs to its end.
-    #[tokio::test(start_paused = true)]
-    async fn the_second_ending_first_is_kept_and_the_first_still_ends() {
-        let mut second = pin!(async { 7 });
-        let first = async {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            "saved"
+    /// A save that fails drops the call before its gate opens: nothing of it streams, and its
+    /// request is cancelled.
+    #[tokio::test]
+    async fn a_failed_save_drops_the_call_before_its_gate_opens() {
+        let (dropped, passed_gate) = (Cell::new(false), Cell::new(false));
+        let save = async {
+            tokio::task::yield_now().await;
+            Err::<(), _>("fenced")
         };
-        assert_eq!(beside(first, second.as_mut()).await, ("saved", Some(7)));
+        let out = call_beside_save(save, |gate| async {
+            let _guard = SetOnDrop(&dropped);
+            if gate.await.is_ok() {
+                passed_gate.set(true);
+            }
+        })
+        .await;
+        assert_eq!(out, Err("fenced"));
+        assert!(dropped.get(), "the call was dropped");
+        assert!(!passed_gate.get(), "the call never passed its gate");
+    }
+
+    /// The call starts while its state is still being saved, and passes its gate only once the
+    /// save has ended.
+    #[tokio::test(start_paused = true)]
+    async fn the_call_starts_before_the_save_ends_and_streams_after_it() {
+        let saved = Cell::new(false);
+        let save = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            saved.set(true);
+            Ok::<_, ()>("saved")
+        };
+        let out = call_beside_save(save, |gate| async {
+            let started_before = !saved.get();
+            let open = gate.await.is_ok();
+            (started_before, open, saved.get())
+        })
+        .await;
+        assert_eq!(out, Ok(("saved", (true, true, true))), "started before, gate open, and only after the save");
+    }
+
+    /// A call that ends before its save (its lease lost) is kept for the step, once the save ended.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_ending_before_the_save_is_kept() {
+        let save = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok::<_, ()>("saved")
+        };
+        assert_eq!(call_beside_save(save, |_gate| async { 7 }).await, Ok(("saved", 7)));
     }
 
     /// The first is polled first: its write is queued before the second's request.
