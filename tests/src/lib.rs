@@ -104,15 +104,26 @@ pub async fn console_login(http: &reqwest::Client, api: &str, token: &str, tls: 
 /// be taken by any outgoing connection before the process binds it, and the suite makes thousands
 /// (a dispatcher then failed with "Address already in use", and a test talked to whatever had
 /// the port).
+///
+/// A port is never drawn twice in one test process: two servers a test starts together (a
+/// cluster's nodes and their bus ports) would otherwise, rarely, be given the same one.
 pub fn free_port() -> u16 {
+    static DRAWN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let low = ephemeral_ports_start();
     let floor = 10_000;
-    if low <= floor + 1_000 {
-        return std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    }
     loop {
-        let port = floor + (uuid::Uuid::new_v4().as_u128() % u128::from(low - floor)) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let port = if low <= floor + 1_000 {
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        } else {
+            let port = floor + (uuid::Uuid::new_v4().as_u128() % u128::from(low - floor)) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue;
+            }
+            port
+        };
+        let mut drawn = DRAWN.lock().unwrap();
+        if !drawn.contains(&port) {
+            drawn.push(port);
             return port;
         }
     }

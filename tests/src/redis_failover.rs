@@ -44,6 +44,45 @@ pub fn parse_cluster_nodes(text: &str) -> Vec<ClusterNode> {
         .collect()
 }
 
+/// Starts one cluster node in `dir` and waits until it answers. A node that cannot bind its
+/// ports (taken since they were drawn: another process, or a port drawn twice) exits at once; it
+/// is started again on new ones, a few times, and its log is shown if it never answers.
+async fn start_node(dir: &std::path::Path, node_timeout: Duration) -> (u16, Child) {
+    let log = dir.join("redis.log");
+    for _ in 0..3 {
+        let port = free_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--cluster-enabled", "yes", "--cluster-port", &free_port().to_string()])
+            .args(["--cluster-node-timeout", &node_timeout.as_millis().to_string()])
+            .args(["--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(&log)
+            // Named so a sweep after a killed run can end exactly these processes.
+            .arg("--pidfile")
+            .arg(dir.join("redis.pid"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while std::time::Instant::now() < deadline {
+            if query::<String>(port, &redis::cmd("PING")).await.as_deref() == Some("PONG") {
+                return (port, child);
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    panic!("a failover-cluster node did not start in three tries; its log:\n{log}");
+}
+
 impl ReplicatedRedisCluster {
     /// Starts six nodes with `node_timeout` (how long a master may be silent before its replica
     /// takes over), creates the cluster and waits until it is `ok` with every replica in sync.
@@ -53,28 +92,9 @@ impl ReplicatedRedisCluster {
         for n in 0..6 {
             let node_dir = cluster.dir.join(format!("node{n}"));
             std::fs::create_dir_all(&node_dir).unwrap();
-            let port = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes", "--cluster-port", &free_port().to_string()])
-                .args(["--cluster-node-timeout", &node_timeout.as_millis().to_string()])
-                .args(["--maxmemory-policy", "noeviction"])
-                .arg("--dir")
-                .arg(&node_dir)
-                // Named so a sweep after a killed run can end exactly these processes.
-                .arg("--pidfile")
-                .arg(node_dir.join("redis.pid"))
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("redis-server on PATH");
+            let (port, child) = start_node(&node_dir, node_timeout).await;
             cluster.ports.push(port);
             cluster.children.push(Some(child));
-        }
-        for port in cluster.ports.clone() {
-            wait_for("a failover-cluster node", Duration::from_secs(15), || async move {
-                (query::<String>(port, &redis::cmd("PING")).await? == "PONG").then_some(())
-            })
-            .await;
         }
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);
