@@ -29,14 +29,15 @@ pub(crate) struct Listener {
 }
 
 /// The size of a catch-up page: events are up to 1 MiB each, so a page is sized by the bytes the
-/// last one held, between 1 and 100 events.
+/// last one held, between 1 and 100 events. The first is small because its events' size is not
+/// known yet: a page of 1 MiB events is held whole while its client does not read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
     count: usize,
 }
 
 impl Page {
-    const FIRST: Page = Page { count: 16 };
+    const FIRST: Page = Page { count: 4 };
     const MAX_COUNT: usize = 100;
     /// What one page aims to hold.
     const TARGET_BYTES: usize = 1 << 20;
@@ -177,11 +178,12 @@ mod tests {
     #[test]
     fn catch_up_pages_follow_the_bytes_they_hold() {
         let page = Page::FIRST;
-        assert_eq!(page.next(16, 16 * 300).count, 32, "small events: bigger pages");
-        assert_eq!(page.next(16, 16 << 20).count, 8, "1 MiB events: smaller pages");
+        assert_eq!(page.next(4, 4 * 300).count, 8, "small events: bigger pages");
+        assert_eq!(page.next(4, 4 << 20).count, 2, "1 MiB events: smaller pages");
         assert_eq!(Page { count: 1 }.next(1, 1 << 20).count, 1, "never below one");
-        assert_eq!(Page { count: 100 }.next(100, 100).count, 100, "never above a hundred");
-        assert_eq!(page.next(3, 900).count, 16, "a short page ends the catch-up anyway");
+        assert_eq!(Page { count: 64 }.next(64, 64 * 300).count, 100, "never above a hundred");
+        assert_eq!(Page { count: 100 }.next(100, 100).count, 100);
+        assert_eq!(page.next(3, 900).count, 4, "a short page ends the catch-up anyway");
     }
 
     #[test]

@@ -603,7 +603,9 @@ async fn an_endless_error_body_from_the_model_is_cut_at_its_bound() {
 
 /// Defect 13, the stream backlog: `since=start` loaded the whole retained stream (up to 1,000 events
 /// of up to 1 MiB) into memory for every connection. A backlog is sent in pages: 12 clients that
-/// stop reading a 48 MiB backlog cost the dispatcher about a page each, not the backlog each.
+/// stop reading a 48 MiB backlog cost the dispatcher about a page each, not the backlog each. (A
+/// first page of 16 events, 16 MiB of these, came to 320–359 MiB in all, over the test's bound of
+/// then, 320 MiB, in 3 runs of 4; a first page of 4 events: 107–124 MiB.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_backlog_is_sent_in_pages() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -648,7 +650,7 @@ async fn a_stream_backlog_is_sent_in_pages() {
         peak = peak.max(rss());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(peak < 320 * 1024, "the dispatcher holds {} MiB for 12 stalled streams", peak / 1024);
+    assert!(peak < 200 * 1024, "the dispatcher holds {} MiB for 12 stalled streams", peak / 1024);
     drop(clients);
 }
 
