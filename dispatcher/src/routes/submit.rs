@@ -32,7 +32,7 @@ pub(crate) trait Submission {
     fn span(&self, execution_id: &str) -> tracing::Span;
     /// Records the job (a republish keeps what an earlier attempt recorded) and returns the
     /// envelope to publish.
-    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError>;
+    async fn record(&self, state: &AppState, execution_id: &str, recording: Recording) -> Result<Envelope, ApiError>;
     /// Removes what a first attempt wrote, once it is certain nothing was accepted; `recorded` says
     /// whether `record` succeeded (when it failed, part of it may still have been written).
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool);
@@ -40,6 +40,32 @@ pub(crate) trait Submission {
     /// lane (and whose tenant's submissions are counted by `LightLanes`).
     fn lane(&self) -> Option<(JobKind, &str, Priority)> {
         None
+    }
+}
+
+/// Whether a job's execution may be recorded again by another request: only one with the same
+/// `Idempotency-Key`, which republishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recording {
+    /// No key: no other request records this execution.
+    Once,
+    /// The key's first request: a retry with the key may republish the execution.
+    First,
+    /// A retry with the key, taking over an earlier attempt that may have recorded and published.
+    Republish,
+}
+
+impl Recording {
+    pub(crate) fn new(keyed: bool, republish: bool) -> Self {
+        match (keyed, republish) {
+            (_, true) => Recording::Republish,
+            (true, false) => Recording::First,
+            (false, false) => Recording::Once,
+        }
+    }
+
+    pub(crate) fn republish(self) -> bool {
+        self == Recording::Republish
     }
 }
 
@@ -64,10 +90,10 @@ async fn enqueue<S: Submission>(
     state: &AppState,
     submission: &S,
     execution_id: &str,
-    republish: bool,
+    recording: Recording,
 ) -> Result<(), EnqueueFailure> {
     state.broker.publisher().map_err(EnqueueFailure::Publish)?;
-    let envelope = submission.record(state, execution_id, republish).await.map_err(EnqueueFailure::BeforePublish)?;
+    let envelope = submission.record(state, execution_id, recording).await.map_err(EnqueueFailure::BeforePublish)?;
     let light = light_lane(state, submission);
     publish_in(state, std::slice::from_ref(&envelope), &[light]).await.pop().expect("one result per envelope")
 }
@@ -110,7 +136,8 @@ pub(crate) async fn submit_job<S: Submission>(
     let republish = hold.as_ref().is_some_and(|h| h.republish);
     let span = submission.span(&execution_id);
     telemetry::set_parent(&span, telemetry::from_http_headers(headers));
-    let result = enqueue(state, &submission, &execution_id, republish).instrument(span).await;
+    let recording = Recording::new(hold.is_some(), republish);
+    let result = enqueue(state, &submission, &execution_id, recording).instrument(span).await;
     match result {
         Ok(()) => {
             if let Some(hold) = &hold {
@@ -358,6 +385,15 @@ pub(crate) fn mark_replayed(response: &mut Response) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_request_with_a_key_may_be_recorded_again() {
+        assert_eq!(Recording::new(false, false), Recording::Once);
+        assert_eq!(Recording::new(true, false), Recording::First);
+        assert_eq!(Recording::new(true, true), Recording::Republish);
+        assert!(Recording::new(true, true).republish());
+        assert!(!Recording::new(true, false).republish() && !Recording::new(false, false).republish());
+    }
 
     #[test]
     fn only_a_first_publish_that_certainly_did_not_leave_is_not_accepted() {

@@ -23,7 +23,8 @@ use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
 use crate::routes::submit::{
-    admit, failure_outcome, light_lane, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Reserved, Submission,
+    admit, failure_outcome, light_lane, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Recording, Reserved,
+    Submission,
 };
 use crate::routes::wire::Data;
 use crate::AppState;
@@ -83,6 +84,10 @@ struct Batch<'a, S> {
 }
 
 impl<S: Submission> Batch<'_, S> {
+    fn recording(&self) -> Recording {
+        Recording::new(self.hold.is_some(), self.republish)
+    }
+
     /// Records every job not yet confirmed, then publishes them together. No record is written
     /// while the broker is certainly out of reach, and nothing is published unless every record was.
     async fn enqueue(&self, state: &AppState, confirmed_before: &HashSet<usize>) -> Enqueued {
@@ -91,7 +96,7 @@ impl<S: Submission> Batch<'_, S> {
             return Enqueued::NotPublished { failure: EnqueueFailure::Publish(e), recorded: vec![false; n] };
         }
         let pending: Vec<usize> = (0..n).filter(|i| !confirmed_before.contains(i)).collect();
-        let writes = pending.iter().copied().map(|i| self.items[i].record(state, &self.ids[i], self.republish));
+        let writes = pending.iter().copied().map(|i| self.items[i].record(state, &self.ids[i], self.recording()));
         let records: Vec<Result<Envelope, ApiError>> =
             futures::stream::iter(writes).buffered(REDIS_CONCURRENCY).collect().await;
         let mut recorded = vec![false; n];

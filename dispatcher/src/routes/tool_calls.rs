@@ -20,7 +20,7 @@ use fleet_protocol::schedule;
 
 use crate::error::ApiError;
 use crate::routes::common::{JsonInput, RequestKey, Tenancy};
-use crate::routes::submit::{submit, AcceptedJob, Submission};
+use crate::routes::submit::{submit, AcceptedJob, Recording, Submission};
 use crate::routes::submit_batch::{submit_batch, BatchResult};
 use crate::routes::wire::Data;
 use crate::{validate, AppState};
@@ -165,12 +165,12 @@ impl Submission for ToolCallInput {
 
     /// Records the execution (unless a republish finds it) and builds the job: a scheduled call's
     /// envelope carries `not_before_ms`, which sends it to a delay queue first.
-    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError> {
+    async fn record(&self, state: &AppState, execution_id: &str, recording: Recording) -> Result<Envelope, ApiError> {
         let now = now_ms();
         let mut due_ms = self.due_ms;
         // A republished execution may already have run: its record is not reset, and it stays due
         // when it was first due.
-        let existing = if republish { state.store.get_execution(execution_id).await? } else { None };
+        let existing = if recording.republish() { state.store.get_execution(execution_id).await? } else { None };
         match existing {
             Some(view) => due_ms = view.run_at_ms.or(due_ms),
             None => {

@@ -19,7 +19,7 @@ use fleet_protocol::turn::{self, TurnInput, TurnState};
 
 use crate::error::ApiError;
 use crate::routes::common::{JsonInput, RequestKey, Tenancy};
-use crate::routes::submit::{submit, Submission};
+use crate::routes::submit::{submit, Recording, Submission};
 use crate::AppState;
 
 /// Records the turn, puts it in its session's line (arrival order is run order), and publishes its
@@ -140,11 +140,12 @@ impl Submission for NewTurn {
         tracing::info_span!("turn", otel.name = self.route, otel.kind = "server", execution_id = %execution_id)
     }
 
-    async fn record(&self, state: &AppState, execution_id: &str, republish: bool) -> Result<Envelope, ApiError> {
+    async fn record(&self, state: &AppState, execution_id: &str, recording: Recording) -> Result<Envelope, ApiError> {
         let input = &self.input;
-        // The line entry is made before the record, so a republish that finds the record knows
-        // the entry was made: the turn may have taken it (started) since, and it is not put back.
-        if !(republish && state.store.get_execution(execution_id).await?.is_some()) {
+        // Under a key the line entry is made before the record (`record_turn`), so a republish that
+        // finds the record knows the entry was made: the turn may have taken it (started) since,
+        // and it is not put back.
+        if !(recording.republish() && state.store.get_execution(execution_id).await?.is_some()) {
             let turn = TurnState::new(input, turn::model_call_message_id(execution_id, 0));
             // The session's message log shows what was sent when it was sent (once per message).
             let logged = async {
@@ -156,7 +157,7 @@ impl Submission for NewTurn {
             // Apart from the line entry before the record, these wait for nothing of each other:
             // all are in place before the job is published, and a failure undoes each of them.
             let (recorded, logged, announced) = tokio::join!(
-                record_turn(state, execution_id, &turn),
+                record_turn(state, execution_id, &turn, recording),
                 logged,
                 self.append_input_event(state, execution_id)
             );
@@ -183,11 +184,17 @@ impl Submission for NewTurn {
     }
 }
 
-/// Puts a new turn in its session's line, then writes its record and state (in one write, and only
+/// Puts a new turn in its session's line and writes its record and state (in one write, and only
 /// if there is none yet). Nothing was published without a record, so nothing has run: one line
-/// entry, kept or made.
-pub(crate) async fn record_turn(state: &AppState, execution_id: &str, turn: &TurnState) -> Result<(), ApiError> {
-    state.store.session_enqueue(&turn.session_id, execution_id).await?;
+/// entry, kept or made. Under an `Idempotency-Key` the entry is made first, so that a republish
+/// that finds the record knows it was made; without a key no other request records the turn, and
+/// the two writes (on two slots) go out together.
+pub(crate) async fn record_turn(
+    state: &AppState,
+    execution_id: &str,
+    turn: &TurnState,
+    recording: Recording,
+) -> Result<(), ApiError> {
     let record = NewExecution {
         execution_id,
         kind: JobKind::Turn.as_str(),
@@ -198,7 +205,16 @@ pub(crate) async fn record_turn(state: &AppState, execution_id: &str, turn: &Tur
         now_ms: now_ms(),
         run_at_ms: None,
     };
-    state.store.create_execution(&record, Some(turn)).await?;
+    let enter = state.store.session_enqueue(&turn.session_id, execution_id);
+    let create = state.store.create_execution(&record, Some(turn));
+    if recording == Recording::Once {
+        let (entered, created) = tokio::join!(enter, create);
+        entered?;
+        created?;
+    } else {
+        enter.await?;
+        create.await?;
+    }
     Ok(())
 }
 

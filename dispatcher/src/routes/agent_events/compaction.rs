@@ -15,7 +15,7 @@ use fleet_protocol::turn::{self, Behavior, TurnInput, TurnState};
 use super::wire::CompactionRequest;
 use super::{bad_request, Started};
 use crate::error::ApiError;
-use crate::routes::submit::{submit_job, Submission};
+use crate::routes::submit::{submit_job, Recording, Submission};
 use crate::routes::turns::record_turn;
 use crate::stream::{Awaited, StreamId};
 use crate::AppState;
@@ -80,7 +80,7 @@ impl Submission for NewCompaction {
         tracing::info_span!("compaction", otel.name = "compaction", otel.kind = "server", execution_id = %execution_id)
     }
 
-    async fn record(&self, state: &AppState, execution_id: &str, _republish: bool) -> Result<Envelope, ApiError> {
+    async fn record(&self, state: &AppState, execution_id: &str, recording: Recording) -> Result<Envelope, ApiError> {
         let input = TurnInput {
             session_id: self.session.clone(),
             assistant: self.agent.clone(),
@@ -92,7 +92,7 @@ impl Submission for NewCompaction {
         let mut turn = TurnState::new(&input, turn::model_call_message_id(execution_id, 0));
         turn.conversation.clear();
         turn.compaction = Some(self.compaction.clone());
-        record_turn(state, execution_id, &turn).await?;
+        record_turn(state, execution_id, &turn, recording).await?;
         let job = Job::Turn(TurnJob { session_id: self.session.clone(), round: 0 });
         Ok(Envelope::new(execution_id.to_string(), job, now_ms()))
     }
