@@ -154,8 +154,9 @@ impl Submission for NewTurn {
                 }
                 Ok::<_, ApiError>(())
             };
-            // Apart from the line entry before the record, these wait for nothing of each other:
-            // all are in place before the job is published, and a failure undoes each of them.
+            // Apart from the line entry before the record under a key (`record_turn`), these wait
+            // for nothing of each other: all are in place before the job is published, and a
+            // failure undoes each of them.
             let (recorded, logged, announced) = tokio::join!(
                 record_turn(state, execution_id, &turn, recording),
                 logged,
