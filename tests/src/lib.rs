@@ -108,7 +108,8 @@ pub async fn console_login(http: &reqwest::Client, api: &str, token: &str, tls: 
 /// A port is never drawn twice in one test process: two servers a test starts together (a
 /// cluster's nodes and their bus ports) would otherwise, rarely, be given the same one.
 pub fn free_port() -> u16 {
-    static DRAWN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    static DRAWN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let low = ephemeral_ports_start();
     let floor = 10_000;
     loop {
@@ -121,9 +122,7 @@ pub fn free_port() -> u16 {
             }
             port
         };
-        let mut drawn = DRAWN.lock().unwrap();
-        if !drawn.contains(&port) {
-            drawn.push(port);
+        if DRAWN.lock().unwrap().insert(port) {
             return port;
         }
     }
