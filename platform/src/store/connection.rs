@@ -182,6 +182,18 @@ pub(crate) async fn eval_pair<A: redis::FromRedisValue, B: redis::FromRedisValue
     (again_if_forgotten(conn, a_script, &a, first).await, again_if_forgotten(conn, b_script, &b, second).await)
 }
 
+/// Runs `cmd` (an `EVALSHA` of `script` built by [`evalsha`]); a script the server has forgotten is
+/// loaded and run again. The hot scripts are built this way, not with `Script::prepare_invoke`,
+/// which copies every key and argument into a buffer of its own first.
+pub(crate) async fn eval<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &redis::Script,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    let r = cmd.query_async::<redis::Value>(conn).await;
+    again_if_forgotten(conn, script, cmd, r).await
+}
+
 async fn again_if_forgotten<T: redis::FromRedisValue>(
     conn: &mut Conn,
     script: &redis::Script,

@@ -15,7 +15,7 @@ use fleet_protocol::life::{Claimed, Owed, Step};
 use fleet_protocol::turn::TurnState;
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
-use super::connection::{eval_pair, evalsha};
+use super::connection::{eval, eval_pair, evalsha};
 use super::{Store, StoreError};
 
 static ADMIT: std::sync::LazyLock<redis::Script> =
@@ -442,12 +442,12 @@ impl Store {
         mode: AdmitMode,
     ) -> Result<DeliveryClaim, StoreError> {
         let step = delivery.step;
-        let mut inv = ADMIT.prepare_invoke();
-        inv.key(self.keys.idempotency(execution_id)).key(self.keys.execution(execution_id));
+        let mut cmd = evalsha(&ADMIT, if delivery.with_turn { 3 } else { 2 });
+        cmd.arg(self.keys.idempotency(execution_id)).arg(self.keys.execution(execution_id));
         if delivery.with_turn {
-            inv.key(self.keys.turn(execution_id));
+            cmd.arg(self.keys.turn(execution_id));
         }
-        inv.arg(owner)
+        cmd.arg(owner)
             .arg(lease.as_millis() as u64)
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg(step.gen)
@@ -461,7 +461,7 @@ impl Store {
             })
             .arg(delivery.park.map(|p| p.to_string()).unwrap_or_default())
             .arg((PARK_SLACK + lease).as_millis() as u64);
-        let r: Result<Vec<String>, _> = inv.invoke_async(&mut self.conn().await?).await;
+        let r: Result<Vec<String>, _> = eval(&mut self.conn().await?, &ADMIT, &cmd).await;
         let reply = self.count(r)?;
         let corrupt = |what: &str| StoreError::Corrupt(format!("claim of {execution_id}: {what}"));
         let part = |i: usize| reply.get(i).map(String::as_str).unwrap_or_default();
@@ -563,15 +563,15 @@ impl Store {
             ClaimAfter::Release(state) => ("release", None, state),
             ClaimAfter::Complete(result) => ("complete", Some(result.to_string()), ""),
         };
-        let mut inv = TRANSITION.prepare_invoke();
-        inv.key(self.keys.idempotency(execution_id))
-            .key(self.keys.execution(execution_id))
-            .key(self.keys.attempts(execution_id));
         // The turn's state key only when its state is written (a callback's write has none).
+        let mut cmd = evalsha(&TRANSITION, if t.turn.is_some() { 4 } else { 3 });
+        cmd.arg(self.keys.idempotency(execution_id))
+            .arg(self.keys.execution(execution_id))
+            .arg(self.keys.attempts(execution_id));
         if t.turn.is_some() {
-            inv.key(self.keys.turn(execution_id));
+            cmd.arg(self.keys.turn(execution_id));
         }
-        inv.arg(token)
+        cmd.arg(token)
             .arg(IDEMPOTENCY_TTL_SECS)
             .arg(claim)
             .arg(lease.as_millis() as u64)
@@ -581,9 +581,9 @@ impl Store {
             .arg(result.unwrap_or_default())
             .arg(released);
         for (name, value) in transition_fields(t) {
-            inv.arg(name).arg(value);
+            cmd.arg(name).arg(value);
         }
-        let r: Result<i64, _> = inv.invoke_async(&mut self.conn().await?).await;
+        let r: Result<i64, _> = eval(&mut self.conn().await?, &TRANSITION, &cmd).await;
         Ok(self.count(r)? == 1)
     }
 
