@@ -106,9 +106,9 @@ async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str)
         Ok(headers) => headers,
         Err(why) => return AttemptReport::permanent(why),
     };
-    let mut request = ctx
-        .client
-        .post(&prepared.target.url)
+    let mut request = prepared
+        .target
+        .post(ctx.client)
         .timeout(prepared.timeout)
         .header(reqwest::header::CONTENT_TYPE, "application/json");
     for (name, value) in signature {
@@ -131,21 +131,24 @@ fn registry_unavailable(e: impl std::fmt::Display) -> AttemptReport {
 }
 
 /// Sends `request` with the job's trace context as `traceparent`: from a client span of its own
-/// when spans are exported, else as the job received it (no span is built for nothing).
+/// when spans are exported, else as the job received it (no span is built for nothing, and the
+/// send runs within the job's span as it is: entering it again on every poll showed in the
+/// worker's profile).
 async fn traced_send(
     ctx: &CallbackContext<'_>,
     mut request: reqwest::RequestBuilder,
     method: &'static str,
 ) -> Result<crate::http::ReadResponse, TransportFailure> {
-    let span = if fleet_platform::telemetry::exporting() {
-        tracing::info_span!("http", otel.name = method, otel.kind = "client", http.request.method = method)
-    } else {
-        tracing::Span::current()
-    };
-    for (name, value) in fleet_platform::telemetry::http_headers(&span) {
+    let exported = fleet_platform::telemetry::exporting()
+        .then(|| tracing::info_span!("http", otel.name = method, otel.kind = "client", http.request.method = method));
+    let headers = fleet_platform::telemetry::http_headers(exported.as_ref().unwrap_or(&tracing::Span::current()));
+    for (name, value) in headers {
         request = request.header(name, value);
     }
-    ctx.client.send(request).instrument(span).await
+    match exported {
+        Some(span) => ctx.client.send(request).instrument(span).await,
+        None => ctx.client.send(request).await,
+    }
 }
 
 /// The registry entry a job names: a permanent failure once it is gone, a retryable one while the
@@ -183,7 +186,7 @@ fn target(
         .decrypt(owner, keys.ciphertext)
         .map_err(|e| AttemptReport::permanent(format!("{} secret cannot be used: {e}", keys.what)))?;
     let signing = SigningKeys::load(ctx.secrets, owner, keys.signing, at_ms);
-    Ok(Target { url, secret, signing })
+    Ok(Target::new(url, secret, signing))
 }
 
 /// Looks up the target and its secret, and builds the body signed at this attempt's time.

@@ -10,6 +10,7 @@ use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 use fleet_platform::store::{StoreError, StoredTool, StoredWebhook};
 use fleet_protocol::circuit::CircuitBreaker;
+use fleet_protocol::envelope::JobKind;
 use fleet_protocol::limits::ToolLimits;
 
 use crate::config::WorkerConfig;
@@ -29,6 +30,7 @@ pub struct Shared {
     pub(crate) subscribers: SubscriberCache,
     pub(crate) pickups: Pickups,
     pub(crate) health_writes: Throttle,
+    pub(crate) queue_names: QueueNames,
 }
 
 impl Shared {
@@ -45,6 +47,7 @@ impl Shared {
             subscribers: &self.subscribers,
             pickups: &self.pickups,
             health_writes: &self.health_writes,
+            queue_names: &self.queue_names,
             publisher,
         }
     }
@@ -64,6 +67,7 @@ pub(crate) struct Cx<'a> {
     pub subscribers: &'a SubscriberCache,
     pub pickups: &'a Pickups,
     pub health_writes: &'a Throttle,
+    pub queue_names: &'a QueueNames,
 }
 
 impl Cx<'_> {
@@ -204,6 +208,39 @@ impl Throttle {
     }
 }
 
+/// A queue a job can come from, named once at start: a job's span names its queue, and formatting
+/// the names for every job showed in the worker's profile.
+pub(crate) struct QueueName {
+    pub name: String,
+    /// The span's OpenTelemetry name, `process <queue>`.
+    pub span_name: String,
+}
+
+/// The queue names of every job kind: its work queue, and its light lane if it has one.
+pub(crate) struct QueueNames {
+    by_kind: Vec<(JobKind, QueueName, Option<QueueName>)>,
+}
+
+impl QueueNames {
+    pub(crate) fn new(topology: &fleet_protocol::topology::Topology) -> Self {
+        let named = |name: String| QueueName { span_name: format!("process {name}"), name };
+        let by_kind = JobKind::ALL
+            .into_iter()
+            .map(|kind| (kind, named(topology.work_queue(kind)), topology.light_queue(kind).map(named)))
+            .collect();
+        QueueNames { by_kind }
+    }
+
+    /// `kind`'s light lane when `light` and it has one, else its work queue.
+    pub(crate) fn get(&self, kind: JobKind, light: bool) -> &QueueName {
+        let (_, work, lane) = self.by_kind.iter().find(|(k, _, _)| *k == kind).expect("every kind is named");
+        match lane {
+            Some(lane) if light => lane,
+            _ => work,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +275,18 @@ mod tests {
         assert!(p.take_unwritten().is_empty());
         p.note("turn", 8);
         assert!(p.take_unwritten().is_empty(), "older than what was written");
+    }
+
+    #[test]
+    fn a_job_names_the_queue_it_came_from() {
+        let topology = fleet_protocol::topology::Topology::new("fleet", fleet_protocol::retry::default_delays());
+        let names = QueueNames::new(&topology);
+        for kind in JobKind::ALL {
+            let work = names.get(kind, false);
+            assert_eq!(work.name, topology.work_queue(kind));
+            assert_eq!(work.span_name, format!("process {}", work.name));
+            let light = names.get(kind, true);
+            assert_eq!(light.name, topology.light_queue(kind).unwrap_or_else(|| topology.work_queue(kind)));
+        }
     }
 }

@@ -127,20 +127,16 @@ async fn dead_letter_poison(cx: &Cx<'_>, delivery: &Delivery, reason: PoisonReas
 /// log line of the job carries its execution id, attempt and what it is for. Its queue is the
 /// light lane when the job came by the lane's routing key.
 fn job_span(cx: &Cx<'_>, envelope: &Envelope, routing_key: &str) -> tracing::Span {
-    let topology = &cx.config.common.topology;
     let kind = envelope.kind();
     let light = fleet_protocol::topology::is_light_key(kind, routing_key);
-    let queue = match topology.light_queue(kind) {
-        Some(lane) if light => lane,
-        _ => topology.work_queue(kind),
-    };
+    let queue = cx.queue_names.get(kind, light);
     let span = tracing::info_span!(
         "job",
-        otel.name = format!("process {queue}"),
+        otel.name = queue.span_name.as_str(),
         otel.kind = "consumer",
         messaging.system = "rabbitmq",
         messaging.operation.type = "process",
-        messaging.destination.name = %queue,
+        messaging.destination.name = queue.name.as_str(),
         messaging.message.id = %envelope.execution_id,
         execution_id = %envelope.execution_id,
         attempt = envelope.attempt,

@@ -114,7 +114,7 @@ impl CallbackClient {
         Ok(ReadResponse { status, retry_after, location, body: body.freeze() })
     }
 
-    pub fn post(&self, url: &str) -> reqwest::RequestBuilder {
+    pub fn post(&self, url: impl reqwest::IntoUrl) -> reqwest::RequestBuilder {
         self.client.post(url)
     }
 

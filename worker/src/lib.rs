@@ -121,6 +121,7 @@ pub async fn run(config: WorkerConfig, lifetime: Lifetime) -> Result<(), WorkerE
         subscribers: context::TtlCache::new(config.registry_cache_ttl),
         pickups: context::Pickups::default(),
         health_writes: context::Throttle::new(Duration::from_secs(1)),
+        queue_names: context::QueueNames::new(&config.common.topology),
         config: config.clone(),
         store,
         metrics,
