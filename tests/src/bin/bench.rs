@@ -16,7 +16,10 @@
 //! FLEET_BENCH_MEMORY_ONLY (1: only the worker's memory with 1000 callbacks in flight),
 //! FLEET_BENCH_WORKER_BIN and FLEET_BENCH_DISPATCHER_BIN (another build's binaries), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
 //! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200),
-//! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start).
+//! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start),
+//! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
+//! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
+//! docs/performance.md).
 //!
 //! `make bench-budget` (FLEET_BENCH_BUDGET=1) runs only its last part: turns of two tenants against a
 //! provider's quota (see `budget`).
@@ -429,6 +432,12 @@ async fn main() -> anyhow::Result<()> {
     let (fleet, drains) = drains(&conn, &receiver, jobs, workers, concurrency, clients).await?;
     let enqueue_rate = drains.enqueue;
     if std::env::var("FLEET_BENCH_DRAIN_ONLY").is_ok_and(|v| v == "1") {
+        // A profiler attached to a worker (`callgrind_control --dump`) reads its counts here.
+        let hold = setting("FLEET_BENCH_HOLD_SECS", 0);
+        if hold > 0 {
+            eprintln!("fleet-bench: the fleet is held {hold} s after its drain");
+            tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+        }
         fleet.stop(&conn).await;
         println!();
         print_drains(&raw, &drains);
