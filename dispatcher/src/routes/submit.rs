@@ -56,11 +56,12 @@ pub(crate) enum Recording {
 }
 
 impl Recording {
-    pub(crate) fn new(keyed: bool, republish: bool) -> Self {
-        match (keyed, republish) {
-            (_, true) => Recording::Republish,
-            (true, false) => Recording::First,
-            (false, false) => Recording::Once,
+    /// From the request's hold on its key, if it has one: `Some(republish)`.
+    pub(crate) fn of(held: Option<bool>) -> Self {
+        match held {
+            None => Recording::Once,
+            Some(false) => Recording::First,
+            Some(true) => Recording::Republish,
         }
     }
 
@@ -136,7 +137,7 @@ pub(crate) async fn submit_job<S: Submission>(
     let republish = hold.as_ref().is_some_and(|h| h.republish);
     let span = submission.span(&execution_id);
     telemetry::set_parent(&span, telemetry::from_http_headers(headers));
-    let recording = Recording::new(hold.is_some(), republish);
+    let recording = Recording::of(hold.as_ref().map(|h| h.republish));
     let result = enqueue(state, &submission, &execution_id, recording).instrument(span).await;
     match result {
         Ok(()) => {
@@ -388,11 +389,11 @@ mod tests {
 
     #[test]
     fn only_a_request_with_a_key_may_be_recorded_again() {
-        assert_eq!(Recording::new(false, false), Recording::Once);
-        assert_eq!(Recording::new(true, false), Recording::First);
-        assert_eq!(Recording::new(true, true), Recording::Republish);
-        assert!(Recording::new(true, true).republish());
-        assert!(!Recording::new(true, false).republish() && !Recording::new(false, false).republish());
+        assert_eq!(Recording::of(None), Recording::Once);
+        assert_eq!(Recording::of(Some(false)), Recording::First);
+        assert_eq!(Recording::of(Some(true)), Recording::Republish);
+        assert!(Recording::of(Some(true)).republish());
+        assert!(!Recording::of(Some(false)).republish() && !Recording::of(None).republish());
     }
 
     #[test]

@@ -85,7 +85,7 @@ struct Batch<'a, S> {
 
 impl<S: Submission> Batch<'_, S> {
     fn recording(&self) -> Recording {
-        Recording::new(self.hold.is_some(), self.republish)
+        Recording::of(self.hold.map(|h| h.republish))
     }
 
     /// Records every job not yet confirmed, then publishes them together. No record is written
