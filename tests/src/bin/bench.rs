@@ -20,7 +20,8 @@
 //! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start),
 //! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
 //! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
-//! docs/performance.md).
+//! docs/performance.md), FLEET_BENCH_MINIMAL_BIN (a wrapper the minimal pipeline is run through,
+//! given the bench's own path first; each minimal drain is then held FLEET_BENCH_HOLD_SECS too).
 //!
 //! `make bench-budget` (FLEET_BENCH_BUDGET=1) runs only its last part: turns of two tenants against a
 //! provider's quota (see `budget`).
@@ -288,11 +289,18 @@ fn pid_listening_on(port: u16) -> Option<u32> {
 
 /// CPU time (user + system) a process has used so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    let (user, system) = cpu_split(pid);
+    user + system
+}
+
+/// CPU time a process has used so far in user space and in the kernel, in seconds.
+fn cpu_split(pid: u32) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0.0, 0.0) };
     // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
     let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("").split_whitespace().collect();
-    let ticks: u64 = fields.get(11..13).map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum()).unwrap_or(0);
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) as f64;
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (tick(11) / per_second, tick(12) / per_second)
 }
 
 /// Context switches (voluntary and not) a process's live threads have made so far.
@@ -317,15 +325,30 @@ fn context_switches(pid: u32) -> u64 {
 struct CpuAccount {
     parts: Vec<(&'static str, Vec<u32>)>,
     start: Vec<f64>,
+    kernel: Vec<f64>,
     switches: Vec<u64>,
     started: Instant,
+}
+
+fn kernel_seconds(pids: &[u32]) -> f64 {
+    pids.iter().map(|p| cpu_split(*p).1).sum()
 }
 
 impl CpuAccount {
     fn start(parts: Vec<(&'static str, Vec<u32>)>) -> Self {
         let start = parts.iter().map(|(_, pids)| pids.iter().map(|p| cpu_seconds(*p)).sum()).collect();
+        let kernel = parts.iter().map(|(_, pids)| kernel_seconds(pids)).collect();
         let switches = parts.iter().map(|(_, pids)| pids.iter().map(|p| context_switches(*p)).sum()).collect();
-        CpuAccount { parts, start, switches, started: Instant::now() }
+        CpuAccount { parts, start, kernel, switches, started: Instant::now() }
+    }
+
+    /// Each part's CPU per job spent in the kernel (its sockets, its wake-ups), in microseconds.
+    fn kernel_per_job(&self, jobs: usize) -> Vec<(&'static str, f64)> {
+        self.parts
+            .iter()
+            .zip(&self.kernel)
+            .map(|((name, pids), before)| (*name, (kernel_seconds(pids) - before) * 1e6 / jobs as f64))
+            .collect()
     }
 
     /// Each part's context switches per job.
@@ -1151,7 +1174,17 @@ async fn minimal_drain(
         batched_acks,
     };
     let before = receiver.count();
-    let mut child = Command::new(std::env::current_exe()?)
+    // A wrapper that runs the same program under a profiler (`FLEET_BENCH_MINIMAL_BIN`, given the
+    // bench's path and `--minimal-pipeline`), as `FLEET_BENCH_WORKER_BIN` does for a worker.
+    let mut command = match std::env::var_os("FLEET_BENCH_MINIMAL_BIN") {
+        Some(wrapper) => {
+            let mut c = Command::new(wrapper);
+            c.arg(std::env::current_exe()?);
+            c
+        }
+        None => Command::new(std::env::current_exe()?),
+    };
+    let mut child = command
         .arg("--minimal-pipeline")
         .envs(settings.env())
         .stdin(Stdio::null())
@@ -1161,6 +1194,11 @@ async fn minimal_drain(
     parts.push(("pipeline", vec![child.id()]));
     let title = if batched_acks { "minimal pipeline, acks batched" } else { "minimal pipeline" };
     let rate = timed_drain(receiver, before, jobs, parts, title).await;
+    if std::env::var_os("FLEET_BENCH_MINIMAL_BIN").is_some() {
+        let hold = setting("FLEET_BENCH_HOLD_SECS", 0);
+        eprintln!("fleet-bench: the minimal pipeline (pid {}) is held {hold} s after its drain", child.id());
+        tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+    }
     let _ = child.kill();
     let _ = child.wait();
     rate
@@ -1201,6 +1239,9 @@ async fn timed_drain(
     let switches: Vec<String> =
         account.switches_per_job(counted).iter().map(|(name, n)| format!("{name} {n:.1}")).collect();
     println!("context switches per job, {title}: {}", switches.join(", "));
+    let kernel: Vec<String> =
+        account.kernel_per_job(counted).iter().map(|(name, us)| format!("{name} {us:.0}")).collect();
+    println!("of which in the kernel, µs per job, {title}: {}", kernel.join(", "));
     let times = receiver.times.lock().unwrap();
     let span = times[before + jobs - 1].duration_since(times[before]).as_secs_f64();
     Ok((jobs - 1) as f64 / span)
