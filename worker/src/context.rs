@@ -12,6 +12,7 @@ use fleet_platform::store::{StoreError, StoredTool, StoredWebhook};
 use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::envelope::JobKind;
 use fleet_protocol::limits::ToolLimits;
+use fleet_protocol::schema::ToolSchema;
 
 use crate::config::WorkerConfig;
 use crate::http::CallbackClient;
@@ -27,6 +28,7 @@ pub struct Shared {
     pub llm: LlmClients,
     pub targets: TargetCache,
     pub(crate) tools: ToolCache,
+    pub(crate) schemas: SchemaCache,
     pub(crate) subscribers: SubscriberCache,
     pub(crate) pickups: Pickups,
     pub(crate) health_writes: Throttle,
@@ -44,6 +46,7 @@ impl Shared {
             llm: &self.llm,
             targets: &self.targets,
             tools: &self.tools,
+            schemas: &self.schemas,
             subscribers: &self.subscribers,
             pickups: &self.pickups,
             health_writes: &self.health_writes,
@@ -64,6 +67,7 @@ pub(crate) struct Cx<'a> {
     pub llm: &'a LlmClients,
     pub targets: &'a TargetCache,
     pub tools: &'a ToolCache,
+    pub schemas: &'a SchemaCache,
     pub subscribers: &'a SubscriberCache,
     pub pickups: &'a Pickups,
     pub health_writes: &'a Throttle,
@@ -88,6 +92,24 @@ impl Cx<'_> {
 pub(crate) struct ToolPolicies {
     pub(crate) limits: ToolLimits,
     pub(crate) circuit: Option<CircuitBreaker>,
+}
+
+/// `tool`'s schema from `cache` if it was compiled from this same entry; else compiled now, and kept.
+/// Compiling costs more than the check itself, and a model's tool calls check one schema again and
+/// again.
+fn compiled_schema(
+    cache: &SchemaCache,
+    name: &str,
+    tool: std::sync::Arc<StoredTool>,
+) -> Option<std::sync::Arc<ToolSchema>> {
+    if let Some((from, schema)) = cache.get(name) {
+        if std::sync::Arc::ptr_eq(&from, &tool) {
+            return schema;
+        }
+    }
+    let schema = ToolSchema::compile(&tool.parameters).ok().map(std::sync::Arc::new);
+    cache.put(name, (tool, schema.clone()));
+    schema
 }
 
 /// A short-lived cache (the registry cache's ttl): a change reaches every worker within it.
@@ -118,6 +140,11 @@ impl<V: Clone> TtlCache<V> {
 /// Registered tools by name (`None`: not registered), as stored: the secret only as ciphertext.
 pub(crate) type ToolCache = TtlCache<Option<std::sync::Arc<StoredTool>>>;
 
+/// Tools' compiled parameters schemas by name, each beside the registry entry it was compiled from:
+/// it is used only with that same entry, so a tool's new schema is compiled as soon as the tool is
+/// read again.
+pub(crate) type SchemaCache = TtlCache<(std::sync::Arc<StoredTool>, Option<std::sync::Arc<ToolSchema>>)>;
+
 /// Webhook subscribers by event.
 pub(crate) type SubscriberCache = TtlCache<std::sync::Arc<Vec<StoredWebhook>>>;
 
@@ -130,6 +157,13 @@ impl Cx<'_> {
         let tool = self.store.get_tool(name).await?.map(std::sync::Arc::new);
         self.tools.put(name, tool.clone());
         Ok(tool)
+    }
+
+    /// A registered tool's compiled parameters schema; `None` when it is not registered or its
+    /// stored schema does not compile (one stored before the check).
+    pub(crate) async fn tool_schema(&self, name: &str) -> Result<Option<std::sync::Arc<ToolSchema>>, StoreError> {
+        let Some(tool) = self.tool(name).await? else { return Ok(None) };
+        Ok(compiled_schema(self.schemas, name, tool))
     }
 
     /// A tool's policies: a tool no longer registered has none; its attempt fails on its own.
@@ -244,6 +278,34 @@ impl QueueNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tool(parameters: serde_json::Value) -> std::sync::Arc<StoredTool> {
+        let stored = serde_json::json!({"name": "t", "description": "", "parameters": parameters, "callback_url": "",
+            "secret_ciphertext": "", "created_at_ms": 0, "updated_at_ms": 0});
+        std::sync::Arc::new(serde_json::from_value(stored).unwrap())
+    }
+
+    #[test]
+    fn a_schema_is_compiled_once_per_registry_entry() {
+        let cache: SchemaCache = TtlCache::new(Duration::from_secs(60));
+        let needs_a = tool(serde_json::json!({"type": "object", "required": ["a"]}));
+        let first = compiled_schema(&cache, "t", needs_a.clone()).unwrap();
+        let again = compiled_schema(&cache, "t", needs_a.clone()).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&first, &again), "the same entry reuses its compiled schema");
+        assert!(again.check(&serde_json::json!({})).is_err());
+
+        // The registry entry read again after the tool changed: its own schema, not the cached one.
+        let needs_b = tool(serde_json::json!({"type": "object", "required": ["b"]}));
+        let changed = compiled_schema(&cache, "t", needs_b).unwrap();
+        assert!(!std::sync::Arc::ptr_eq(&first, &changed));
+        assert!(changed.check(&serde_json::json!({"b": 1})).is_ok());
+        assert!(changed.check(&serde_json::json!({"a": 1})).is_err());
+
+        // A stored schema that does not compile is remembered as none, for that entry.
+        let broken = tool(serde_json::json!({"type": 7}));
+        assert!(compiled_schema(&cache, "t", broken.clone()).is_none());
+        assert!(compiled_schema(&cache, "t", broken).is_none());
+    }
 
     #[test]
     fn cached_entries_expire() {
