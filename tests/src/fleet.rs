@@ -406,7 +406,7 @@ impl Fleet {
 
     /// A connection to the shared Redis, not through any proxy the fleet's processes may use.
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+        crate::redis_connection(&redis::Client::open(redis_url()).unwrap()).await
     }
 
     /// The fleet's keys matching `pattern` (after its key prefix), e.g. `*exec_123*`.

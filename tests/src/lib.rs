@@ -39,6 +39,17 @@ pub fn redis_url() -> String {
     std::env::var("FLEET_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
 }
 
+/// A test's own connection to a Redis (to look at or arrange what the fleet wrote). The client's
+/// defaults give up on a reply after 500 ms, which a busy CI machine outlasts (a `KEYS` over the
+/// shared keyspace in the parallel phase did): a test's deadlines are its own waits, so this one
+/// waits as long as they may.
+pub async fn redis_connection(client: &redis::Client) -> redis::aio::MultiplexedConnection {
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(60)));
+    client.get_multiplexed_async_connection_with_config(&patient).await.expect("a connection to the test's Redis")
+}
+
 /// The value of one Prometheus series (`name{labels}` exactly as exposed) in a `/metrics` text; 0
 /// when absent.
 pub fn metric(text: &str, series: &str) -> f64 {

@@ -130,7 +130,7 @@ pub async fn stream_token(fleet: &Fleet, session: &str) -> String {
 /// `INFO stats` `total_commands_processed` of the Redis server at `url`.
 pub async fn commands_processed(url: &str) -> u64 {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = crate::redis_connection(&client).await;
     let info: String = redis::cmd("INFO").arg("stats").query_async(&mut con).await.unwrap();
     info.lines()
         .find_map(|l| l.strip_prefix("total_commands_processed:"))

@@ -53,7 +53,7 @@ async fn wait_consumed(fleet: &Fleet, copies: f64) {
 /// Raw Redis access to the fleet's keys (the test inspects what the dispatcher left behind).
 async fn redis_keys(fleet: &Fleet, pattern: &str) -> Vec<String> {
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&client).await;
     redis::cmd("KEYS").arg(format!("{}{pattern}", fleet.key_prefix)).query_async(&mut con).await.unwrap()
 }
 

@@ -87,7 +87,7 @@ async fn tool_registry_keeps_secrets_encrypted_and_never_returns_them() {
 
     // At rest the secret is ciphertext.
     let client = redis::Client::open(redis_url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&client).await;
     let stored: String = redis::cmd("GET")
         .arg(fleet_protocol::keys::Keys::new(&fleet.key_prefix).tool("search_products"))
         .query_async(&mut con)

@@ -160,7 +160,7 @@ async fn one_bad_call_refuses_the_batch_naming_it_and_nothing_is_published() {
     // Nothing was published, and no execution was recorded.
     assert_eq!(fleet.waiting_depth(JobKind::ToolCall).await, 0);
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&client).await;
     let records: Vec<String> =
         redis::cmd("KEYS").arg(format!("{}execution:*", fleet.key_prefix)).query_async(&mut con).await.unwrap();
     assert!(records.is_empty(), "no execution recorded: {records:?}");

@@ -162,7 +162,7 @@ async fn paging_never_skips_dead_letters_of_the_same_millisecond() {
     let fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
     let keys = fleet_protocol::keys::Keys::new(&fleet.key_prefix);
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&client).await;
     let ids = ["exec_same_a", "exec_same_b", "exec_same_c", "exec_other"];
     for (n, id) in ids.iter().enumerate() {
         let at: i64 = if n < 3 { 1_768_910_400_000 } else { 1_768_910_300_000 };
@@ -235,7 +235,7 @@ fn metric(text: &str, prefix: &str) -> u64 {
 }
 
 async fn redis_con() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(fleet_tests::redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    fleet_tests::redis_connection(&redis::Client::open(fleet_tests::redis_url()).unwrap()).await
 }
 
 /// A worker of concurrency 64 keeping dead letters a day, with tool `perm` calling `receiver`.

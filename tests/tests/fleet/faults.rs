@@ -135,7 +135,7 @@ async fn a_refused_reconnect_does_not_cut_the_fleet_off_redis_for_good() {
     fleet.wait_status(&before, "succeeded", Duration::from_secs(20)).await;
 
     let client = redis::Client::open(redis.url()).unwrap();
-    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = fleet_tests::redis_connection(&client).await;
     let _: () =
         redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("rotated").query_async(&mut admin).await.unwrap();
     let _: i64 = redis::cmd("CLIENT")

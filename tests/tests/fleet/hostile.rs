@@ -92,7 +92,7 @@ async fn private_targets_are_refused_at_connect_time() {
     // The registry refuses these URLs, so plant tools as if their DNS had changed after registration.
     let key = SecretsKey::parse(TEST_SECRETS_KEY).unwrap();
     let client = redis::Client::open(redis_url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&client).await;
     let urls = [
         format!("http://localhost:{port}/x"),
         format!("http://127.0.0.1:{port}/x"),

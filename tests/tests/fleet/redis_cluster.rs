@@ -83,7 +83,7 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
     let mut holding = 0;
     for node in cluster().split(',') {
         let client = redis::Client::open(node).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let mut con = fleet_tests::redis_connection(&client).await;
         let keys: Vec<String> =
             redis::cmd("KEYS").arg(format!("{}idempotency:*", fleet.key_prefix)).query_async(&mut con).await.unwrap();
         holding += usize::from(!keys.is_empty());
@@ -173,7 +173,7 @@ async fn session_streams_deliver_turns_on_redis_cluster() {
     let mut holding = 0;
     for node in cluster().split(',') {
         let client = redis::Client::open(node).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let mut con = fleet_tests::redis_connection(&client).await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{}session:*:events", fleet.key_prefix))
             .query_async(&mut con)

@@ -96,7 +96,7 @@ async fn a_successful_tool_call_costs_a_bounded_number_of_redis_round_trips() {
     let mut fleet = spawn_fleet(FleetOptions::default().workers(0).env("FLEET_REDIS_URL", &redis.url())).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
     let client = redis::Client::open(redis.url()).unwrap();
-    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = fleet_tests::redis_connection(&client).await;
 
     // The dispatcher alone: the jobs wait in the queue.
     let warm = fleet.call_tool("echo", json!({"query": "warm"})).await;
@@ -156,7 +156,7 @@ async fn a_redis_that_forgot_its_scripts_still_gets_the_record_and_its_index_ent
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
     fleet.call_tool("echo", json!({"query": "loads the scripts"})).await;
     let client = redis::Client::open(redis.url()).unwrap();
-    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = fleet_tests::redis_connection(&client).await;
     let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
 
     let id = fleet.call_tool("echo", json!({"query": "after the flush"})).await;
@@ -215,7 +215,7 @@ async fn turn_round_trips(tools: &[&str], steps: usize, calls: usize) -> (Spent,
     let mut fleet = spawn_fleet(llm_fleet(&llm).workers(0).env("FLEET_REDIS_URL", &redis.url())).await;
     fleet.register_tool("echo", &receiver.url("/echo"), SECRET).await;
     let client = redis::Client::open(redis.url()).unwrap();
-    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = fleet_tests::redis_connection(&client).await;
     let post = |round: usize, n: usize| turn_body(&format!("s_{round}_{n}"), "hi", tools);
 
     let idle = background(&mut admin).await;
@@ -289,7 +289,7 @@ async fn reading_a_turns_execution_costs_one_round_trip() {
     let id = post_turn(&fleet, &turn_body("s_read", "hi", &[])).await;
     fleet.wait_status(&id, "succeeded", Duration::from_secs(20)).await;
     let client = redis::Client::open(redis.url()).unwrap();
-    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = fleet_tests::redis_connection(&client).await;
 
     let idle = background(&mut admin).await;
     let before = counters(&mut admin).await;

@@ -19,7 +19,7 @@ const IDEMPOTENCY_TTL: u64 = 7 * 24 * 60 * 60;
 /// The seed's `handleWithIdempotency` around a handler that counts its runs.
 async fn seed_handler(State(runs): State<Arc<AtomicU32>>, Json(data): Json<Value>) -> Json<Value> {
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let mut redis = fleet_tests::redis_connection(&client).await;
     let cache_key = format!("idempotency:{}", data["execution_id"].as_str().unwrap());
     let cached: Option<String> = redis::AsyncCommands::get(&mut redis, &cache_key).await.unwrap();
     if let Some(cached) = cached {

@@ -277,8 +277,7 @@ async fn a_private_ca_does_not_open_the_ssrf_guard() {
     let key = SecretsKey::parse(fleet_tests::fleet::TEST_SECRETS_KEY).unwrap();
     let tool = json!({"name": name, "description": "", "parameters": {}, "callback_url": front.url("/x"),
         "secret_ciphertext": key.encrypt(&format!("tool:{name}"), SECRET), "created_at_ms": 0, "updated_at_ms": 0});
-    let mut con =
-        redis::Client::open(fleet_tests::redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut con = fleet_tests::redis_connection(&redis::Client::open(fleet_tests::redis_url()).unwrap()).await;
     let _: () = redis::cmd("SET")
         .arg(Keys::new(&fleet.key_prefix).tool(name))
         .arg(tool.to_string())

@@ -33,7 +33,7 @@ async fn two_provider_fleet(a: &MockLlm, b: &MockLlm) -> Fleet {
 async fn stored_turn(fleet: &Fleet, execution_id: &str) -> String {
     let keys = fleet_protocol::keys::Keys::new(fleet.key_prefix.clone());
     let client = redis::Client::open(fleet_tests::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = fleet_tests::redis_connection(&client).await;
     redis::AsyncCommands::get(&mut conn, keys.turn(execution_id)).await.unwrap()
 }
 
