@@ -27,8 +27,8 @@ fn cluster() -> String {
 }
 
 /// Six requests a minute (one per 10 s), 100 seconds of burst (ten calls). The slow refill keeps
-/// the test off the clock: at one call per 100 ms, a loop of 20 asks on a busy machine (its first
-/// ask connecting and loading the script) outlasted two refills, and the heavy tenant ran 8.
+/// the test off the clock: at one call per 100 ms, a loop of 20 asks stalled behind a slow shared
+/// Redis outlasted two refills, and the heavy tenant ran 8.
 fn buckets() -> Vec<Bucket> {
     Budget { requests_per_minute: Some(6), burst_seconds: Some(100), ..Default::default() }.buckets("m")
 }

@@ -40,9 +40,9 @@ pub fn redis_url() -> String {
 }
 
 /// A test's own connection to a Redis (to look at or arrange what the fleet wrote). The client's
-/// defaults give up on a reply after 500 ms, which a busy CI machine outlasts (a `KEYS` over the
-/// shared keyspace in the parallel phase did): a test's deadlines are its own waits, so this one
-/// waits as long as they may.
+/// defaults give up on a reply after 500 ms, which a stalled shared Redis outlasts (a `KEYS` in the
+/// parallel phase did, behind other tests' `KEYS` over a keyspace of 450,000 leftover keys): a
+/// test's deadlines are its own waits, so this one waits as long as they may.
 pub async fn redis_connection(client: &redis::Client) -> redis::aio::MultiplexedConnection {
     let patient = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(10)))
