@@ -10,7 +10,7 @@ use crate::context::Cx;
 /// read now, or its stored schema predates the check and does not compile: the callback path then
 /// decides, as it did before).
 pub(crate) async fn schema_problem(cx: &Cx<'_>, tool_name: &str, arguments: &Value) -> Option<String> {
-    let schema = cx.tool_schema(tool_name).await.ok()??;
-    let errors = schema.check(arguments).err()?;
+    let tool = cx.tool(tool_name).await.ok()??;
+    let errors = tool.schema()?.check(arguments).err()?;
     Some(format!("the arguments do not match the parameters schema of tool {tool_name:?}: {errors}"))
 }

@@ -28,7 +28,6 @@ pub struct Shared {
     pub llm: LlmClients,
     pub targets: TargetCache,
     pub(crate) tools: ToolCache,
-    pub(crate) schemas: SchemaCache,
     pub(crate) subscribers: SubscriberCache,
     pub(crate) pickups: Pickups,
     pub(crate) health_writes: Throttle,
@@ -46,7 +45,6 @@ impl Shared {
             llm: &self.llm,
             targets: &self.targets,
             tools: &self.tools,
-            schemas: &self.schemas,
             subscribers: &self.subscribers,
             pickups: &self.pickups,
             health_writes: &self.health_writes,
@@ -67,7 +65,6 @@ pub(crate) struct Cx<'a> {
     pub llm: &'a LlmClients,
     pub targets: &'a TargetCache,
     pub tools: &'a ToolCache,
-    pub schemas: &'a SchemaCache,
     pub subscribers: &'a SubscriberCache,
     pub pickups: &'a Pickups,
     pub health_writes: &'a Throttle,
@@ -92,24 +89,6 @@ impl Cx<'_> {
 pub(crate) struct ToolPolicies {
     pub(crate) limits: ToolLimits,
     pub(crate) circuit: Option<CircuitBreaker>,
-}
-
-/// `tool`'s schema from `cache` if it was compiled from this same entry; else compiled now, and kept.
-/// Compiling costs more than the check itself, and a model's tool calls check one schema again and
-/// again.
-fn compiled_schema(
-    cache: &SchemaCache,
-    name: &str,
-    tool: std::sync::Arc<StoredTool>,
-) -> Option<std::sync::Arc<ToolSchema>> {
-    if let Some((from, schema)) = cache.get(name) {
-        if std::sync::Arc::ptr_eq(&from, &tool) {
-            return schema;
-        }
-    }
-    let schema = ToolSchema::compile(&tool.parameters).ok().map(std::sync::Arc::new);
-    cache.put(name, (tool, schema.clone()));
-    schema
 }
 
 /// A short-lived cache (the registry cache's ttl): a change reaches every worker within it.
@@ -138,38 +117,48 @@ impl<V: Clone> TtlCache<V> {
 }
 
 /// Registered tools by name (`None`: not registered), as stored: the secret only as ciphertext.
-pub(crate) type ToolCache = TtlCache<Option<std::sync::Arc<StoredTool>>>;
+pub(crate) type ToolCache = TtlCache<Option<std::sync::Arc<KnownTool>>>;
 
-/// Tools' compiled parameters schemas by name, each beside the registry entry it was compiled from:
-/// it is used only with that same entry, so a tool's new schema is compiled as soon as the tool is
-/// read again.
-pub(crate) type SchemaCache = TtlCache<(std::sync::Arc<StoredTool>, Option<std::sync::Arc<ToolSchema>>)>;
+/// A registry entry as cached, with its parameters schema compiled the first time a call is checked
+/// against it: compiling costs far more than the check, and the schema lives and expires with the
+/// entry it came from, so a tool's new schema applies as soon as the tool is read again.
+pub(crate) struct KnownTool {
+    pub(crate) stored: StoredTool,
+    schema: std::sync::OnceLock<Option<ToolSchema>>,
+}
+
+impl KnownTool {
+    pub(crate) fn new(stored: StoredTool) -> Self {
+        KnownTool { stored, schema: std::sync::OnceLock::new() }
+    }
+
+    /// Its compiled parameters schema; `None` when the stored one does not compile (one stored
+    /// before the check).
+    pub(crate) fn schema(&self) -> Option<&ToolSchema> {
+        self.schema.get_or_init(|| ToolSchema::compile(&self.stored.parameters).ok()).as_ref()
+    }
+}
 
 /// Webhook subscribers by event.
 pub(crate) type SubscriberCache = TtlCache<std::sync::Arc<Vec<StoredWebhook>>>;
 
 impl Cx<'_> {
     /// A registered tool (cached).
-    pub(crate) async fn tool(&self, name: &str) -> Result<Option<std::sync::Arc<StoredTool>>, StoreError> {
+    pub(crate) async fn tool(&self, name: &str) -> Result<Option<std::sync::Arc<KnownTool>>, StoreError> {
         if let Some(tool) = self.tools.get(name) {
             return Ok(tool);
         }
-        let tool = self.store.get_tool(name).await?.map(std::sync::Arc::new);
+        let tool = self.store.get_tool(name).await?.map(|t| std::sync::Arc::new(KnownTool::new(t)));
         self.tools.put(name, tool.clone());
         Ok(tool)
-    }
-
-    /// A registered tool's compiled parameters schema; `None` when it is not registered or its
-    /// stored schema does not compile (one stored before the check).
-    pub(crate) async fn tool_schema(&self, name: &str) -> Result<Option<std::sync::Arc<ToolSchema>>, StoreError> {
-        let Some(tool) = self.tool(name).await? else { return Ok(None) };
-        Ok(compiled_schema(self.schemas, name, tool))
     }
 
     /// A tool's policies: a tool no longer registered has none; its attempt fails on its own.
     pub(crate) async fn policies_of(&self, tool: &str) -> Result<ToolPolicies, StoreError> {
         let tool = self.tool(tool).await?;
-        Ok(tool.map(|t| ToolPolicies { limits: t.limits.clone(), circuit: t.circuit_breaker }).unwrap_or_default())
+        Ok(tool
+            .map(|t| ToolPolicies { limits: t.stored.limits.clone(), circuit: t.stored.circuit_breaker })
+            .unwrap_or_default())
     }
 
     /// The webhooks subscribed to `event` (cached).
@@ -279,32 +268,29 @@ impl QueueNames {
 mod tests {
     use super::*;
 
-    fn tool(parameters: serde_json::Value) -> std::sync::Arc<StoredTool> {
+    fn tool(parameters: serde_json::Value) -> KnownTool {
         let stored = serde_json::json!({"name": "t", "description": "", "parameters": parameters, "callback_url": "",
             "secret_ciphertext": "", "created_at_ms": 0, "updated_at_ms": 0});
-        std::sync::Arc::new(serde_json::from_value(stored).unwrap())
+        KnownTool::new(serde_json::from_value(stored).unwrap())
     }
 
     #[test]
     fn a_schema_is_compiled_once_per_registry_entry() {
-        let cache: SchemaCache = TtlCache::new(Duration::from_secs(60));
         let needs_a = tool(serde_json::json!({"type": "object", "required": ["a"]}));
-        let first = compiled_schema(&cache, "t", needs_a.clone()).unwrap();
-        let again = compiled_schema(&cache, "t", needs_a.clone()).unwrap();
-        assert!(std::sync::Arc::ptr_eq(&first, &again), "the same entry reuses its compiled schema");
-        assert!(again.check(&serde_json::json!({})).is_err());
+        let first = needs_a.schema().unwrap();
+        assert!(std::ptr::eq(first, needs_a.schema().unwrap()), "the same entry reuses its compiled schema");
+        assert!(first.check(&serde_json::json!({})).is_err());
 
-        // The registry entry read again after the tool changed: its own schema, not the cached one.
+        // The registry entry read again after the tool changed: its own schema.
         let needs_b = tool(serde_json::json!({"type": "object", "required": ["b"]}));
-        let changed = compiled_schema(&cache, "t", needs_b).unwrap();
-        assert!(!std::sync::Arc::ptr_eq(&first, &changed));
+        let changed = needs_b.schema().unwrap();
         assert!(changed.check(&serde_json::json!({"b": 1})).is_ok());
         assert!(changed.check(&serde_json::json!({"a": 1})).is_err());
 
         // A stored schema that does not compile is remembered as none, for that entry.
         let broken = tool(serde_json::json!({"type": 7}));
-        assert!(compiled_schema(&cache, "t", broken.clone()).is_none());
-        assert!(compiled_schema(&cache, "t", broken).is_none());
+        assert!(broken.schema().is_none());
+        assert!(broken.schema().is_none());
     }
 
     #[test]

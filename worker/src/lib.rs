@@ -118,7 +118,6 @@ pub async fn run(config: WorkerConfig, lifetime: Lifetime) -> Result<(), WorkerE
         llm: llm::LlmClients::new(&config),
         targets: registry::TargetCache::new(config.registry_cache_ttl),
         tools: context::TtlCache::new(config.registry_cache_ttl),
-        schemas: context::TtlCache::new(config.registry_cache_ttl),
         subscribers: context::TtlCache::new(config.registry_cache_ttl),
         pickups: context::Pickups::default(),
         health_writes: context::Throttle::new(Duration::from_secs(1)),

@@ -105,7 +105,7 @@ async fn plan(
     let key = call_key(round, position);
     let gen = step.envelope.gen.to_string();
     let exec = derived_execution_id(&[turn_id, &gen, &key]);
-    let client = matches!(cx.tool(&call.name).await, Ok(Some(t)) if t.execution == ToolExecution::Client);
+    let client = matches!(cx.tool(&call.name).await, Ok(Some(t)) if t.stored.execution == ToolExecution::Client);
     let planned = PendingCall {
         call_id: call.id.clone(),
         tool_name: call.name.clone(),

@@ -262,7 +262,8 @@ fn attempt_record(
 async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     let mut specs = Vec::new();
     for name in &state.assistant.enabled_tools {
-        if let Ok(Some(tool)) = cx.tool(name).await {
+        if let Ok(Some(known)) = cx.tool(name).await {
+            let tool = &known.stored;
             specs.push(json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}));
         }
     }
