@@ -118,6 +118,16 @@ impl Receiver {
     }
 }
 
+/// Keeps `what` running `FLEET_BENCH_HOLD_SECS` after its drain: a profiler attached to it
+/// (`callgrind_control --dump`) reads its counts meanwhile.
+async fn hold_for_a_profiler(what: &str) {
+    let hold = setting("FLEET_BENCH_HOLD_SECS", 0);
+    if hold > 0 {
+        eprintln!("fleet-bench: {what} is held {hold} s after its drain");
+        tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+    }
+}
+
 fn sibling_binary(name: &str) -> PathBuf {
     std::env::current_exe().expect("bench path").parent().expect("bin dir").join(name)
 }
@@ -330,14 +340,16 @@ struct CpuAccount {
     started: Instant,
 }
 
-fn kernel_seconds(pids: &[u32]) -> f64 {
-    pids.iter().map(|p| cpu_split(*p).1).sum()
+/// `cpu_split` summed over a part's processes.
+fn cpu_splits(pids: &[u32]) -> (f64, f64) {
+    pids.iter().map(|p| cpu_split(*p)).fold((0.0, 0.0), |(u, k), (pu, pk)| (u + pu, k + pk))
 }
 
 impl CpuAccount {
     fn start(parts: Vec<(&'static str, Vec<u32>)>) -> Self {
-        let start = parts.iter().map(|(_, pids)| pids.iter().map(|p| cpu_seconds(*p)).sum()).collect();
-        let kernel = parts.iter().map(|(_, pids)| kernel_seconds(pids)).collect();
+        let splits: Vec<(f64, f64)> = parts.iter().map(|(_, pids)| cpu_splits(pids)).collect();
+        let start = splits.iter().map(|(user, kernel)| user + kernel).collect();
+        let kernel = splits.iter().map(|(_, kernel)| *kernel).collect();
         let switches = parts.iter().map(|(_, pids)| pids.iter().map(|p| context_switches(*p)).sum()).collect();
         CpuAccount { parts, start, kernel, switches, started: Instant::now() }
     }
@@ -347,7 +359,7 @@ impl CpuAccount {
         self.parts
             .iter()
             .zip(&self.kernel)
-            .map(|((name, pids), before)| (*name, (kernel_seconds(pids) - before) * 1e6 / jobs as f64))
+            .map(|((name, pids), before)| (*name, (cpu_splits(pids).1 - before) * 1e6 / jobs as f64))
             .collect()
     }
 
@@ -456,12 +468,7 @@ async fn main() -> anyhow::Result<()> {
     let (fleet, drains) = drains(&conn, &receiver, jobs, workers, concurrency, clients).await?;
     let enqueue_rate = drains.enqueue;
     if std::env::var("FLEET_BENCH_DRAIN_ONLY").is_ok_and(|v| v == "1") {
-        // A profiler attached to a worker (`callgrind_control --dump`) reads its counts here.
-        let hold = setting("FLEET_BENCH_HOLD_SECS", 0);
-        if hold > 0 {
-            eprintln!("fleet-bench: the fleet is held {hold} s after its drain");
-            tokio::time::sleep(Duration::from_secs(hold as u64)).await;
-        }
+        hold_for_a_profiler("the fleet").await;
         fleet.stop(&conn).await;
         println!();
         print_drains(&raw, &drains);
@@ -1195,9 +1202,7 @@ async fn minimal_drain(
     let title = if batched_acks { "minimal pipeline, acks batched" } else { "minimal pipeline" };
     let rate = timed_drain(receiver, before, jobs, parts, title).await;
     if std::env::var_os("FLEET_BENCH_MINIMAL_BIN").is_some() {
-        let hold = setting("FLEET_BENCH_HOLD_SECS", 0);
-        eprintln!("fleet-bench: the minimal pipeline (pid {}) is held {hold} s after its drain", child.id());
-        tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+        hold_for_a_profiler(&format!("the minimal pipeline (pid {})", child.id())).await;
     }
     let _ = child.kill();
     let _ = child.wait();
