@@ -134,10 +134,10 @@ pub(crate) async fn submit_job<S: Submission>(
             Reserved::Held(hold) => (hold.execution_id().to_string(), Some(hold)),
         },
     };
-    let republish = hold.as_ref().is_some_and(|h| h.republish);
+    let recording = Recording::of(hold.as_ref().map(|h| h.republish));
+    let republish = recording.republish();
     let span = submission.span(&execution_id);
     telemetry::set_parent(&span, telemetry::from_http_headers(headers));
-    let recording = Recording::of(hold.as_ref().map(|h| h.republish));
     let result = enqueue(state, &submission, &execution_id, recording).instrument(span).await;
     match result {
         Ok(()) => {
