@@ -72,6 +72,23 @@ impl From<&CircuitEvent> for CircuitEventOut {
 }
 
 impl ToolHealthOut {
+    /// The health as a tenant-bound caller sees it: every tenant's calls move one circuit, so its
+    /// history keeps when and what changed but no call's error text, prober or execution id.
+    pub(crate) fn for_tenants(mut self) -> Self {
+        for event in &mut self.history {
+            event.why = match (event.state.as_str(), event.by.is_some()) {
+                (_, true) => "changed by an operator",
+                ("open", _) => "the endpoint failed too many times in a row",
+                ("half_open", _) => "a probe call was let through",
+                _ => "the endpoint answered again",
+            }
+            .to_string();
+            event.by = None;
+            event.execution_id = None;
+        }
+        self
+    }
+
     /// The health with the circuit's `history` (newest first).
     pub(crate) fn new(health: &ToolHealth, history: &[CircuitEvent]) -> Self {
         Self { history: history.iter().map(CircuitEventOut::from).collect(), ..Self::from(health) }

@@ -5,7 +5,7 @@
 
 use redis::{AsyncCommands, Script};
 
-use fleet_protocol::history::{entries_to_drop, HistoryEntry, HISTORY_TTL_SECS};
+use fleet_protocol::history::{entries_to_drop, HistoryEntry, HISTORY_TTL_SECS, SESSION_BINDING_TTL_SECS};
 
 use crate::store::{Store, StoreError};
 
@@ -56,10 +56,22 @@ impl Store {
     pub async fn history(&self, session_id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
         let key = self.keys().session(session_id, "history");
         let r: Result<(Vec<String>,), _> = redis::pipe()
+            .atomic()
             .lrange(&key, 0, -1)
             .expire(&key, HISTORY_TTL_SECS as i64)
             .ignore()
             .expire(self.keys().session(session_id, "history_seq"), HISTORY_TTL_SECS as i64)
+            .ignore()
+            // The guards of what this read renewed are renewed with it (never shortened).
+            .cmd("EXPIRE")
+            .arg(self.keys().session(session_id, "tenant"))
+            .arg(SESSION_BINDING_TTL_SECS)
+            .arg("GT")
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(self.keys().session(session_id, "agent"))
+            .arg(SESSION_BINDING_TTL_SECS)
+            .arg("GT")
             .ignore()
             .query_async(&mut self.conn().await?)
             .await;

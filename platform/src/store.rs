@@ -51,7 +51,7 @@ pub use limits::{Pace, Semaphore, SlotGrant};
 pub use records::{ExecutionView, NewExecution};
 pub use registry::{StoredTool, StoredWebhook, ToolVersion};
 pub use requests::{RequestHold, Reservation};
-pub use turns::{CompactHistory, Opened, RoundReport, RoundState, SessionFinish, SessionSlot};
+pub use turns::{CompactHistory, Opened, RoundReport, RoundState, SessionFinish, SessionHolders, SessionSlot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -13,6 +13,11 @@ pub const DEFAULT_MAX_MESSAGES: usize = 100;
 pub const DEFAULT_MAX_BYTES: usize = 256 * 1024;
 /// A session's history lives this long after its last use.
 pub const HISTORY_TTL_SECS: u64 = 7 * 24 * 3600;
+/// How long a session's bindings (its tenant, its agent) live past the latest turn or read that
+/// renewed them: longer than any of the session's data can (a turn writes for at most
+/// `IDEMPOTENCY_TTL_SECS` after it was accepted, and what it writes lives `HISTORY_TTL_SECS`), so
+/// the guard of a session's data never lapses before the data. A room's bindings never expire.
+pub const SESSION_BINDING_TTL_SECS: u64 = 30 * 24 * 3600;
 /// The seed's listing: `limit` default and maximum.
 pub const DEFAULT_PAGE: usize = 50;
 pub const MAX_PAGE: usize = 100;
@@ -270,6 +275,11 @@ pub fn page<'a>(entries: &'a [HistoryEntry], req: &PageRequest) -> (Vec<&'a Hist
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sessions_bindings_outlive_the_latest_write_of_its_data() {
+        const { assert!(SESSION_BINDING_TTL_SECS > crate::IDEMPOTENCY_TTL_SECS + HISTORY_TTL_SECS) };
+    }
     use serde_json::json;
 
     fn entry(seq: u64) -> HistoryEntry {

@@ -87,6 +87,18 @@ fn scrub_urls(word: &str) -> String {
     out
 }
 
+/// A URL as shown to anyone but an operator: scheme, host, port and path (user info and a query
+/// string may hold a credential; a tool owner's `?api_key=…` is not a tenant's to read).
+pub fn url_without_credentials(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(u) => {
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}://{}{port}{}", u.scheme(), u.host_str().unwrap_or(""), u.path())
+        }
+        Err(_) => "(not a URL)".to_string(),
+    }
+}
+
 fn truncate_chars(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_string();
@@ -99,6 +111,16 @@ fn truncate_chars(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shown_url_keeps_its_host_and_path_only() {
+        assert_eq!(
+            url_without_credentials("https://u:p@hooks.example:8443/a/b?api_key=s3cret#x"),
+            "https://hooks.example:8443/a/b"
+        );
+        assert_eq!(url_without_credentials("http://h.example/x"), "http://h.example/x");
+        assert_eq!(url_without_credentials("nope"), "(not a URL)");
+    }
 
     #[test]
     fn credentials_and_query_strings_leave_urls() {

@@ -208,6 +208,12 @@ impl Fleet {
         .await;
     }
 
+    /// Sets `key` for processes started from now on (a restart with another configuration).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.options.env.retain(|(k, _)| k != key);
+        self.options.env.push((key.to_string(), value.to_string()));
+    }
+
     /// Starts the dispatcher on the fleet's API address (with `amqp_url`, else the real broker)
     /// and waits until it is ready; after `stop_dispatcher`, this is a restart.
     pub async fn start_dispatcher(&mut self, amqp_url: Option<&str>) {

@@ -22,17 +22,7 @@ use crate::AppState;
 /// A URL as the console shows it: scheme, host and path only (a query string or user info may
 /// hold a credential).
 pub(crate) fn safe_url(raw: &str) -> String {
-    match ::url::Url::parse(raw) {
-        Ok(u) => {
-            format!(
-                "{}://{}{}",
-                u.scheme(),
-                u.host_str().unwrap_or(""),
-                u.port().map(|p| format!(":{p}")).unwrap_or_default()
-            ) + u.path()
-        }
-        Err(_) => "(not a URL)".to_string(),
-    }
+    fleet_protocol::sanitize::url_without_credentials(raw)
 }
 
 fn time(ms: Option<i64>) -> String {

@@ -85,12 +85,25 @@ impl FromRequestParts<AppState> for Operator {
         let Some(id) = cookie(&parts.headers, COOKIE).filter(|id| id.len() == 64) else { return Err(to_login()) };
         let fields = state.store.console_session(id).await.map_err(|e| unavailable(&e.to_string()))?;
         let (Some(actor), Some(csrf)) = (fields.get("actor"), fields.get("csrf")) else { return Err(to_login()) };
-        Ok(Operator {
-            actor: actor.clone(),
-            can_change: fields.get("access").is_some_and(|a| a == "change"),
-            csrf: csrf.clone(),
-        })
+        // The session is only as good as its token is now: revoked, bound to a tenant since, or
+        // cut to no console scope, it ends; cut to `console:read`, it only looks from then on.
+        let access = fields.get("token").and_then(|digest| current_access(state, digest));
+        let Some(access) = access else {
+            let _ = state.store.console_session_end(id).await;
+            return Err(to_login());
+        };
+        Ok(Operator { actor: actor.clone(), can_change: access == Access::Change, csrf: csrf.clone() })
     }
+}
+
+/// What the configured token with this digest (hex) may do in the console now: `None` when no
+/// such token is configured, it is bound to a tenant, or it has no console scope. A lookup in the
+/// configuration, so checking it on every request costs no I/O.
+fn current_access(state: &AppState, digest_hex: &str) -> Option<Access> {
+    let digest = hex::decode(digest_hex).ok()?;
+    let known = state.config.tokens.iter().find(|t| t.digest[..] == digest[..])?;
+    let access = access(known.grant);
+    (known.tenant.is_none() && access != Access::None).then_some(access)
 }
 
 pub(crate) fn unavailable(why: &str) -> Response {
@@ -195,6 +208,13 @@ pub(crate) async fn login(
     let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {
         return login_page(StatusCode::UNAUTHORIZED, Some("That token is not one this fleet knows."), &headers);
     };
+    if let Some(tenant) = &known.tenant {
+        let message = format!(
+            "That token is bound to a tenant ({tenant}): the console is the operators' and shows every \
+            tenant's work. Log in with an operator's token (one not bound to a tenant)."
+        );
+        return login_page(StatusCode::FORBIDDEN, Some(&message), &headers);
+    }
     let access = access(known.grant);
     if access == Access::None {
         let message = "That token has no console scope (console:read or console:admin).";
@@ -202,11 +222,7 @@ pub(crate) async fn login(
     }
     let id = random_hex();
     let actor = format!("token:{}", &hex::encode(digest)[..12]);
-    let fields = [
-        ("actor", actor),
-        ("access", if access == Access::Change { "change" } else { "read" }.to_string()),
-        ("csrf", random_hex()),
-    ];
+    let fields = [("token", hex::encode(digest)), ("actor", actor), ("csrf", random_hex())];
     if let Err(e) = state.store.console_session_put(&id, &fields, SESSION_TTL_SECS).await {
         return unavailable(&e.to_string());
     }

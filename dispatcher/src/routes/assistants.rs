@@ -16,7 +16,7 @@ use fleet_platform::store::{AssistantVersion, AssistantWrite};
 use fleet_protocol::agents::{self, AssistantInput, AssistantOut, AssistantRecord, ListRequest, ModelDefaults};
 
 use crate::error::ApiError;
-use crate::routes::common::{tenancy_of, ApiQuery, JsonInput, Tenancy};
+use crate::routes::common::{ApiQuery, JsonInput, Tenancy};
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -93,14 +93,14 @@ async fn find_to_change(state: &AppState, tenancy: &Tenancy, id: &str) -> Result
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_assistant(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     JsonInput { value: input, .. }: JsonInput<AssistantInput>,
 ) -> Result<(StatusCode, Json<Data<AssistantOut>>), ApiError> {
     let routing = &state.config.common.llm;
     let defaults = ModelDefaults { provider: &routing.default_provider, model: &routing.default_model };
     let mut assistant = input.create(agents::new_assistant_id(), &defaults, now_ms()).map_err(ApiError::invalid)?;
     // A tenant-bound token's assistant is its tenant's; an unbound token's is shared by all.
-    assistant.tenant = tenancy_of(tenancy).bound;
+    assistant.tenant = tenancy.bound;
     check_with_fleet(&state, &assistant).await?;
     match state.store.write_assistant(&assistant, None).await? {
         AssistantWrite::Written => Ok((StatusCode::CREATED, Data::json(assistant.to_api()))),
@@ -117,14 +117,14 @@ pub(crate) async fn create_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_assistants(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<AssistantPage>>, ApiError> {
     let req = ListRequest::parse(q.get("limit").map(String::as_str), q.get("cursor").map(String::as_str))
         .map_err(ApiError::invalid)?;
     let page = state.store.list_assistants(req.after.as_deref(), req.limit).await?;
     // A tenant-bound token's page holds its tenant's and the operators' (it may so come back short).
-    let bound = tenancy_of(tenancy).bound;
+    let bound = tenancy.bound;
     let seen = page.entries.iter().filter(|a| a.seen_by(bound.as_deref()));
     Ok(Data::json(AssistantPage {
         assistants: seen.map(AssistantRecord::to_api).collect(),
@@ -159,10 +159,10 @@ pub(crate) struct AssistantDeleted {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_assistant(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<AssistantOut>>, ApiError> {
-    let version = find(&state, &tenancy_of(tenancy), &id).await?.ok_or_else(|| no_assistant(&id))?;
+    let version = find(&state, &tenancy, &id).await?.ok_or_else(|| no_assistant(&id))?;
     Ok(Data::json(version.record.to_api()))
 }
 
@@ -178,11 +178,10 @@ pub(crate) async fn get_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn update_assistant(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
     JsonInput { value: input, .. }: JsonInput<AssistantInput>,
 ) -> Result<Json<Data<AssistantOut>>, ApiError> {
-    let tenancy = tenancy_of(tenancy);
     for _ in 0..WRITE_ATTEMPTS {
         let current = find_to_change(&state, &tenancy, &id).await?;
         let next = input.clone().apply(&current.record, now_ms()).map_err(ApiError::invalid)?;
@@ -206,10 +205,9 @@ pub(crate) async fn update_assistant(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn delete_assistant(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<AssistantDeleted>>, ApiError> {
-    let tenancy = tenancy_of(tenancy);
     let mut deleted = false;
     for _ in 0..WRITE_ATTEMPTS {
         let current = find_to_change(&state, &tenancy, &id).await?;

@@ -40,20 +40,26 @@ impl Tenancy {
     }
 }
 
-/// The caller's tenancy; a request admitted without a bearer token (a stream token, which opens
-/// only the session it was made for) is treated as unbound.
-pub(crate) fn tenancy_of(ext: Option<axum::Extension<Tenancy>>) -> Tenancy {
-    ext.map(|t| t.0).unwrap_or_default()
+/// The caller's tenancy as the authentication layer decided it. A handler takes `Tenancy` itself:
+/// a request that reached it with no decision (a route outside that layer) is refused, never
+/// treated as seeing every tenant.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenancy {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, ApiError> {
+        parts.extensions.get::<Tenancy>().cloned().ok_or_else(ApiError::unauthorized)
+    }
 }
 
-/// A tenant-bound caller's request about `session`: 404 when another tenant's turns made it
-/// (as if it did not exist). An unbound caller costs no read.
+/// A tenant-bound caller's request about `session`: 404 unless its own tenant holds it (another
+/// tenant's session, or one nobody's turn made yet, is as if it did not exist: no one listens to
+/// a session before its owner's first turn). An unbound caller costs no read.
 pub(crate) async fn check_session(state: &AppState, tenancy: &Tenancy, session: &str) -> Result<(), ApiError> {
     if tenancy.bound.is_none() {
         return Ok(());
     }
     let owner = state.store.session_tenant(session).await?;
-    if owner.is_some() && !tenancy.sees(owner.as_deref()) {
+    if owner.is_none() || !tenancy.sees(owner.as_deref()) {
         return Err(ApiError::not_found(format!("no session {session:?}")));
     }
     Ok(())
@@ -67,8 +73,8 @@ pub(crate) async fn claim_session(
     session: &str,
     tenant: &str,
 ) -> Result<(), ApiError> {
-    let owner = state.store.session_tenant_claim(session, tenant).await?;
-    if !tenancy.sees(Some(&owner)) {
+    let holders = state.store.claim_session(session, Some(tenant), None).await?;
+    if !tenancy.sees(holders.tenant.as_deref()) {
         return Err(ApiError::not_found(format!("no session {session:?}")));
     }
     Ok(())

@@ -14,7 +14,7 @@ use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
 use crate::routes::audit;
-use crate::routes::common::{page_limit, tenancy_of, ApiQuery, Body, Caller, Tenancy};
+use crate::routes::common::{page_limit, ApiQuery, Body, Caller, Tenancy};
 use crate::routes::submit::AcceptedJob;
 use crate::routes::wire::{Data, Listed};
 use crate::{validate, AppState};
@@ -25,10 +25,10 @@ use crate::{validate, AppState};
         (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_dead_letter(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<DeadLetterRecord>>, ApiError> {
-    visible(&state, &tenancy_of(tenancy), &id).await?;
+    visible(&state, &tenancy, &id).await?;
     let record = state
         .store
         .get_dead_letter(&id)
@@ -61,7 +61,7 @@ pub(crate) struct DeadLetterQuery {
     responses((status = 200, description = "Dead letters, newest first", body = Listed<DeadLetterRecord>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_dead_letters(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     ApiQuery(q): ApiQuery<DeadLetterQuery>,
 ) -> Result<Json<Listed<DeadLetterRecord>>, ApiError> {
     let limit = page_limit(q.limit)?;
@@ -81,7 +81,7 @@ pub(crate) async fn list_dead_letters(
     };
     let (records, next) =
         dead_letters::list(&state.store, &filter, cursor, limit, LIST_SCAN_BUDGET).await.map_err(dead_letter_error)?;
-    let records = only_visible(&state, &tenancy_of(tenancy), records).await?;
+    let records = only_visible(&state, &tenancy, records).await?;
     Ok(Listed::json(records, next.map(|c| c.to_string())))
 }
 
@@ -205,10 +205,10 @@ fn busy(id: &str) -> ApiError {
 pub(crate) async fn retry_dead_letter(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Data<AcceptedJob>>), ApiError> {
-    visible(&state, &tenancy_of(tenancy), &id).await?;
+    visible(&state, &tenancy, &id).await?;
     let outcome = act_on(&state, &id, dead_letters::Action::Retry).await?;
     if matches!(outcome, dead_letters::Outcome::Done)
         || matches!(outcome, dead_letters::Outcome::Superseded(s) if s.is_final())
@@ -252,10 +252,10 @@ pub(crate) async fn retry_dead_letter(
 pub(crate) async fn delete_dead_letter(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    visible(&state, &tenancy_of(tenancy), &id).await?;
+    visible(&state, &tenancy, &id).await?;
     match act_on(&state, &id, dead_letters::Action::Delete).await? {
         dead_letters::Outcome::Done => {
             audit::record_api(&state, caller.as_deref(), "dead_letter.delete", &id, 1, None).await;
@@ -310,7 +310,7 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 pub(crate) async fn retry_dead_letters(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     Body(body): Body,
 ) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
     bulk(&state, caller, tenancy, &body, dead_letters::Action::Retry).await
@@ -322,7 +322,7 @@ pub(crate) async fn retry_dead_letters(
 pub(crate) async fn purge_dead_letters(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     Body(body): Body,
 ) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
     bulk(&state, caller, tenancy, &body, dead_letters::Action::Delete).await
@@ -333,12 +333,12 @@ pub(crate) async fn purge_dead_letters(
 async fn bulk(
     state: &AppState,
     caller: Option<Extension<Caller>>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     body: &[u8],
     action: dead_letters::Action,
 ) -> Result<Json<Data<dead_letters::SweepReport>>, ApiError> {
     let (mut filter, limit, rate) = bulk_request(body)?;
-    bulk_scope(state, &tenancy_of(tenancy), &mut filter).await?;
+    bulk_scope(state, &tenancy, &mut filter).await?;
     let (rate, name) = match action {
         dead_letters::Action::Retry => (Some(rate.unwrap_or(50.0)), "dead_letters.redrive"),
         dead_letters::Action::Delete => (None, "dead_letters.purge"),

@@ -17,7 +17,7 @@ use fleet_protocol::execution::{AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, tenancy_of, ApiQuery, Tenancy};
+use crate::routes::common::{page_limit, ApiQuery, Tenancy};
 use crate::routes::wire::{Data, Listed};
 use crate::AppState;
 
@@ -136,12 +136,12 @@ impl From<&ExecutionSummary> for ExecutionSummaryOut {
     responses((status = 200, description = "Executions, newest first", body = Listed<ExecutionSummaryOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_executions(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     ApiQuery(q): ApiQuery<ExecutionQuery>,
 ) -> Result<Json<Listed<ExecutionSummaryOut>>, ApiError> {
     let (mut filter, cursor, limit) = execution_filter(q)?;
     // A tenant-bound token lists only its tenant's executions.
-    filter.tenant = tenancy_of(tenancy).bound;
+    filter.tenant = tenancy.bound;
     let (found, next) = state.store.list_executions(&filter, cursor, limit, LIST_SCAN_BUDGET).await?;
     Ok(Listed::json(found.iter().map(ExecutionSummaryOut::from).collect(), next.map(|c| c.to_string())))
 }
@@ -203,7 +203,7 @@ impl From<ExecutionView> for ExecutionOut {
         (status = 404, description = "No such execution", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_execution(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<ExecutionOut>>, ApiError> {
     // A turn's record and state come in one read: clients poll this while a turn runs.
@@ -212,7 +212,7 @@ pub(crate) async fn get_execution(
         false => None,
     };
     let (view, turn) = found.unzip();
-    let mut data = ExecutionOut::from(only_visible(&tenancy_of(tenancy), &id, view)?);
+    let mut data = ExecutionOut::from(only_visible(&tenancy, &id, view)?);
     data.turn = turn.flatten().map(crate::routes::turns::TurnSummary::from);
     Ok(Data::json(data))
 }
@@ -248,10 +248,9 @@ fn only_visible(tenancy: &Tenancy, id: &str, view: Option<ExecutionView>) -> Res
 pub(crate) async fn cancel_execution(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::routes::common::Caller>>,
-    tenancy: Option<axum::Extension<Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Data<CancelAnswer>>), ApiError> {
-    let tenancy = tenancy_of(tenancy);
     if tenancy.bound.is_some() {
         visible_execution(&state, &tenancy, &id).await?;
     }

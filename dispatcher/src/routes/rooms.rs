@@ -24,7 +24,7 @@ use fleet_protocol::turn::{InputMessage, TurnInput};
 
 use crate::error::ApiError;
 use crate::routes::common::{
-    check_session, claim_session, require_json, tenancy_of, ApiQuery, Body, JsonInput, RequestKey, Tenancy,
+    check_session, claim_session, require_json, ApiQuery, Body, JsonInput, RequestKey, Tenancy,
 };
 use crate::routes::sessions::MessagePage;
 use crate::routes::submit::{mark_replayed, submit_job};
@@ -84,20 +84,21 @@ async fn with_counts(state: &AppState, room: &RoomRecord) -> Result<RoomOut, Api
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_room(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(assistant_id): Path<String>,
     headers: HeaderMap,
     Body(body): Body,
 ) -> Result<(StatusCode, Json<Data<RoomOut>>), ApiError> {
     require_json(&headers)?;
     let input: RoomInput = if body.is_empty() { RoomInput::default() } else { validate::parse_body(&body)? };
-    let tenancy = tenancy_of(tenancy);
     crate::routes::assistants::find(&state, &tenancy, &assistant_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no assistant with id {assistant_id:?}")))?;
     let room = input.create(agents::new_room_id(), &assistant_id, now_ms()).map_err(ApiError::invalid)?;
-    // The room's session is its creator's tenant's from the start.
+    // The room's session is its creator's tenant's from the start, for as long as the room lives
+    // (rooms never expire, so neither does that binding).
     claim_session(&state, &tenancy, &room.id, &tenancy.resolve(None)?).await?;
+    state.store.session_binding_persist(&room.id).await?;
     if !state.store.write_room(&room, None).await? {
         return Err(busy());
     }
@@ -115,7 +116,7 @@ pub(crate) async fn create_room(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_rooms(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<RoomPage>>, ApiError> {
     let arg = |name: &str| q.get(name).map(String::as_str);
@@ -123,7 +124,6 @@ pub(crate) async fn list_rooms(
     let req = ListRequest::parse(arg("limit"), arg("cursor")).map_err(ApiError::invalid)?;
     let listed = state.store.list_rooms(&filter, req.after.as_deref(), req.limit).await?;
     // A tenant-bound token's page holds only its tenant's rooms (it may so come back short).
-    let tenancy = tenancy_of(tenancy);
     let mut entries: Vec<&RoomRecord> = listed.entries.iter().collect();
     if tenancy.bound.is_some() {
         let ids: Vec<&str> = entries.iter().map(|r| r.id.as_str()).collect();
@@ -154,10 +154,10 @@ pub(crate) struct RoomPage {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_room(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<RoomOut>>, ApiError> {
-    let room = visible_room(&state, &tenancy_of(tenancy), &id).await?.record;
+    let room = visible_room(&state, &tenancy, &id).await?.record;
     Ok(Data::json(with_counts(&state, &room).await?))
 }
 
@@ -171,13 +171,13 @@ pub(crate) async fn get_room(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn close_room(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(id): Path<String>,
 ) -> Result<Json<Data<RoomOut>>, ApiError> {
     if !agents::is_id("room_", &id) {
         return Err(no_room(&id));
     }
-    visible_room(&state, &tenancy_of(tenancy), &id).await?;
+    visible_room(&state, &tenancy, &id).await?;
     let room = close(&state, &id).await?.ok_or_else(|| no_room(&id))?;
     Ok(Data::json(with_counts(&state, &room).await?))
 }
@@ -243,14 +243,13 @@ pub(crate) async fn close_rooms_of(state: &AppState, assistant_id: &str) -> u64 
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn send_message(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(room_id): Path<String>,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
     JsonInput { value: input, .. }: JsonInput<MessageInput>,
 ) -> Result<Response, ApiError> {
     input.check().map_err(ApiError::invalid)?;
-    let tenancy = tenancy_of(tenancy);
     let room = visible_room(&state, &tenancy, &room_id).await?.record;
     if room.status == RoomStatus::Closed {
         return Err(closed(&room.id));
@@ -307,13 +306,13 @@ pub(crate) async fn send_message(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(room_id): Path<String>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<MessagePage>>, ApiError> {
     let arg = |name: &str| q.get(name).map(String::as_str);
     let req = PageRequest::parse(arg("limit"), arg("cursor"), arg("order")).map_err(ApiError::invalid)?;
-    visible_room(&state, &tenancy_of(tenancy), &room_id).await?;
+    visible_room(&state, &tenancy, &room_id).await?;
     let log = state.store.logged_messages(&room_id).await?;
     Ok(Data::json(MessagePage::of(&log, &req)))
 }
@@ -332,12 +331,12 @@ pub(crate) async fn list_messages(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn stream_room(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(room_id): Path<String>,
     ApiQuery(query): ApiQuery<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    visible_room(&state, &tenancy_of(tenancy), &room_id).await?;
+    visible_room(&state, &tenancy, &room_id).await?;
     crate::stream::serve(&state, room_id, &headers, &query).await
 }
 
@@ -350,10 +349,10 @@ pub(crate) async fn stream_room(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_stream_token(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: Tenancy,
     Path(room_id): Path<String>,
 ) -> Result<Json<RoomStreamTokenOut>, ApiError> {
-    visible_room(&state, &tenancy_of(tenancy), &room_id).await?;
+    visible_room(&state, &tenancy, &room_id).await?;
     let token = crate::stream::stream_token_for(&state, &room_id);
     Ok(Json(RoomStreamTokenOut {
         streaming_token: token.token.clone(),

@@ -27,12 +27,12 @@ use crate::{validate, AppState};
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: crate::routes::common::Tenancy,
     Path(session_id): Path<String>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<MessagePage>>, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
-    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
+    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     let req = PageRequest::parse(
         q.get("limit").map(String::as_str),
         q.get("cursor").map(String::as_str),
@@ -69,11 +69,11 @@ impl MessagePage {
 pub(crate) async fn delete_session(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::routes::common::Caller>>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: crate::routes::common::Tenancy,
     Path(session_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     validate::identifier("session id", Some(&session_id))?;
-    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
+    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     state.store.history_delete(&session_id).await?;
     crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;
     Ok(StatusCode::NO_CONTENT)

@@ -29,12 +29,12 @@ use crate::AppState;
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn stream_session(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: crate::routes::common::Tenancy,
     Path(session_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
+    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     crate::stream::serve(&state, session_id, &headers, &query).await
 }
 
@@ -47,9 +47,9 @@ pub(crate) async fn stream_session(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_stream_token(
     state: State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: crate::routes::common::Tenancy,
     session_id: Path<String>,
 ) -> Result<Json<Data<StreamToken>>, ApiError> {
-    crate::routes::common::check_session(&state, &crate::routes::common::tenancy_of(tenancy), &session_id).await?;
+    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     crate::stream::create_stream_token(state, session_id).await
 }

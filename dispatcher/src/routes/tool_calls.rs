@@ -5,7 +5,6 @@
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::Extension;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -79,10 +78,39 @@ impl ToolCallInput {
         self.owner = Some(tenancy.resolve(self.tenant.as_deref()).map_err(|e| ("tenant", e))?);
         validate::identifier("room_id", self.room_id.as_deref()).map_err(|e| ("room_id", e))?;
         validate::identifier("assistant_id", self.assistant_id.as_deref()).map_err(|e| ("assistant_id", e))?;
+        labels_seen_by(state, tenancy, self.room_id.as_deref(), self.assistant_id.as_deref()).await?;
         self.due_ms = schedule::due_at(self.run_at.as_deref(), self.delay_seconds, now_ms())
             .map_err(|e| (e.field(), ApiError::invalid(e.to_string())))?;
         crate::tool_schemas::check_call(state, &self.tool_name, &self.parameters).await.map_err(|e| ("parameters", e))
     }
+}
+
+/// A tenant-bound caller's labels name nothing of another tenant's: a `room_id` that is another
+/// tenant's session (a room included) or an `assistant_id` of another tenant's assistant is 404,
+/// as if it did not exist, so no tool owner, listing or usage count takes the call for theirs.
+/// A label that names nothing stored is the caller's own.
+async fn labels_seen_by(
+    state: &AppState,
+    tenancy: &Tenancy,
+    room: Option<&str>,
+    assistant: Option<&str>,
+) -> Result<(), (&'static str, ApiError)> {
+    if tenancy.bound.is_none() {
+        return Ok(());
+    }
+    if let Some(room) = room {
+        let owner = state.store.session_tenant(room).await.map_err(|e| ("room_id", e.into()))?;
+        if owner.is_some() && !tenancy.sees(owner.as_deref()) {
+            return Err(("room_id", ApiError::not_found(format!("room_id: no room or session {room:?}"))));
+        }
+    }
+    if let Some(id) = assistant.filter(|id| fleet_protocol::agents::is_id("asst_", id)) {
+        let found = state.store.read_assistant(id).await.map_err(|e| ("assistant_id", e.into()))?;
+        if found.is_some_and(|v| !v.record.seen_by(tenancy.bound.as_deref())) {
+            return Err(("assistant_id", ApiError::not_found(format!("assistant_id: no assistant {id:?}"))));
+        }
+    }
+    Ok(())
 }
 
 #[utoipa::path(post, path = "/v1/tool-calls", tag = "tool-calls", security(("bearer" = ["calls:write"])),
@@ -94,12 +122,12 @@ impl ToolCallInput {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_tool_call(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
     JsonInput { value: mut input, .. }: JsonInput<ToolCallInput>,
 ) -> Result<Response, ApiError> {
-    input.check(&state, &tenancy.map(|t| t.0).unwrap_or_default()).await.map_err(|(_, e)| e)?;
+    input.check(&state, &tenancy).await.map_err(|(_, e)| e)?;
     submit(&state, idempotency_key, &headers, input).await
 }
 
@@ -115,7 +143,7 @@ pub(crate) async fn create_tool_call(
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_tool_call_batch(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
     JsonInput { value: BatchInput { mut calls }, .. }: JsonInput<BatchInput>,
@@ -124,7 +152,6 @@ pub(crate) async fn create_tool_call_batch(
         return Err(ApiError::invalid(format!("calls: must hold 1 to {MAX_BATCH_CALLS} calls, not {}", calls.len())));
     }
     // All or nothing: one bad call refuses the batch before anything is written or published.
-    let tenancy = tenancy.map(|t| t.0).unwrap_or_default();
     for (i, call) in calls.iter_mut().enumerate() {
         call.check(&state, &tenancy).await.map_err(|(field, e)| in_batch(i, field, e))?;
     }

@@ -20,7 +20,7 @@ use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolExecution, ToolRef};
 
 use crate::circuit::ToolHealthOut;
 use crate::error::ApiError;
-use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page};
+use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page, Tenancy};
 use crate::routes::wire::{Data, Listed};
 use crate::validate;
 use crate::AppState;
@@ -122,6 +122,17 @@ impl From<&StoredTool> for ToolOut {
             created_at: rfc3339_from_millis(t.created_at_ms),
             updated_at: rfc3339_from_millis(t.updated_at_ms),
         }
+    }
+}
+
+impl ToolOut {
+    /// The tool as `tenancy` may see it: a tenant-bound caller gets the callback URL without its
+    /// user info or query string, where a tool owner's credential may be.
+    fn shown_to(mut self, tenancy: &Tenancy) -> Self {
+        if tenancy.bound.is_some() && !self.callback_url.is_empty() {
+            self.callback_url = fleet_protocol::sanitize::url_without_credentials(&self.callback_url);
+        }
+        self
     }
 }
 
@@ -401,6 +412,7 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
         (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_tool(
     State(state): State<AppState>,
+    tenancy: Tenancy,
     Path(tool): Path<String>,
 ) -> Result<Json<Data<ToolOut>>, ApiError> {
     let target = ToolRef::parse(&tool);
@@ -408,14 +420,16 @@ pub(crate) async fn get_tool(
     let mut data = ToolOut::from(&with_id(&state, version).await?);
     let health = state.store.tool_health(&data.name).await?;
     let history = state.store.circuit_history(&data.name, 20).await?;
-    data.health = Some(ToolHealthOut::new(&health, &history));
-    Ok(Data::json(data))
+    let health = ToolHealthOut::new(&health, &history);
+    data.health = Some(if tenancy.bound.is_some() { health.for_tenants() } else { health });
+    Ok(Data::json(data.shown_to(&tenancy)))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
     responses((status = 200, description = "Registered tools by name", body = Listed<ToolOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
+    tenancy: Tenancy,
     ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Listed<ToolOut>>, ApiError> {
     let limit = page_limit(page.limit)?;
@@ -423,7 +437,7 @@ pub(crate) async fn list_tools(
     let next = (versions.len() > limit).then(|| versions[limit - 1].tool.name.clone());
     let mut data = Vec::with_capacity(limit);
     for version in versions.into_iter().take(limit) {
-        data.push(ToolOut::from(&with_id(&state, version).await?));
+        data.push(ToolOut::from(&with_id(&state, version).await?).shown_to(&tenancy));
     }
     Ok(Listed::json(data, next))
 }

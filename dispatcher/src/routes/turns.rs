@@ -3,7 +3,6 @@
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::Extension;
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
@@ -34,12 +33,12 @@ use crate::AppState;
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_turn(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
     JsonInput { value: mut input, raw }: JsonInput<TurnInput>,
 ) -> Result<Response, ApiError> {
-    check_turn(&state, &tenancy.map(|t| t.0).unwrap_or_default(), &mut input, "assistant.enabled_tools").await?;
+    check_turn(&state, &tenancy, &mut input, "assistant.enabled_tools").await?;
     let canonical: Value = serde_json::from_slice(&raw).map_err(|e| ApiError::malformed(e.to_string()))?;
     let turn = NewTurn::new(input, turn_digest(&canonical), "POST /v1/turns");
     submit(&state, idempotency_key, &headers, turn).await

@@ -3,7 +3,7 @@
 //! tenant-bound token sees only its own tenant's (and its own sessions').
 
 use axum::extract::State;
-use axum::{Extension, Json};
+use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -11,7 +11,7 @@ use fleet_protocol::tenant::{self, Scope, UsageBucket};
 use fleet_protocol::timefmt::{millis_from_rfc3339, rfc3339_from_millis};
 
 use crate::error::ApiError;
-use crate::routes::common::{check_session, tenancy_of, ApiQuery, Tenancy};
+use crate::routes::common::{check_session, ApiQuery, Tenancy};
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -78,10 +78,9 @@ impl UsageTotal {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn get_usage(
     State(state): State<AppState>,
-    tenancy: Option<Extension<Tenancy>>,
+    tenancy: Tenancy,
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<Data<UsageOut>>, ApiError> {
-    let tenancy = tenancy_of(tenancy);
     let bound = tenancy.bound.as_deref();
     let session = q.session.filter(|s| !s.is_empty());
     let asked_tenant = q.tenant.filter(|t| !t.is_empty());

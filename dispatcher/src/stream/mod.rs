@@ -126,5 +126,8 @@ pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) ->
     let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
     stream_token::verify(&key, &token, &session_id, now_ms())
         .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()))?;
+    // The token was made for this one session, for a caller who could read it then: it decides
+    // the tenancy of this request, which reads nothing else.
+    parts.extensions.insert(crate::routes::common::Tenancy::default());
     Ok(Request::from_parts(parts, body))
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 
 use fleet_protocol::agent_session::ClientCall;
-use fleet_protocol::history::{HistoryEntry, HISTORY_TTL_SECS};
+use fleet_protocol::history::{HistoryEntry, HISTORY_TTL_SECS, SESSION_BINDING_TTL_SECS};
 use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{CallOutcome, TurnState};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
@@ -32,6 +32,8 @@ static SESSION_ABANDON_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_ABANDON_LUA)));
 static SESSION_COMPACT_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(&with_lock_helpers(SESSION_COMPACT_LUA)));
+static SESSION_CLAIM_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SESSION_CLAIM_LUA));
 static CALL_OUTCOME_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CALL_OUTCOME_LUA));
 
@@ -44,6 +46,34 @@ local function holder_of(raw)
   if not at then return raw, 0 end
   return string.sub(raw, 1, at - 1), tonumber(string.sub(raw, at + 1)) or 0
 end
+"#;
+
+/// Who holds a session: its tenant and its agent (seed 001), each if bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionHolders {
+    pub tenant: Option<String>,
+    pub agent: Option<String>,
+}
+
+// KEYS: the session's tenant, its agent. ARGV: the tenant claiming ('': none), the agent ('':
+// none), the bindings' ttl. Writes only if neither is another's; `SET NX EX` so a new binding
+// expires, `EXPIRE GT` so a renewal never shortens one (nor gives a room's permanent one a TTL).
+const SESSION_CLAIM_LUA: &str = r#"
+local held = {redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+for i = 1, 2 do
+  if ARGV[i] ~= '' and held[i] and held[i] ~= ARGV[i] then return {held[1] or '', held[2] or ''} end
+end
+for i = 1, 2 do
+  if ARGV[i] ~= '' then
+    if not redis.call('SET', KEYS[i], ARGV[i], 'NX', 'EX', ARGV[3]) then
+      redis.call('EXPIRE', KEYS[i], ARGV[3], 'GT')
+    end
+    held[i] = ARGV[i]
+  elseif held[i] then
+    redis.call('EXPIRE', KEYS[i], ARGV[3], 'GT')
+  end
+end
+return {held[1] or '', held[2] or ''}
 "#;
 
 const SESSION_ENQUEUE_LUA: &str = r#"
@@ -536,35 +566,40 @@ impl Store {
         Ok(locked || waiting > 0)
     }
 
-    /// Binds the session to `agent` if it has no agent yet; answers the session's agent (seed
-    /// 001: a session key is a session of one agent).
-    pub async fn session_agent(&self, session_id: &str, agent: &str) -> Result<String, StoreError> {
-        self.bind_session(session_id, "agent", agent).await
+    /// Binds the session to `tenant` and to `agent` (each if given), all or nothing: when the
+    /// session is already another tenant's or another agent's, nothing is written (a refused
+    /// request binds nothing). Renews the bindings it wrote or found for `SESSION_BINDING_TTL_SECS`
+    /// (a room's, which never expire, stay so). Answers the holders after the claim.
+    pub async fn claim_session(
+        &self,
+        session_id: &str,
+        tenant: Option<&str>,
+        agent: Option<&str>,
+    ) -> Result<SessionHolders, StoreError> {
+        let r: Result<(String, String), _> = SESSION_CLAIM_SCRIPT
+            .key(self.keys.session(session_id, "tenant"))
+            .key(self.keys.session(session_id, "agent"))
+            .arg(tenant.unwrap_or_default())
+            .arg(agent.unwrap_or_default())
+            .arg(SESSION_BINDING_TTL_SECS)
+            .invoke_async(&mut self.conn().await?)
+            .await;
+        let (tenant, agent) = self.count(r)?;
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        Ok(SessionHolders { tenant: some(tenant), agent: some(agent) })
     }
 
-    /// Binds the session to `tenant` if no tenant has it yet (kept 7 days past its latest turn);
-    /// answers the session's tenant.
-    pub async fn session_tenant_claim(&self, session_id: &str, tenant: &str) -> Result<String, StoreError> {
-        self.bind_session(session_id, "tenant", tenant).await
-    }
-
-    /// Sets the session's `what` to `value` unless it has one, renews it for 7 days, and answers
-    /// the value it holds (the first binding wins).
-    async fn bind_session(&self, session_id: &str, what: &str, value: &str) -> Result<String, StoreError> {
-        let key = self.keys.session(session_id, what);
-        let r: Result<(String,), _> = redis::pipe()
-            .cmd("SET")
-            .arg(&key)
-            .arg(value)
-            .arg("NX")
+    /// Makes the session's tenant binding permanent: a room's session lives as long as the room,
+    /// which never expires.
+    pub async fn session_binding_persist(&self, session_id: &str) -> Result<(), StoreError> {
+        let r: Result<(), _> = redis::pipe()
+            .persist(self.keys.session(session_id, "tenant"))
             .ignore()
-            .get(&key)
-            .expire(&key, IDEMPOTENCY_TTL_SECS as i64)
+            .persist(self.keys.session(session_id, "agent"))
             .ignore()
             .query_async(&mut self.conn().await?)
             .await;
-        let (holder,) = self.count(r)?;
-        Ok(holder)
+        self.count(r)
     }
 
     /// The tenants of `sessions` (as `session_tenant`), in one pipeline.

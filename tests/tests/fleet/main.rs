@@ -23,6 +23,7 @@ mod fair_calls;
 mod faults;
 mod hostile;
 mod image;
+mod isolation;
 mod llm_budget;
 mod observability;
 mod redis_cluster;

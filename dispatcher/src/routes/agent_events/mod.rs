@@ -59,7 +59,7 @@ pub(super) struct Started {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_event(
     State(state): State<AppState>,
-    tenancy: Option<axum::Extension<crate::routes::common::Tenancy>>,
+    tenancy: crate::routes::common::Tenancy,
     Path((agent_key, session_key)): Path<(String, String)>,
     headers: HeaderMap,
     Body(body): Body,
@@ -68,14 +68,8 @@ pub(crate) async fn create_event(
     let request: SessionInput = validate::parse_body(&body).map_err(as_bad_request)?;
     validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
     let wait = request_timeout(&headers)?;
-    let tenancy = tenancy.map(|t| t.0).unwrap_or_default();
     let agent = agent(&state, tenancy.bound.as_deref(), &agent_key).await?;
-    own_session(&state, &agent, &session_key).await?;
-    // A bound token's tool outputs and compactions only touch its own tenant's sessions (its
-    // inputs are checked as every turn is).
-    if tenancy.bound.is_some() {
-        crate::routes::common::claim_session(&state, &tenancy, &session_key, &tenancy.resolve(None)?).await?;
-    }
+    own_session(&state, &tenancy, &agent, &session_key).await?;
     let started = match &request {
         SessionInput::Input(input) => input::submit(&state, &agent, &session_key, input, &headers, &tenancy).await?,
         SessionInput::ToolOutput(outputs) => tool_output::submit(&state, &session_key, outputs).await?,
@@ -127,8 +121,15 @@ async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<Assis
 }
 
 /// A session belongs to one agent: a room to its assistant (and a closed room takes no input),
-/// any other key to the agent that used it first.
-async fn own_session(state: &AppState, agent: &AssistantRecord, session: &str) -> Result<(), ApiError> {
+/// any other key to the agent that used it first. A bound token's inputs, tool outputs and
+/// compactions touch only its own tenant's sessions: the tenant and the agent are claimed in one
+/// write, so a request refused for either binds neither.
+async fn own_session(
+    state: &AppState,
+    tenancy: &crate::routes::common::Tenancy,
+    agent: &AssistantRecord,
+    session: &str,
+) -> Result<(), ApiError> {
     let other = || {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -137,6 +138,7 @@ async fn own_session(state: &AppState, agent: &AssistantRecord, session: &str) -
         )
     };
     if let Some(room) = state.store.get_room(session).await? {
+        crate::routes::common::check_session(state, tenancy, session).await?;
         if room.assistant_id != agent.id {
             return Err(other());
         }
@@ -145,7 +147,11 @@ async fn own_session(state: &AppState, agent: &AssistantRecord, session: &str) -
         }
         return Ok(());
     }
-    if state.store.session_agent(session, &agent.id).await? != agent.id {
+    let holders = state.store.claim_session(session, tenancy.bound.as_deref(), Some(&agent.id)).await?;
+    if !tenancy.sees(holders.tenant.as_deref()) {
+        return Err(ApiError::not_found(format!("no session {session:?}")));
+    }
+    if holders.agent.as_deref() != Some(agent.id.as_str()) {
         return Err(other());
     }
     Ok(())

@@ -1,0 +1,316 @@
+//! Tenant isolation outside the API walk, tried as a hostile second tenant would: the console is
+//! the operators' (a tenant-bound token cannot log in, and a session ends with its token or its
+//! scopes), a session no tenant holds is no one's to listen to, a session's bindings outlive its
+//! data, a refused request binds nothing, and what one tenant's work wrote (a tool's error text,
+//! a callback URL's credentials, another tenant's ids used as labels) never reaches another.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use fleet_tests::llm::{LlmReply, MockLlm};
+use fleet_tests::turn::{llm_fleet, turn_body};
+use fleet_tests::{spawn_fleet, wait_for, Fleet, Receiver, Reply};
+
+const SECRET: &str = "whsec_isolation_secret_01";
+const ADMIN: &str = "isolation-admin-token-0123456789";
+const ACME: &str = "isolation-acme-token-0123456789";
+const BETA: &str = "isolation-beta-token-0123456789";
+
+fn tokens() -> String {
+    format!("{ADMIN},{ACME}@acme,{BETA}@beta")
+}
+
+async fn send(fleet: &Fleet, token: &str, method: Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut req = fleet.http.request(method, format!("{}{path}", fleet.api)).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let resp = req.send().await.expect("dispatcher reachable");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// A fleet with an operator's token and two tenants' bound tokens, a model that answers "fine".
+async fn two_tenants(extra: &[(&str, &str)]) -> (Fleet, MockLlm) {
+    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    let mut options = llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens());
+    for (k, v) in extra {
+        options = options.env(k, v);
+    }
+    let mut fleet = spawn_fleet(options).await;
+    fleet.token = ADMIN.to_string();
+    (fleet, llm)
+}
+
+/// Posts a turn as `token` and waits until its execution succeeded.
+async fn turn_as(fleet: &Fleet, token: &str, session: &str) -> String {
+    let (status, resp) = send(fleet, token, Method::POST, "/v1/turns", Some(&turn_body(session, "hi", &[]))).await;
+    assert_eq!(status, 202, "{resp}");
+    let id = resp["data"]["execution_id"].as_str().unwrap().to_string();
+    fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    id
+}
+
+/// Creates an assistant as `token`: its id.
+async fn assistant_as(fleet: &Fleet, token: &str, name: &str) -> String {
+    let body = json!({"name": name, "title": name, "instructions": "Be brief."});
+    let (status, resp) = send(fleet, token, Method::POST, "/v1/agents/assistants", Some(&body)).await;
+    assert_eq!(status, 201, "{resp}");
+    resp["data"]["id"].as_str().unwrap().to_string()
+}
+
+/// A console client logged in with a token (`None`: the login was refused, with its status and page).
+struct Console {
+    http: reqwest::Client,
+    api: String,
+    cookie: String,
+}
+
+impl Console {
+    async fn login(fleet: &Fleet, token: &str) -> Result<Console, (u16, String)> {
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let r = fleet_tests::console_login(&http, &fleet.api, token, false).await;
+        let status = r.status().as_u16();
+        let set = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        if status != 303 {
+            return Err((status, r.text().await.unwrap_or_default()));
+        }
+        let cookie = set.split(';').next().unwrap_or_default().to_string();
+        Ok(Console { http, api: fleet.api.clone(), cookie })
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let r = self.http.get(format!("{}{path}", self.api)).header("cookie", &self.cookie).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)]) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .header("cookie", &self.cookie)
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    async fn csrf(&self) -> String {
+        let (_, page) = self.get("/console/audit").await;
+        page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_bound_token_cannot_log_in_to_the_console() {
+    let (fleet, _llm) = two_tenants(&[]).await;
+    turn_as(&fleet, ACME, "s_acme_console").await;
+    let (status, page) = Console::login(&fleet, BETA).await.err().expect("beta's bound token is refused");
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("bound to a tenant"), "the page says why: {page}");
+    let operator = Console::login(&fleet, ADMIN).await.ok().expect("the operator's token logs in");
+    let (status, page) = operator.get("/console/executions").await;
+    assert_eq!((status, page.contains("s_acme_console") || page.contains("exec_")), (200, true), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_ends_with_its_token_and_follows_its_scopes() {
+    const GONE: &str = "isolation-gone-token-0123456789";
+    const SHRUNK: &str = "isolation-shrunk-token-0123456789";
+    let all = format!("{},{GONE},{SHRUNK}", tokens());
+    let (mut fleet, _llm) = two_tenants(&[("FLEET_API_TOKENS", &all)]).await;
+    let gone = Console::login(&fleet, GONE).await.ok().expect("logs in");
+    let shrunk = Console::login(&fleet, SHRUNK).await.ok().expect("logs in");
+    assert_eq!(gone.get("/console/executions").await.0, 200);
+    let csrf = shrunk.csrf().await;
+
+    // The operator revokes GONE and leaves SHRUNK only console:read; the dispatcher restarts.
+    fleet.stop_dispatcher(libc::SIGTERM, Duration::from_secs(30)).await;
+    fleet.set_env("FLEET_API_TOKENS", &format!("{},{SHRUNK}:console:read", tokens()));
+    fleet.start_dispatcher(None).await;
+
+    let (status, page) = gone.get("/console/executions").await;
+    assert_eq!(status, 303, "a revoked token's session is over: {page}");
+    let (status, page) = shrunk.get("/console/executions").await;
+    assert_eq!(status, 200, "a session of a token still known still reads: {page}");
+    let (status, page) = shrunk.post("/console/tools/nope/close-circuit", &[("csrf", &csrf)]).await;
+    assert_eq!(status, 403, "a token cut to console:read changes nothing: {page}");
+    assert!(page.contains("read-only"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_no_tenant_holds_is_not_open_to_a_bound_token() {
+    let (fleet, _llm) = two_tenants(&[]).await;
+    for (method, path) in [
+        (Method::GET, "/v1/sessions/user_42/stream"),
+        (Method::POST, "/v1/sessions/user_42/stream-token"),
+        (Method::GET, "/v1/sessions/user_42/messages"),
+    ] {
+        let (status, body) = send(&fleet, BETA, method.clone(), path, None).await;
+        assert_eq!(status, 404, "{method} {path} before anyone's turn: {body}");
+    }
+    turn_as(&fleet, ACME, "user_42").await;
+    let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/user_42/messages", None).await;
+    assert_eq!(status, 200, "its owner reads it: {body}");
+    let (status, body) = send(&fleet, BETA, Method::POST, "/v1/sessions/user_42/stream-token", None).await;
+    assert_eq!(status, 404, "{body}");
+}
+
+/// The TTL of `key` in seconds: `None` for a key that never expires, `Some(-2)` for a missing one.
+async fn ttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<i64> {
+    let t: i64 = redis::cmd("TTL").arg(key).query_async(conn).await.unwrap();
+    (t != -1).then_some(t)
+}
+
+/// Every key of a session (by its hash tag) with its TTL, and the bindings' least TTL.
+async fn session_ttls(fleet: &Fleet, session: &str) -> (Vec<(String, Option<i64>)>, Option<i64>) {
+    let mut conn = fleet.redis().await;
+    let keys = fleet.redis_keys(&format!("session:{{{session}}}:*")).await;
+    assert!(!keys.is_empty(), "the session left keys");
+    let mut data = vec![];
+    let mut binding: Option<Option<i64>> = None;
+    for key in keys {
+        let t = ttl(&mut conn, &key).await;
+        if key.ends_with(":tenant") || key.ends_with(":agent") {
+            let least = match (binding, t) {
+                (None, t) => t,
+                (Some(None), t) | (Some(t), None) => t,
+                (Some(Some(a)), Some(b)) => Some(a.min(b)),
+            };
+            binding = Some(least);
+        } else {
+            data.push((key, t));
+        }
+    }
+    (data, binding.expect("the session has a tenant binding"))
+}
+
+/// Whether a binding of `binding` TTL outlives data of `data` TTL (`None`: never expires).
+fn outlives(binding: Option<i64>, data: Option<i64>) -> bool {
+    match (binding, data) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(b), Some(d)) => b >= d,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_bindings_outlive_its_data() {
+    let (fleet, _llm) = two_tenants(&[]).await;
+    let mut conn = fleet.redis().await;
+    turn_as(&fleet, ACME, "s_ttl").await;
+    // Days pass: every key of the session has a day left; then its owner reads its messages.
+    let keys = fleet.redis_keys("session:{s_ttl}:*").await;
+    for key in &keys {
+        let _: () = redis::cmd("EXPIRE").arg(key).arg(86_400).query_async(&mut conn).await.unwrap();
+    }
+    let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/s_ttl/messages", None).await;
+    assert_eq!(status, 200, "{body}");
+    let (data, binding) = session_ttls(&fleet, "s_ttl").await;
+    for (key, t) in &data {
+        assert!(outlives(binding, *t), "{key} lives {t:?} s, its tenant binding {binding:?} s");
+    }
+
+    // A room never expires, so neither does its session's binding; nor do a seed 001 session's.
+    let assistant = assistant_as(&fleet, ACME, "ttl_helper").await;
+    let (status, room) =
+        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "u"})))
+            .await;
+    assert_eq!(status, 201, "{room}");
+    let room = room["data"]["id"].as_str().unwrap().to_string();
+    let message = json!({"content": "hello", "role": "user"});
+    let (status, sent) =
+        send(&fleet, ACME, Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&message)).await;
+    assert_eq!(status, 201, "{sent}");
+    fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
+    let room_ttl = ttl(&mut conn, &format!("{}{{rooms}}:room:{room}", fleet.key_prefix)).await;
+    let (data, binding) = session_ttls(&fleet, &room).await;
+    assert!(outlives(binding, room_ttl), "the room lives {room_ttl:?} s, its binding {binding:?} s");
+    for (key, t) in &data {
+        assert!(outlives(binding, *t), "{key} lives {t:?} s, its binding {binding:?} s");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_seed_input_binds_nothing() {
+    let (fleet, _llm) = two_tenants(&[]).await;
+    let acme_agent = assistant_as(&fleet, ACME, "acme_agent").await;
+    let beta_agent = assistant_as(&fleet, BETA, "beta_agent").await;
+    turn_as(&fleet, ACME, "s_shared").await;
+    let input = json!({"type": "input", "messages": [{"type": "text", "content": "mine now"}]});
+    let path = |agent: &str| format!("/v2/agents/{agent}/sessions/s_shared/events");
+    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent), Some(&input)).await;
+    assert_eq!(status, 404, "another tenant's session: {body}");
+    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent), Some(&input)).await;
+    assert_eq!(status, 201, "acme's own session still takes its agent's input: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_health_and_callback_url_show_tenants_no_others_text() {
+    let receiver = Receiver::start(SECRET, |r, _| {
+        let echoed = r.json.get("parameters").map(Value::to_string).unwrap_or_default();
+        Reply { body: format!("upstream rejected {echoed}"), ..Reply::status(500) }
+    })
+    .await;
+    let (fleet, _llm) = two_tenants(&[("FLEET_RETRY_DELAYS", "0.1")]).await;
+    let url = format!("{}?api_key=owner-query-credential-0001", receiver.url("/hook"));
+    let tool = json!({"description": "d", "parameters": {"type": "object"}, "callback_url": url,
+        "callback_secret": SECRET, "circuit_breaker": {"failure_threshold": 1}});
+    let (status, body) = send(&fleet, ADMIN, Method::PUT, "/v1/tools/flaky", Some(&tool)).await;
+    assert_eq!(status, 201, "{body}");
+    let call = json!({"tool_name": "flaky", "parameters": {"account": "acme-private-account-77"}});
+    let (status, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+    assert_eq!(status, 202, "{body}");
+
+    // The operator sees the error text and the URL whole: the test is about what tenants see.
+    wait_for("the circuit's history to name the error", Duration::from_secs(30), || async {
+        let (_, tool) = send(&fleet, ADMIN, Method::GET, "/v1/tools/flaky", None).await;
+        tool.to_string().contains("acme-private-account-77").then_some(())
+    })
+    .await;
+    let (_, tool) = send(&fleet, ADMIN, Method::GET, "/v1/tools/flaky", None).await;
+    assert!(tool.to_string().contains("owner-query-credential-0001"), "{tool}");
+
+    for token in [BETA, ACME] {
+        for path in ["/v1/tools/flaky", "/v1/tools"] {
+            let (status, body) = send(&fleet, token, Method::GET, path, None).await;
+            assert_eq!(status, 200, "{body}");
+            let text = body.to_string();
+            assert!(!text.contains("owner-query-credential-0001"), "{path} shows the URL's credential: {text}");
+            assert!(!text.contains("acme-private-account-77"), "{path} shows a call's error text: {text}");
+        }
+    }
+    let (_, tool) = send(&fleet, BETA, Method::GET, "/v1/tools/flaky", None).await;
+    assert_eq!(tool["data"]["health"]["state"], "open", "the health itself is shown: {tool}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_ids_are_refused_as_labels() {
+    let receiver = Receiver::start(SECRET, |_, _| Reply::result(json!("ok"))).await;
+    let (fleet, _llm) = two_tenants(&[]).await;
+    fleet.register_tool("labelled", &receiver.url("/l"), SECRET).await;
+    let assistant = assistant_as(&fleet, ACME, "acme_labels").await;
+    let (status, room) =
+        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "n"})))
+            .await;
+    assert_eq!(status, 201, "{room}");
+    let room = room["data"]["id"].as_str().unwrap().to_string();
+
+    for labels in [json!({"room_id": room}), json!({"assistant_id": assistant})] {
+        let mut call = json!({"tool_name": "labelled", "parameters": {"query": "q"}});
+        call.as_object_mut().unwrap().extend(labels.as_object().unwrap().clone());
+        let (status, body) = send(&fleet, BETA, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        assert_eq!(status, 404, "beta labels its call with acme's {labels}: {body}");
+        let batch = json!({"calls": [call]});
+        let (status, body) = send(&fleet, BETA, Method::POST, "/v1/tool-calls/batch", Some(&batch)).await;
+        assert!(
+            status == 404 || body.to_string().contains("not_found"),
+            "a batch naming acme's {labels} is refused: {status} {body}"
+        );
+        let (status, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        assert_eq!(status, 202, "acme labels its own call: {body}");
+    }
+}
