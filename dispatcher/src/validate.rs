@@ -57,6 +57,10 @@ pub fn callback_url(field: &str, raw: &str, allow_private: bool) -> Result<Url, 
     if raw.len() > 2048 {
         return Err(ApiError::invalid(format!("{field} is longer than 2048 characters")));
     }
+    // URL parsing drops tabs and line breaks silently: the URL stored would not be the one parsed.
+    if raw.chars().any(char::is_control) {
+        return Err(ApiError::invalid(format!("{field} must not contain control characters (CR, LF, tab)")));
+    }
     let url = Url::parse(raw).map_err(|e| ApiError::invalid(format!("{field} is not a valid URL: {e}")))?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(ApiError::invalid(format!("{field} must use http or https")));
@@ -110,6 +114,15 @@ pub fn retry(retry: &Option<Option<fleet_protocol::retry_spec::RetrySpec>>) -> R
 mod tests {
     use super::*;
     use axum::http::StatusCode;
+
+    #[test]
+    fn a_callback_url_with_a_line_break_or_tab_is_refused() {
+        for raw in ["https://a.example/x\r\nX-Injected: 1", "https://a.example/\tx", "https://a.example/x\n"] {
+            let e = callback_url("callback_url", raw, false).unwrap_err();
+            assert!(e.message.contains("control characters"), "{raw:?}: {}", e.message);
+        }
+        assert!(callback_url("callback_url", "https://a.example/x", false).is_ok());
+    }
 
     #[derive(serde::Deserialize, Debug)]
     #[allow(dead_code)]

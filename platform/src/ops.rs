@@ -79,7 +79,8 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, cancel: Cance
             tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
         }
     });
-    axum::serve(listener, app.with_state(()).into_make_service())
+    // The peer's address reaches handlers (`ConnectInfo`): the console limits logins per source.
+    axum::serve(listener, app.with_state(()).into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
 }

@@ -304,9 +304,14 @@ impl Keys {
         format!("{}{{activity}}:workers", self.prefix)
     }
 
-    /// A console login session (a hash: its grant, CSRF token), expiring on its own.
+    /// A console login session (a hash: its token's digest, CSRF token), expiring on its own.
     pub fn console_session(&self, id: &str) -> String {
         format!("{}console-session:{id}", self.prefix)
+    }
+
+    /// The failed console logins from one source address in the current window (a counter).
+    pub fn console_login_failures(&self, source: &str) -> String {
+        format!("{}console-login-failures:{source}", self.prefix)
     }
 }
 

@@ -99,7 +99,9 @@ pub(crate) fn redact(v: &Value) -> Value {
             map.iter()
                 .map(|(k, v)| {
                     let lower = k.to_ascii_lowercase();
-                    if SECRET.iter().any(|s| lower.contains(s)) {
+                    // `prompt_tokens`, `max_tokens`: counts of a model's tokens, not credentials.
+                    let a_count = lower.ends_with("tokens");
+                    if !a_count && SECRET.iter().any(|s| lower.contains(s)) {
                         (k.clone(), json!("[redacted]"))
                     } else {
                         (k.clone(), redact(v))
@@ -436,4 +438,21 @@ pub(crate) async fn retry_edited(
     }
     let detail = json!({"parameters_before": redact(&before), "parameters_after": redact(&Value::Object(params))});
     act(&state, &op, &id, Action::Retry, Some(&detail)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted_and_token_counts_are_not() {
+        let job = json!({"api_key": "k", "nested": {"Authorization": "Bearer x", "refresh_token": "t"},
+            "usage": {"prompt_tokens": 12, "completion_tokens": 3, "max_tokens": 9}, "query": "q"});
+        let shown = redact(&job);
+        assert_eq!(shown["api_key"], "[redacted]");
+        assert_eq!(shown["nested"]["Authorization"], "[redacted]");
+        assert_eq!(shown["nested"]["refresh_token"], "[redacted]");
+        assert_eq!(shown["usage"], json!({"prompt_tokens": 12, "completion_tokens": 3, "max_tokens": 9}));
+        assert_eq!(shown["query"], "q");
+    }
 }

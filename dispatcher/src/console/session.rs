@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Form, FromRequest, FromRequestParts, Request, State};
+use axum::extract::{ConnectInfo, Form, FromRequest, FromRequestParts, Request, State};
 use axum::http::{header, request::Parts, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use sha2::{Digest, Sha256};
@@ -17,6 +17,10 @@ use crate::AppState;
 
 pub(crate) const COOKIE: &str = "fleet_console";
 const SESSION_TTL_SECS: u64 = 8 * 3600;
+/// Failed logins one source address may make in a window before it is refused (429) until the
+/// window ends: enough for a person's typos, far too few to guess a token.
+const LOGIN_FAILURES_ALLOWED: u64 = 10;
+const LOGIN_WINDOW_SECS: u64 = 300;
 
 /// What a grant may do in the console.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +200,7 @@ pub(crate) fn login_form_genuine(headers: &HeaderMap, form: &HashMap<String, Str
 /// overview.
 pub(crate) async fn login(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
@@ -203,9 +208,25 @@ pub(crate) async fn login(
         let message = "This login form did not come from this console, or it expired: log in again.";
         return login_page(StatusCode::FORBIDDEN, Some(message), &headers);
     }
+    // Counted per peer address: behind a proxy, that is the proxy's (every client shares it).
+    let source = peer.ip().to_string();
+    match state.store.console_login_failures(&source).await {
+        Ok(n) if n >= LOGIN_FAILURES_ALLOWED => {
+            let message =
+                format!("Too many failed logins from this address: try again in {} minutes.", LOGIN_WINDOW_SECS / 60);
+            let mut page = login_page(StatusCode::TOO_MANY_REQUESTS, Some(&message), &headers);
+            page.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(LOGIN_WINDOW_SECS));
+            return page;
+        }
+        Ok(_) => {}
+        Err(e) => return unavailable(&e.to_string()),
+    }
     let token = form.get("token").map(|t| t.trim()).unwrap_or_default();
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {
+        if let Err(e) = state.store.console_login_failed(&source, LOGIN_WINDOW_SECS).await {
+            return unavailable(&e.to_string());
+        }
         return login_page(StatusCode::UNAUTHORIZED, Some("That token is not one this fleet knows."), &headers);
     };
     if let Some(tenant) = &known.tenant {

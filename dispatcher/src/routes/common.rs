@@ -90,8 +90,7 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_credential);
     let Some(token) = token else {
         // Only a session stream accepts a (stream) token in its query string instead.
         return match crate::stream::admit_by_stream_token(&state, request).await {
@@ -114,6 +113,13 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
     request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
     request.extensions_mut().insert(Tenancy { bound: known.tenant.clone(), name: token_name(&digest) });
     next.run(request).await
+}
+
+/// The credential of an `Authorization: Bearer …` header; the scheme's case does not matter
+/// (RFC 7235: auth schemes are case-insensitive).
+fn bearer_credential(value: &str) -> Option<&str> {
+    let (scheme, credential) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credential.trim()).filter(|c| !c.is_empty())
 }
 
 /// Whether `grant` allows the route; a route without a scope is open to full-rights tokens only.
@@ -242,5 +248,20 @@ pub(crate) fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     match limit.unwrap_or(50) {
         n @ 1..=200 => Ok(n),
         _ => Err(ApiError::invalid("limit must be between 1 and 200")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_credential;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_needs_a_credential() {
+        for header in ["Bearer tok", "bearer tok", "BEARER  tok ", " Bearer tok"] {
+            assert_eq!(bearer_credential(header), Some("tok"), "{header:?}");
+        }
+        for header in ["Basic dG9rOg==", "Bearer", "Bearer ", "Bearertok", "tok"] {
+            assert_eq!(bearer_credential(header), None, "{header:?}");
+        }
     }
 }

@@ -45,6 +45,32 @@ impl Store {
         self.count(r)
     }
 
+    /// Failed console logins from `source` in the current window (which the first one opened).
+    pub async fn console_login_failures(&self, source: &str) -> Result<u64, StoreError> {
+        let r: Result<Option<u64>, _> = redis::cmd("GET")
+            .arg(self.keys().console_login_failures(source))
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r).map(Option::unwrap_or_default)
+    }
+
+    /// Counts a failed console login from `source`; a window of `window_secs` opens with the first.
+    pub async fn console_login_failed(&self, source: &str, window_secs: u64) -> Result<(), StoreError> {
+        let key = self.keys().console_login_failures(source);
+        let r: Result<(), _> = redis::pipe()
+            .atomic()
+            .incr(&key, 1)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(window_secs)
+            .arg("NX")
+            .ignore()
+            .query_async(&mut self.conn().await?)
+            .await;
+        self.count(r)
+    }
+
     pub async fn console_job_put(&self, id: &str, fields: &[(&str, String)], ttl_secs: u64) -> Result<(), StoreError> {
         self.put_hash(self.keys().console_job(id), fields, ttl_secs).await
     }

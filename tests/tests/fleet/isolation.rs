@@ -314,3 +314,18 @@ async fn another_tenants_ids_are_refused_as_labels() {
         assert_eq!(status, 202, "acme labels its own call: {body}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_logins_are_limited_per_source_and_the_bearer_scheme_has_no_case() {
+    let (fleet, _llm) = two_tenants(&[]).await;
+    for attempt in 1..=10 {
+        let (status, _) = Console::login(&fleet, &format!("guess-{attempt:02}-0123456789abcdef")).await.err().unwrap();
+        assert_eq!(status, 401, "failed login {attempt}");
+    }
+    let (status, page) = Console::login(&fleet, ADMIN).await.err().expect("the source is refused for a while");
+    assert_eq!(status, 429, "{page}");
+    assert!(page.contains("Too many failed logins"), "{page}");
+
+    let lower = fleet.http.get(format!("{}/v1/tools", fleet.api)).header("authorization", format!("bearer {ADMIN}"));
+    assert_eq!(lower.send().await.unwrap().status().as_u16(), 200, "RFC 7235: the scheme is case-insensitive");
+}
