@@ -47,7 +47,9 @@ pub fn verify(key: &[u8; 32], token: &str, session_id: &str, now_ms: i64) -> Res
         return Err(TokenError::Malformed);
     };
     let expires_at_ms: i64 = expiry.parse().map_err(|_| TokenError::Malformed)?;
-    let tag = hex::decode(tag).map_err(|_| TokenError::Malformed)?;
+    // One spelling per token, as `sign` writes it: no leading zeros or sign, lower-case hex.
+    let canonical = expiry == expires_at_ms.to_string() && !tag.bytes().any(|b| b.is_ascii_uppercase());
+    let tag = hex::decode(tag).ok().filter(|_| canonical).ok_or(TokenError::Malformed)?;
     mac(key, session_id, expires_at_ms).verify_slice(&tag).map_err(|_| TokenError::WrongSignature)?;
     if now_ms >= expires_at_ms {
         return Err(TokenError::Expired);
@@ -60,6 +62,18 @@ mod tests {
     use super::*;
 
     const KEY: [u8; 32] = [9; 32];
+
+    #[test]
+    fn a_token_has_one_spelling() {
+        let token = sign(&KEY, "s1", 1_000_060_000);
+        let (head, tag) = token.rsplit_once('.').unwrap();
+        assert_eq!(verify(&KEY, &format!("{head}.{}", tag.to_uppercase()), "s1", 0), Err(TokenError::Malformed));
+        let padded = token.replacen(".1000060000.", ".01000060000.", 1);
+        assert_eq!(verify(&KEY, &padded, "s1", 0), Err(TokenError::Malformed));
+        let signed = token.replacen(".1000060000.", ".+1000060000.", 1);
+        assert_eq!(verify(&KEY, &signed, "s1", 0), Err(TokenError::Malformed));
+        assert_eq!(verify(&KEY, &token, "s1", 0), Ok(()));
+    }
 
     #[test]
     fn a_token_admits_its_session_until_it_expires() {
