@@ -119,15 +119,9 @@ impl LlmClient {
         max_response_bytes: usize,
         tls: &fleet_platform::tls::ClientTls,
     ) -> Self {
-        // Proxy variables are ignored, as for callbacks: the model is reached directly, trusting
-        // the same roots as every other connection (a private CA for a self-hosted model).
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .use_preconfigured_tls(tls.http_config())
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .build()
-            .expect("the LLM HTTP client builds");
+        // The outgoing policy of callbacks too (no redirect, no proxy), and no resolver guard: a
+        // self-hosted model on a private address is the operator's own choice of endpoint.
+        let http = crate::http::outbound(timeout, tls).build().expect("the LLM HTTP client builds");
         LlmClient { http, base_url: base_url.map(|u| u.trim_end_matches('/').to_string()), api_key, max_response_bytes }
     }
 
@@ -235,6 +229,11 @@ impl LlmClient {
         }
         let response = request.send().await.map_err(network)?;
         let status = response.status().as_u16();
+        if (300..400).contains(&status) {
+            let location = response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok());
+            let message = sanitize_error(&redirect_message(status, location));
+            return Err(LlmError::Permanent { status: Some(status), message });
+        }
         *limits = ProviderLimits::from_headers(|name| response.headers().get(name).and_then(|v| v.to_str().ok()));
         let retry_after =
             response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -309,6 +308,13 @@ fn network(e: reqwest::Error) -> LlmError {
     LlmError::Retryable { status: None, retry_after: None, message: sanitize_error(&message) }
 }
 
+/// Why a 3xx ends the call: the worker follows no redirect (it would re-send the conversation and
+/// the key to an address nobody configured), so the provider's endpoint is misconfigured.
+fn redirect_message(status: u16, location: Option<&str>) -> String {
+    let to = location.map(|l| format!(" to {l}")).unwrap_or_default();
+    format!("LLM answered HTTP {status}, a redirect{to}, which is not followed: configure the provider's final URL")
+}
+
 /// The most of an error answer's body the worker reads: enough for the provider's message, and a
 /// body that never ends (or is huge) costs nothing more.
 pub const ERROR_BODY_LIMIT: usize = 16 * 1024;
@@ -327,4 +333,20 @@ async fn error_message(status: u16, response: reqwest::Response) -> String {
     }
     let text = String::from_utf8_lossy(&body);
     sanitize_error(&format!("LLM answered HTTP {status}: {}", text.chars().take(300).collect::<String>()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redirect_is_named_with_its_target() {
+        let message = redirect_message(307, Some("https://elsewhere.example/v1/chat/completions"));
+        assert_eq!(
+            message,
+            "LLM answered HTTP 307, a redirect to https://elsewhere.example/v1/chat/completions, which is not \
+             followed: configure the provider's final URL"
+        );
+        assert!(redirect_message(301, None).starts_with("LLM answered HTTP 301, a redirect, which is not followed"));
+    }
 }

@@ -25,6 +25,7 @@ mod hostile;
 mod image;
 mod llm_budget;
 mod observability;
+mod outbound;
 mod redis_cluster;
 mod redis_round_trips;
 mod response_table;
