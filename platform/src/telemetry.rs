@@ -81,8 +81,10 @@ fn exporter(tls: &crate::tls::ClientTls) -> Result<opentelemetry_otlp::SpanExpor
     // inside the process's async runtime.
     let roots = tls.http_config();
     let client = std::thread::spawn(move || {
+        // Neither a proxy nor a redirect may send the spans anywhere but the configured collector.
         reqwest::blocking::Client::builder()
             .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .use_preconfigured_tls(roots)
             .timeout(std::time::Duration::from_secs(10))
             .build()

@@ -21,6 +21,7 @@ pub mod idempotency;
 pub mod keys;
 pub mod life;
 pub mod limits;
+pub mod redact;
 pub mod retry;
 pub mod retry_spec;
 pub mod sanitize;

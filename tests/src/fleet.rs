@@ -641,3 +641,62 @@ impl Drop for Fleet {
         .join();
     }
 }
+
+/// Every Redis value under the fleet's key prefix that holds `needle`, as `key (type)`: strings,
+/// hashes (names and values), lists, sets, sorted sets (members) and streams (every field and
+/// value), read whole. For the tests that a secret is kept nowhere.
+pub async fn redis_values_containing(fleet: &Fleet, needle: &str) -> Vec<String> {
+    let mut con = fleet.redis().await;
+    let (mut keys, mut cursor) = (Vec::<String>::new(), 0u64);
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", fleet.key_prefix))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .expect("SCAN the fleet's keys");
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let mut found = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut con).await.unwrap();
+        let read = match kind.as_str() {
+            "string" => redis::cmd("GET").arg(&key).clone(),
+            "hash" => redis::cmd("HGETALL").arg(&key).clone(),
+            "list" => redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).clone(),
+            "set" => redis::cmd("SMEMBERS").arg(&key).clone(),
+            "zset" => redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1).clone(),
+            "stream" => redis::cmd("XRANGE").arg(&key).arg("-").arg("+").clone(),
+            _ => continue, // gone since the scan
+        };
+        let value: redis::Value = read.query_async(&mut con).await.unwrap();
+        let mut text = Vec::new();
+        flatten(&value, &mut text);
+        if String::from_utf8_lossy(&text).contains(needle) {
+            found.push(format!("{key} ({kind})"));
+        }
+    }
+    found
+}
+
+/// Every byte string inside a reply, one after another (a newline between).
+fn flatten(value: &redis::Value, out: &mut Vec<u8>) {
+    match value {
+        redis::Value::BulkString(bytes) => out.extend_from_slice(bytes),
+        redis::Value::SimpleString(s) => out.extend_from_slice(s.as_bytes()),
+        redis::Value::Array(items) | redis::Value::Set(items) => items.iter().for_each(|v| flatten(v, out)),
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            flatten(k, out);
+            flatten(v, out);
+        }),
+        _ => {}
+    }
+    out.push(b'\n');
+}

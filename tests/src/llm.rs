@@ -25,6 +25,8 @@ pub enum LlmReply {
     Status(u16),
     /// An error status with this body.
     StatusBody(u16, String),
+    /// A redirect: this 3xx status with `Location` set to the URL.
+    Redirect(u16, String),
     /// An error status whose body never ends: 64 KiB at a time until the client hangs up (the
     /// bytes written are counted, `MockLlm::error_bytes_sent`).
     EndlessError(u16),
@@ -194,6 +196,11 @@ fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
         LlmReply::StatusBody(code, body) => {
             finish();
             return (StatusCode::from_u16(code).unwrap(), body).into_response();
+        }
+        LlmReply::Redirect(code, location) => {
+            finish();
+            return (StatusCode::from_u16(code).unwrap(), [(axum::http::header::LOCATION, location)], "moved")
+                .into_response();
         }
         LlmReply::Whole(text) => {
             finish();

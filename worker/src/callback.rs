@@ -66,6 +66,8 @@ pub struct CallbackContext<'a> {
     pub client: &'a CallbackClient,
     pub secrets: &'a SecretsKey,
     pub poll_limit: Duration,
+    /// The worker's configured secrets, kept out of what a tool owner's answer puts in an error.
+    pub redactor: &'a fleet_protocol::redact::Redactor,
 }
 
 /// A signed request ready to send.
@@ -81,7 +83,7 @@ struct Prepared {
 }
 
 /// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery, or one
-/// poll of an accepted callback's status URL. Its error is sanitised for storing.
+/// poll of an accepted callback's status URL. Its error is redacted and sanitised for storing.
 pub async fn attempt(
     ctx: &CallbackContext<'_>,
     execution_id: &str,
@@ -95,7 +97,8 @@ pub async fn attempt(
         },
         Err(report) => report,
     };
-    report.error = report.error.as_deref().map(sanitize_error);
+    // Redacted whole before sanitising: the sanitiser's cut could leave a secret's head.
+    report.error = report.error.as_deref().map(|e| sanitize_error(&ctx.redactor.redact(e)));
     report
 }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
 use fleet_protocol::callback::{ASYNC_POLL_LIMIT_SECS, TOOL_CALLBACK_TIMEOUT_SECS};
+use fleet_protocol::redact::Redactor;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::tenant;
 
@@ -15,6 +16,9 @@ pub struct WorkerConfig {
     /// Jobs held at once (also the AMQP prefetch).
     pub concurrency: u16,
     pub secrets_key: SecretsKey,
+    /// Every secret this process was configured with (`configured_secrets`), redacted from what
+    /// model providers and tool owners answer before the fleet keeps any of it.
+    pub redactor: std::sync::Arc<Redactor>,
     pub allow_private_callbacks: bool,
     /// Lease on an idempotency claim; renewed every third of it while the attempt runs.
     pub claim_lease: Duration,
@@ -143,8 +147,11 @@ impl WorkerConfig {
             None => None,
         };
         let llm_api_key = src.get("FLEET_LLM_API_KEY").map(str::to_string);
+        let llm_providers = provider_endpoints(src, &common, llm_base_url, llm_api_key)?;
+        let redactor = std::sync::Arc::new(Redactor::new(configured_secrets(src, &common, &llm_providers)));
         let config = WorkerConfig {
-            llm_providers: provider_endpoints(src, &common, llm_base_url, llm_api_key)?,
+            llm_providers,
+            redactor,
             common,
             http_addr: socket_addr(src, "FLEET_WORKER_HTTP_ADDR", "127.0.0.1:9090")?,
             concurrency,
@@ -179,6 +186,20 @@ impl WorkerConfig {
         };
         Ok(config.name_metric_tenants(src))
     }
+}
+
+/// The secret values among the worker's settings: every model provider's key, the secrets key as
+/// written, the API tokens (`FLEET_API_TOKENS`, if given) and the passwords in the broker's and
+/// Redis's URLs (as written). The redactor ignores values shorter than
+/// `redact::MIN_SECRET_LEN` (a default `guest` password is no secret, and would eat the word).
+fn configured_secrets(src: &Source, common: &CommonConfig, providers: &[ProviderEndpoint]) -> Vec<String> {
+    let mut secrets: Vec<String> = providers.iter().filter_map(|p| p.api_key.clone()).collect();
+    secrets.extend(src.get("FLEET_SECRETS_KEY").map(str::to_string));
+    let tokens = src.get("FLEET_API_TOKENS").unwrap_or("").split(',');
+    secrets.extend(tokens.filter_map(|entry| entry.trim().split([':', '@']).next()).map(str::to_string));
+    let urls = common.amqp_urls.iter().map(String::as_str).chain(common.redis_url.split(','));
+    secrets.extend(urls.filter_map(|u| url::Url::parse(u.trim()).ok()?.password().map(str::to_string)));
+    secrets
 }
 
 /// A `TENANT=N` list (each N at least 1).
@@ -245,6 +266,28 @@ mod tests {
         assert_eq!(c.tool_result_max_bytes, 65536);
         assert_eq!((c.history_max_messages, c.history_max_bytes), (100, 256 * 1024));
         assert_eq!(c.circuit, fleet_protocol::circuit::CircuitPolicy::default());
+    }
+
+    #[test]
+    fn every_configured_secret_is_redacted() {
+        let c = WorkerConfig::load(&Source::from_pairs([
+            ("FLEET_SECRETS_KEY", KEY),
+            ("FLEET_LLM_API_KEY", "sk-default-provider-key"),
+            ("FLEET_LLM_PROVIDERS", r#"{"b": {"base_url": "http://b/v1", "api_key_env": "B_KEY"}}"#),
+            ("B_KEY", "second-provider-key"),
+            ("FLEET_API_TOKENS", "operator-token-0001,tenant-token-0002@acme:turns:write"),
+            ("FLEET_AMQP_URL", "amqp://fleet:broker-password-3@rabbit:5672/%2f"),
+            ("FLEET_REDIS_URL", "redis://:redis-password-4@redis:6379/0"),
+        ]))
+        .unwrap();
+        let text = format!(
+            "{KEY} sk-default-provider-key second-provider-key operator-token-0001 tenant-token-0002 \
+             broker-password-3 redis-password-4"
+        );
+        let redacted = c.redactor.redact(&text);
+        assert_eq!(redacted, ["[redacted]"; 7].join(" "), "{redacted}");
+        let defaults = WorkerConfig::load(&Source::from_pairs([("FLEET_SECRETS_KEY", KEY)])).unwrap();
+        assert_eq!(defaults.redactor.redact("guest:guest"), "guest:guest", "the default password is no secret");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The outgoing HTTP client for callbacks: no redirects, bounded time and body, and (unless private
-//! targets are allowed) a resolver that drops private addresses, so the address actually connected
-//! to is always checked, DNS rebinding included. Proxy environment variables are ignored.
+//! The worker's outgoing HTTP: one policy every client is built on (no redirect followed, no proxy,
+//! bounded time, the fleet's trusted roots), and the callback client on top of it: a bounded body
+//! and (unless private targets are allowed) a resolver that drops private addresses, so the address
+//! actually connected to is always checked, DNS rebinding included.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -34,6 +35,24 @@ impl Resolve for GuardedResolver {
     }
 }
 
+/// The settings every outgoing client of the worker starts from, declared once (the model client and
+/// the callback client, which also carries webhooks, build on it).
+///
+/// No redirect is followed: a redirect re-sends the request, its body (a whole conversation) and
+/// its `Authorization` header included, to an address the fleet never chose or checked. A 3xx
+/// comes back as the answer it is. Proxy variables (HTTP(S)_PROXY, ALL_PROXY) are ignored: a proxy
+/// connects wherever it likes, around the resolver's SSRF guard. HTTPS trusts `tls`'s roots
+/// (bundled, `FLEET_TLS_CA_FILE`, and the system's if asked); no client certificate is ever sent.
+pub fn outbound(timeout: Duration, tls: &ClientTls) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .user_agent(concat!("agent-fleet-worker/", env!("CARGO_PKG_VERSION")))
+        .use_preconfigured_tls(tls.http_config())
+}
+
 /// The callback client and its policy.
 #[derive(Clone)]
 pub struct CallbackClient {
@@ -52,20 +71,9 @@ pub struct ReadResponse {
 }
 
 impl CallbackClient {
-    /// HTTPS trusts `tls`'s roots (bundled, `FLEET_TLS_CA_FILE`, and the system's if asked); no
-    /// client certificate is ever sent to a tool owner.
+    /// The [`outbound`] policy, and a pool sized for many callbacks to few tool owners.
     pub fn new(timeout: Duration, allow_private: bool, max_body: usize, tls: &ClientTls) -> Self {
-        // `no_proxy`: HTTP(S)_PROXY / ALL_PROXY would otherwise send callbacks to a proxy that
-        // connects wherever it likes, around the resolver's SSRF guard.
-        let mut builder = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
-            .user_agent(concat!("agent-fleet-worker/", env!("CARGO_PKG_VERSION")))
-            .use_preconfigured_tls(tls.http_config());
+        let mut builder = outbound(timeout, tls).pool_idle_timeout(Duration::from_secs(60)).pool_max_idle_per_host(64);
         if !allow_private {
             builder = builder.dns_resolver(Arc::new(GuardedResolver));
         }

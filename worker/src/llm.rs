@@ -1,8 +1,11 @@
 //! The LLM client: any OpenAI-compatible `/chat/completions`, streamed (the body decoded as one
 //! UTF-8 event stream, so a network split inside a character or an event changes nothing;
 //! `delta.tool_calls` fragments assembled into whole calls), with a non-streaming fallback when the
-//! server answers with a plain JSON completion. What the worker holds of a response is bounded.
+//! server answers with a plain JSON completion. What the worker holds of a response is bounded,
+//! and every text the provider sends (content, tool calls, errors) passes the worker's `Redactor`
+//! before it goes anywhere: a provider may echo the key it was called with.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,6 +14,7 @@ use serde_json::{json, Value};
 use eventsource_stream::{EventStreamError, Eventsource};
 use fleet_protocol::budget::ProviderLimits;
 use fleet_protocol::classify::{classify_status, ResponseClass};
+use fleet_protocol::redact::Redactor;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::turn::{classify_stream_data, Completion, CompletionBuilder, StreamItem};
 
@@ -55,6 +59,7 @@ impl LlmClients {
                     config.llm_timeout,
                     config.llm_max_response_bytes,
                     &config.common.tls,
+                    config.redactor.clone(),
                 );
                 (p.name.clone(), client)
             })
@@ -92,6 +97,8 @@ pub struct LlmClient {
     api_key: Option<String>,
     /// The most bytes of one response the worker holds (`FLEET_LLM_MAX_RESPONSE_BYTES`).
     max_response_bytes: usize,
+    /// The worker's secrets, this client's key among them.
+    redactor: Arc<Redactor>,
 }
 
 /// One model call's request.
@@ -118,17 +125,19 @@ impl LlmClient {
         timeout: Duration,
         max_response_bytes: usize,
         tls: &fleet_platform::tls::ClientTls,
+        redactor: Arc<Redactor>,
     ) -> Self {
-        // Proxy variables are ignored, as for callbacks: the model is reached directly, trusting
-        // the same roots as every other connection (a private CA for a self-hosted model).
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .use_preconfigured_tls(tls.http_config())
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .build()
-            .expect("the LLM HTTP client builds");
-        LlmClient { http, base_url: base_url.map(|u| u.trim_end_matches('/').to_string()), api_key, max_response_bytes }
+        // The outgoing policy of callbacks too (no redirect, no proxy), and no resolver guard: a
+        // self-hosted model on a private address is the operator's own choice of endpoint.
+        let http = crate::http::outbound(timeout, tls).build().expect("the LLM HTTP client builds");
+        let base_url = base_url.map(|u| u.trim_end_matches('/').to_string());
+        LlmClient { http, base_url, api_key, max_response_bytes, redactor }
+    }
+
+    /// A provider's text fit to keep: secrets redacted (before sanitising, whose cut could
+    /// otherwise leave a secret's head), then sanitised.
+    fn scrub(&self, text: &str) -> String {
+        sanitize_error(&self.redactor.redact(text))
     }
 
     /// Calls the model, handing every content token to `on_token` as it streams in; with the
@@ -166,35 +175,46 @@ impl LlmClient {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
         if !streamed {
-            let completion = self.whole(response).await?;
+            let completion = self.redacted(self.whole(response).await?);
             if !completion.content.is_empty() {
                 on_token(completion.content.clone()).await;
             }
             return Ok(completion);
         }
         let mut builder = CompletionBuilder::default();
+        // Tokens go out redacted; a token that may begin a secret waits for the next one.
+        let mut tokens = self.redactor.stream();
         let mut events = self.bounded_body(response).eventsource();
+        let mut done = false;
         while let Some(event) = events.next().await {
             let event = event.map_err(|e| self.stream_failure(e))?;
             match classify_stream_data(&event.data) {
-                StreamItem::Done => return Ok(builder.finish()),
+                StreamItem::Done => {
+                    done = true;
+                    break;
+                }
                 StreamItem::Chunk(chunk) => {
-                    if let Some(token) = builder.push(chunk) {
+                    if let Some(token) = builder.push(chunk).and_then(|t| tokens.push(&t)) {
                         on_token(token).await;
                     }
                 }
                 StreamItem::Error(error) if error.is_retryable() => {
-                    let message = sanitize_error(&error.describe());
+                    let message = self.scrub(&error.describe());
                     return Err(LlmError::Retryable { status: None, retry_after: None, message });
                 }
                 StreamItem::Error(error) => {
-                    return Err(LlmError::Permanent { status: None, message: sanitize_error(&error.describe()) })
+                    return Err(LlmError::Permanent { status: None, message: self.scrub(&error.describe()) })
                 }
                 StreamItem::Ignored => {}
             }
         }
-        if builder.finished() {
-            return Ok(builder.finish());
+        // What is held goes out only with a finished answer: a failed call's held tail may be a
+        // secret's head.
+        if done || builder.finished() {
+            if let Some(rest) = tokens.finish() {
+                on_token(rest).await;
+            }
+            return Ok(self.redacted(builder.finish()));
         }
         Err(LlmError::Retryable {
             status: None,
@@ -233,19 +253,26 @@ impl LlmClient {
         for (k, v) in traceparent {
             request = request.header(k, v);
         }
-        let response = request.send().await.map_err(network)?;
+        let response = request.send().await.map_err(|e| self.network(e))?;
         let status = response.status().as_u16();
+        if (300..400).contains(&status) {
+            let location = response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok());
+            return Err(LlmError::Permanent {
+                status: Some(status),
+                message: self.scrub(&redirect_message(status, location)),
+            });
+        }
         *limits = ProviderLimits::from_headers(|name| response.headers().get(name).and_then(|v| v.to_str().ok()));
         let retry_after =
             response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_string);
         match classify_status(status, retry_after.as_deref(), fleet_platform::now_ms() / 1000) {
             ResponseClass::Success | ResponseClass::Accepted => Ok(response),
             ResponseClass::Retryable { retry_after } => {
-                let message = error_message(status, response).await;
+                let message = self.error_message(status, response).await;
                 Err(LlmError::Retryable { status: Some(status), retry_after, message })
             }
             ResponseClass::Permanent => {
-                let message = error_message(status, response).await;
+                let message = self.error_message(status, response).await;
                 Err(LlmError::Permanent { status: Some(status), message })
             }
         }
@@ -278,53 +305,92 @@ impl LlmClient {
         let value: Value = serde_json::from_slice(&body).map_err(|e| LlmError::Retryable {
             status: None,
             retry_after: None,
-            message: format!("LLM response is not JSON: {e}"),
+            message: self.scrub(&format!("LLM response is not JSON: {e}")),
         })?;
         Ok(CompletionBuilder::from_response(&value))
     }
 
     fn stream_failure(&self, e: EventStreamError<BodyFailure>) -> LlmError {
         let message = match e {
-            EventStreamError::Transport(BodyFailure::Network(e)) => return network(e),
+            EventStreamError::Transport(BodyFailure::Network(e)) => return self.network(e),
             EventStreamError::Transport(BodyFailure::TooLarge(limit)) => format!(
                 "LLM response exceeded FLEET_LLM_MAX_RESPONSE_BYTES ({limit} bytes); the model may be repeating itself"
             ),
             EventStreamError::Utf8(e) => format!("LLM stream is not UTF-8: {e}"),
             EventStreamError::Parser(e) => format!("LLM stream is not a valid event stream: {e}"),
         };
-        LlmError::Retryable { status: None, retry_after: None, message: sanitize_error(&message) }
+        LlmError::Retryable { status: None, retry_after: None, message: self.scrub(&message) }
+    }
+
+    /// A transport error, without the request URL: it may carry credentials or a query-string key.
+    fn network(&self, e: reqwest::Error) -> LlmError {
+        let what = if e.is_timeout() { "timed out" } else { "request failed" };
+        let e = e.without_url();
+        let mut message = format!("LLM {what}: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        LlmError::Retryable { status: None, retry_after: None, message: self.scrub(&message) }
+    }
+
+    /// What a non-success answer says, from the first [`ERROR_BODY_LIMIT`] bytes of its body,
+    /// redacted before it is cut short (a cut could leave a secret's head) and sanitised: a
+    /// provider's error may echo its key, a URL with a key in it, or a stack trace.
+    async fn error_message(&self, status: u16, response: reqwest::Response) -> String {
+        let mut body = Vec::new();
+        let mut chunks = response.bytes_stream();
+        while let Some(Ok(chunk)) = chunks.next().await {
+            let room = ERROR_BODY_LIMIT - body.len();
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if body.len() >= ERROR_BODY_LIMIT {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
+        let text: String = self.redactor.redact(&text).chars().take(300).collect();
+        sanitize_error(&format!("LLM answered HTTP {status}: {text}"))
+    }
+
+    /// A completion as the fleet may keep it: its text and its tool calls' arguments redacted (a
+    /// secret inside a JSON string is replaced by text that keeps the JSON whole).
+    fn redacted(&self, mut completion: Completion) -> Completion {
+        if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&completion.content) {
+            completion.content = clean;
+        }
+        for call in &mut completion.tool_calls {
+            if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&call.arguments) {
+                call.arguments = clean;
+            }
+        }
+        completion
     }
 }
 
-/// A transport error, without the request URL: it may carry credentials or a query-string key.
-fn network(e: reqwest::Error) -> LlmError {
-    let what = if e.is_timeout() { "timed out" } else { "request failed" };
-    let e = e.without_url();
-    let mut message = format!("LLM {what}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        message.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    LlmError::Retryable { status: None, retry_after: None, message: sanitize_error(&message) }
+/// Why a 3xx ends the call: the worker follows no redirect (it would re-send the conversation and
+/// the key to an address nobody configured), so the provider's endpoint is misconfigured.
+fn redirect_message(status: u16, location: Option<&str>) -> String {
+    let to = location.map(|l| format!(" to {l}")).unwrap_or_default();
+    format!("LLM answered HTTP {status}, a redirect{to}, which is not followed: configure the provider's final URL")
 }
 
 /// The most of an error answer's body the worker reads: enough for the provider's message, and a
 /// body that never ends (or is huge) costs nothing more.
 pub const ERROR_BODY_LIMIT: usize = 16 * 1024;
 
-/// What a non-success answer says, from the first [`ERROR_BODY_LIMIT`] bytes of its body, sanitised
-/// (a provider's error may echo a URL with a key in it, or a stack trace).
-async fn error_message(status: u16, response: reqwest::Response) -> String {
-    let mut body = Vec::new();
-    let mut chunks = response.bytes_stream();
-    while let Some(Ok(chunk)) = chunks.next().await {
-        let room = ERROR_BODY_LIMIT - body.len();
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= ERROR_BODY_LIMIT {
-            break;
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redirect_is_named_with_its_target() {
+        let message = redirect_message(307, Some("https://elsewhere.example/v1/chat/completions"));
+        assert_eq!(
+            message,
+            "LLM answered HTTP 307, a redirect to https://elsewhere.example/v1/chat/completions, which is not \
+             followed: configure the provider's final URL"
+        );
+        assert!(redirect_message(301, None).starts_with("LLM answered HTTP 301, a redirect, which is not followed"));
     }
-    let text = String::from_utf8_lossy(&body);
-    sanitize_error(&format!("LLM answered HTTP {status}: {}", text.chars().take(300).collect::<String>()))
 }

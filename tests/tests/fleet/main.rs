@@ -26,6 +26,7 @@ mod image;
 mod isolation;
 mod llm_budget;
 mod observability;
+mod outbound;
 mod redis_cluster;
 mod redis_round_trips;
 mod response_table;

@@ -105,6 +105,7 @@ async fn attempt(cx: &Cx<'_>, envelope: &Envelope, held: Held, admission: &limit
         client: cx.client,
         secrets: &cx.config.secrets_key,
         poll_limit: cx.config.async_poll_limit,
+        redactor: &cx.config.redactor,
     };
     let sent = Box::pin(callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()));
     let sent = limits::holding(cx, admission, sent);
