@@ -1,7 +1,10 @@
-//! Token scopes (least privilege): what each route requires, and how `FLEET_API_TOKENS` entries
-//! name the scopes a token carries. Pure: no I/O.
+//! Token scopes (least privilege): what each route requires, read from its OpenAPI declaration,
+//! and how `FLEET_API_TOKENS` entries name the scopes a token carries. Pure: no I/O.
+
+use std::collections::HashMap;
 
 use axum::http::Method;
+use serde_json::Value;
 
 /// One right a token can carry. Scopes are independent: `tools:write` does not grant `tools:read`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,59 +119,73 @@ pub fn parse_token_entry(entry: &str) -> Result<(&str, Grant), String> {
     Ok((token, Grant::scoped(scopes)))
 }
 
-/// The scope a route requires, by method and route template (`None`: the route is not scoped,
-/// e.g. an unknown one, answered 404 anyway). Seed 000's rooms are sessions: reading one (its
-/// messages, its stream) is `sessions:read`, creating or closing one `sessions:write`, and
-/// sending a message (which starts a turn) `turns:write`.
-pub fn required_scope(method: &Method, route: &str) -> Option<Scope> {
-    let read = method == Method::GET || method == Method::HEAD;
-    let scope = match route {
-        "/v1/tools" | "/v1/tools/{tool}" if read => Scope::ToolsRead,
-        "/v1/tools" | "/v1/tools/{tool}" => Scope::ToolsWrite,
-        "/v1/tool-calls" | "/v1/tool-calls/batch" => Scope::CallsWrite,
-        "/v1/turns" => Scope::TurnsWrite,
-        "/v1/sessions/{id}/stream" | "/v1/sessions/{id}/stream-token" | "/v1/sessions/{id}/messages" => {
-            Scope::SessionsRead
-        }
-        "/v1/sessions/{id}" => Scope::SessionsWrite,
-        "/v1/executions" | "/v1/executions/{id}" => Scope::ExecutionsRead,
-        "/v1/audit" => Scope::AuditRead,
-        "/v1/usage" => Scope::UsageRead,
-        "/v1/tools/{tool}/circuit/close" => Scope::ToolsWrite,
-        "/v1/executions/{id}/cancel" => Scope::ExecutionsWrite,
-        "/v1/dead-letters" | "/v1/dead-letters/{id}" if read => Scope::DeadLettersRead,
-        "/v1/dead-letters"
-        | "/v1/dead-letters/{id}"
-        | "/v1/dead-letters/retry"
-        | "/v1/dead-letters/purge"
-        | "/v1/dead-letters/{id}/retry" => Scope::DeadLettersAdmin,
-        "/v1/webhooks" | "/v1/webhooks/{id}" if read => Scope::WebhooksRead,
-        "/v1/webhooks" | "/v1/webhooks/{id}" => Scope::WebhooksWrite,
-        "/v1/agents/assistants" | "/v1/agents/assistants/{assistant_id}" if read => Scope::AssistantsRead,
-        "/v1/agents/assistants" | "/v1/agents/assistants/{assistant_id}" => Scope::AssistantsWrite,
-        "/v1/agents/rooms/{room_id}/messages" if !read => Scope::TurnsWrite,
-        "/v1/agents/rooms"
-        | "/v1/agents/rooms/{room_id}"
-        | "/v1/agents/rooms/{room_id}/messages"
-        | "/v1/agents/rooms/{room_id}/stream"
-        | "/v1/agents/rooms/{room_id}/stream-token" => Scope::SessionsRead,
-        "/v1/agents/{assistant_id}/rooms" | "/v1/agents/rooms/{room_id}/close" => Scope::SessionsWrite,
-        "/v2/agents/{agent_key}/sessions/{session_key}/events" => Scope::TurnsWrite,
-        _ => return None,
-    };
-    Some(scope)
+/// The role a route's security requirement names beside its scope when only an operator (a token
+/// bound to no tenant) may use it, whatever scopes a tenant's token holds: the fleet's
+/// configuration that every tenant's work shares (changing a tool or closing its circuit, any
+/// webhook, which would be sent every tenant's events) and the audit log (which names every
+/// tenant's ids). OpenAPI 3.1 lets a non-OAuth requirement list such role names.
+pub const OPERATOR_ROLE: &str = "operator";
+
+/// What a route demands of a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteRule {
+    pub scope: Scope,
+    pub operator_only: bool,
 }
 
-/// Whether the route is the operator's alone, refused to a tenant-bound token whatever it holds:
-/// the fleet's configuration that every tenant's work shares (changing a tool or closing its
-/// circuit, any webhook, which would be sent every tenant's events) and the audit log (which
-/// names every tenant's ids). Reading the tools is not: a tenant's turns and calls name them.
-pub fn operator_only(method: &Method, route: &str) -> bool {
-    let read = method == Method::GET || method == Method::HEAD;
-    match route {
-        "/v1/tools" | "/v1/tools/{tool}" => !read,
-        "/v1/tools/{tool}/circuit/close" | "/v1/audit" | "/v1/webhooks" | "/v1/webhooks/{id}" => true,
-        _ => false,
+/// Every authenticated route's rule by method and route template, read from the API's OpenAPI
+/// document: a handler's `security(("bearer" = [SCOPE, "operator"?]))` is the one place a route
+/// declares what it needs, so the check enforced and the contract published cannot differ.
+#[derive(Debug, Default)]
+pub struct RouteRules(HashMap<(Method, String), RouteRule>);
+
+impl RouteRules {
+    /// The rules of `doc`'s operations that name `scheme` in their security requirement. An
+    /// operation naming no known scope, more than one, or an unknown role is refused, naming it.
+    pub fn from_openapi(doc: &Value, scheme: &str) -> Result<RouteRules, String> {
+        let mut rules = HashMap::new();
+        let paths = doc["paths"].as_object().ok_or("the document has no paths")?;
+        for (path, item) in paths {
+            for (method, op) in item.as_object().into_iter().flatten() {
+                let requirements = op["security"].as_array().into_iter().flatten();
+                let Some(names) = requirements.filter_map(|r| r.get(scheme)?.as_array()).next() else { continue };
+                let mut scope = None;
+                let mut operator_only = false;
+                for name in names.iter().map(|n| n.as_str().unwrap_or_default()) {
+                    match (Scope::parse(name), name == OPERATOR_ROLE, scope) {
+                        (Some(s), _, None) => scope = Some(s),
+                        (None, true, _) => operator_only = true,
+                        _ => return Err(format!("{method} {path}: {name:?} is a second scope or an unknown role")),
+                    }
+                }
+                let scope = scope.ok_or_else(|| format!("{method} {path} declares no scope"))?;
+                let method = Method::from_bytes(method.to_uppercase().as_bytes()).map_err(|e| e.to_string())?;
+                rules.insert((method, path.clone()), RouteRule { scope, operator_only });
+            }
+        }
+        Ok(RouteRules(rules))
+    }
+
+    /// The rule of `route` (its template) for `method`; a `HEAD` is its `GET`'s.
+    pub fn get(&self, method: &Method, route: &str) -> Option<RouteRule> {
+        let method = if method == Method::HEAD { &Method::GET } else { method };
+        self.0.get(&(method.clone(), route.to_string())).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The operator-only routes, as `METHOD template`, sorted.
+    pub fn operator_only(&self) -> Vec<String> {
+        let mut routes: Vec<String> =
+            self.0.iter().filter(|(_, r)| r.operator_only).map(|((m, p), _)| format!("{m} {p}")).collect();
+        routes.sort();
+        routes
     }
 }
 
@@ -176,27 +193,43 @@ pub fn operator_only(method: &Method, route: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn doc(ops: serde_json::Value) -> Value {
+        serde_json::json!({ "paths": ops })
+    }
+
     #[test]
-    fn the_shared_configuration_and_the_audit_log_are_the_operators() {
-        for (method, route) in [
-            (Method::POST, "/v1/tools"),
-            (Method::PUT, "/v1/tools/{tool}"),
-            (Method::DELETE, "/v1/tools/{tool}"),
-            (Method::POST, "/v1/tools/{tool}/circuit/close"),
-            (Method::GET, "/v1/webhooks"),
-            (Method::PUT, "/v1/webhooks/{id}"),
-            (Method::GET, "/v1/audit"),
+    fn a_rule_is_read_from_the_operations_security_requirement() {
+        let d = doc(serde_json::json!({
+            "/v1/tools": {"get": {"security": [{"bearer": ["tools:read"]}]},
+                          "post": {"security": [{"bearer": ["tools:write", "operator"]}]}},
+            "/v1/openapi.json": {"get": {"security": [{}]}}
+        }));
+        let rules = RouteRules::from_openapi(&d, "bearer").unwrap();
+        assert_eq!(rules.len(), 2, "a public operation has no rule");
+        assert_eq!(
+            rules.get(&Method::GET, "/v1/tools"),
+            Some(RouteRule { scope: Scope::ToolsRead, operator_only: false })
+        );
+        assert_eq!(rules.get(&Method::HEAD, "/v1/tools"), rules.get(&Method::GET, "/v1/tools"));
+        assert_eq!(
+            rules.get(&Method::POST, "/v1/tools"),
+            Some(RouteRule { scope: Scope::ToolsWrite, operator_only: true })
+        );
+        assert_eq!(rules.get(&Method::GET, "/v1/nope"), None);
+        assert_eq!(rules.operator_only(), vec!["POST /v1/tools".to_string()]);
+    }
+
+    #[test]
+    fn an_operation_without_one_known_scope_is_refused_naming_it() {
+        for names in [
+            serde_json::json!([]),
+            serde_json::json!(["operator"]),
+            serde_json::json!(["tools:read", "tools:write"]),
+            serde_json::json!(["tools:raed"]),
         ] {
-            assert!(operator_only(&method, route), "{method} {route}");
-        }
-        for (method, route) in [
-            (Method::GET, "/v1/tools"),
-            (Method::GET, "/v1/tools/{tool}"),
-            (Method::POST, "/v1/turns"),
-            (Method::GET, "/v1/usage"),
-            (Method::POST, "/v1/agents/assistants"),
-        ] {
-            assert!(!operator_only(&method, route), "{method} {route}");
+            let d = doc(serde_json::json!({"/v1/x": {"get": {"security": [{"bearer": names}]}}}));
+            let e = RouteRules::from_openapi(&d, "bearer").unwrap_err();
+            assert!(e.contains("get /v1/x"), "{names}: {e}");
         }
     }
 
@@ -219,21 +252,10 @@ mod tests {
     }
 
     #[test]
-    fn every_scope_name_round_trips_and_writes_differ_from_reads() {
+    fn every_scope_name_round_trips() {
         for s in Scope::ALL {
             assert_eq!(Scope::parse(s.as_str()), Some(s));
         }
-        assert_eq!(required_scope(&Method::GET, "/v1/tools/{tool}"), Some(Scope::ToolsRead));
-        assert_eq!(required_scope(&Method::DELETE, "/v1/tools/{tool}"), Some(Scope::ToolsWrite));
-        assert_eq!(required_scope(&Method::DELETE, "/v1/dead-letters/{id}"), Some(Scope::DeadLettersAdmin));
-        assert_eq!(required_scope(&Method::GET, "/v1/sessions/{id}/stream"), Some(Scope::SessionsRead));
-        assert_eq!(required_scope(&Method::DELETE, "/v1/sessions/{id}"), Some(Scope::SessionsWrite));
-        assert_eq!(required_scope(&Method::POST, "/v1/executions/{id}/cancel"), Some(Scope::ExecutionsWrite));
-        assert_eq!(required_scope(&Method::GET, "/v1/nope"), None);
-        assert_eq!(required_scope(&Method::PUT, "/v1/agents/assistants/{assistant_id}"), Some(Scope::AssistantsWrite));
-        assert_eq!(required_scope(&Method::GET, "/v1/agents/assistants"), Some(Scope::AssistantsRead));
-        assert_eq!(required_scope(&Method::POST, "/v1/agents/rooms/{room_id}/messages"), Some(Scope::TurnsWrite));
-        assert_eq!(required_scope(&Method::GET, "/v1/agents/rooms/{room_id}/messages"), Some(Scope::SessionsRead));
-        assert_eq!(required_scope(&Method::POST, "/v1/agents/rooms/{room_id}/close"), Some(Scope::SessionsWrite));
+        assert_eq!(Scope::parse(OPERATOR_ROLE), None, "the operator role is no scope");
     }
 }

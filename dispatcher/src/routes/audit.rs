@@ -93,7 +93,7 @@ pub(crate) struct AuditQuery {
 /// Every change made through the operator routes, the console or `fleetctl` (dead-letter retries,
 /// redrives and purges, cancels, circuit closes, session forgets): who, when, what, how many.
 /// Newest first; the log keeps the latest 100,000 entries.
-#[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = ["audit:read"])),
+#[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = ["audit:read", "operator"])),
     params(AuditQuery),
     responses((status = 200, description = "Audit entries, newest first", body = Listed<AuditEntryOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_audit(

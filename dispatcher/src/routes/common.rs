@@ -10,7 +10,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::scopes::{required_scope, Grant};
+use crate::scopes::{Grant, RouteRule};
 use crate::AppState;
 
 /// Which client a request came from: a digest of its token, to namespace its `Idempotency-Key`s.
@@ -104,10 +104,11 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
         return ApiError::unauthorized().into_response();
     };
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str()).unwrap_or("");
-    if let Err(refused) = check_scope(known.grant, request.method(), route) {
+    let rule = crate::routes::route_rules().get(request.method(), route);
+    if let Err(refused) = check_scope(known.grant, rule, request.method(), route) {
         return refused.into_response();
     }
-    if known.tenant.is_some() && crate::scopes::operator_only(request.method(), route) {
+    if known.tenant.is_some() && rule.is_some_and(|r| r.operator_only) {
         return ApiError::operator_only(request.method().as_str(), route).into_response();
     }
     request.extensions_mut().insert(Caller(hex::encode(&digest[..16])));
@@ -122,9 +123,9 @@ fn bearer_credential(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| credential.trim()).filter(|c| !c.is_empty())
 }
 
-/// Whether `grant` allows the route; a route without a scope is open to full-rights tokens only.
-fn check_scope(grant: Grant, method: &Method, route: &str) -> Result<(), ApiError> {
-    match required_scope(method, route) {
+/// Whether `grant` allows the route; a route without a rule is open to full-rights tokens only.
+fn check_scope(grant: Grant, rule: Option<RouteRule>, method: &Method, route: &str) -> Result<(), ApiError> {
+    match rule.map(|r| r.scope) {
         Some(scope) if !grant.allows(scope) => {
             Err(ApiError::insufficient_scope(scope.as_str(), method.as_str(), route))
         }

@@ -53,7 +53,8 @@ impl Modify for BearerAuth {
                 "A token from FLEET_API_TOKENS. A plain token has every scope; `TOKEN:SCOPE+SCOPE` has only \
                  those; `TOKEN@TENANT` is bound to a tenant. The scope an operation needs is listed in its \
                  security requirement; a token \
-                 without it gets 403 `insufficient_scope`.",
+                 without it gets 403 `insufficient_scope`. A requirement that also lists the role `operator` \
+                 is the operators': a token bound to a tenant gets 403 `operator_only` whatever its scopes.",
             ))
             .build();
         components.add_security_scheme(BEARER, SecurityScheme::Http(scheme));

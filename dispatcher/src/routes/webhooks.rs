@@ -68,7 +68,7 @@ impl From<&StoredWebhook> for WebhookOut {
     }
 }
 
-#[utoipa::path(put, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),
+#[utoipa::path(put, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
     params(("id" = String, Path, description = "1-64 letters, digits, `_` or `-`")),
     request_body = WebhookInput,
     responses((status = 200, description = "Updated", body = Data<WebhookOut>),
@@ -158,7 +158,7 @@ fn webhook_signing(
     crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
-#[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read"])),
+#[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])),
     params(("id" = String, Path, description = "The webhook id")),
     responses((status = 200, description = "The webhook", body = Data<WebhookOut>),
         (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -170,7 +170,7 @@ pub(crate) async fn get_webhook(
     Ok(Data::json(WebhookOut::from(&hook)))
 }
 
-#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = ["webhooks:read"])), params(crate::routes::common::Page),
+#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])), params(crate::routes::common::Page),
     responses((status = 200, description = "Webhooks by id", body = Listed<WebhookOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_webhooks(
     State(state): State<AppState>,
@@ -182,7 +182,7 @@ pub(crate) async fn list_webhooks(
     Ok(Listed::json(hooks.iter().take(limit).map(WebhookOut::from).collect(), next))
 }
 
-#[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write"])),
+#[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
     params(("id" = String, Path, description = "The webhook id")),
     responses((status = 204, description = "Deleted"),
         (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]

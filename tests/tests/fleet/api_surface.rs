@@ -17,6 +17,7 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::PUT, "/v1/tools/scoped_tool", "tools:write", Some(tool)),
         (Method::GET, "/v1/tools/scoped_tool", "tools:read", None),
         (Method::DELETE, "/v1/tools/nope", "tools:write", None),
+        (Method::POST, "/v1/tools/nope/circuit/close", "tools:write", None),
         (Method::POST, "/v1/tool-calls", "calls:write", Some(json!({"tool_name": "nope", "parameters": {}}))),
         (
             Method::POST,
@@ -29,6 +30,7 @@ fn scoped_routes() -> Vec<(Method, &'static str, &'static str, Option<Value>)> {
         (Method::POST, "/v1/sessions/s1/stream-token", "sessions:read", None),
         (Method::GET, "/v1/sessions/s1/messages", "sessions:read", None),
         (Method::DELETE, "/v1/sessions/s1", "sessions:write", None),
+        (Method::GET, "/v1/executions", "executions:read", None),
         (Method::GET, "/v1/executions/exec_1", "executions:read", None),
         (Method::POST, "/v1/executions/exec_1/cancel", "executions:write", None),
         (Method::GET, "/v1/dead-letters", "dead_letters:read", None),
@@ -76,6 +78,21 @@ const SCOPES: [&str; 15] = [
     "usage:read",
 ];
 
+/// How many operations of docs/openapi.json need one of `scopes` (the seed 001 route aside, which
+/// the seed 001 tests walk).
+fn documented_with(scopes: &[&str]) -> usize {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let mut count = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for op in item.as_object().unwrap().values() {
+            let needs = op["security"][0]["bearer"].as_array().and_then(|names| names[0].as_str()).unwrap_or_default();
+            count += usize::from(scopes.contains(&needs) && !path.starts_with("/v2/"));
+        }
+    }
+    count
+}
+
 fn without(scope: &str) -> String {
     format!("without-{}-0123456789", scope.replace(':', "-"))
 }
@@ -113,7 +130,7 @@ async fn every_route_refuses_a_token_lacking_its_scope_and_admits_one_holding_it
     }
     let fleet = spawn_fleet(FleetOptions::default().workers(0).env("FLEET_API_TOKENS", &tokens.join(","))).await;
     let routes = scoped_routes();
-    assert_eq!(routes.len(), 38, "every authenticated operation of docs/openapi.json");
+    assert_eq!(routes.len(), documented_with(&SCOPES), "every operation of docs/openapi.json needing one of SCOPES");
     for (method, path, scope, body) in &routes {
         let (status, error) = send(&fleet, &without(scope), method, path, body).await;
         assert_eq!(status, 403, "{method} {path} without {scope}: {error}");
