@@ -250,10 +250,18 @@ for page in pages:
     if page.startswith("docs/") and page not in reached:
         problem(page, 1, "cannot be reached from README.md by following links")
 
+# 5. Every module of the cross-process suite has its row in docs/testing.md's table.
+testing = open("docs/testing.md", encoding="utf-8").read()
+suite = "tests/tests/fleet"
+modules = sorted(f[:-3] for f in os.listdir(suite) if f.endswith(".rs") and f != "main.rs")
+for module in modules:
+    if not re.search(r"^\| [^|]*`" + re.escape(module) + r"`[^|]*\|", testing, re.M):
+        problem("docs/testing.md", 1, f"has no row for the test module `{module}` ({suite}/{module}.rs)")
+
 for p in problems:
     print(p)
 summary = (f"{len(pages)} Markdown files, {links_checked} links, {arch_checked} paths in ARCHITECTURE.md, "
-           f"{paths_checked} repository paths elsewhere")
+           f"{paths_checked} repository paths elsewhere, {len(modules)} test modules")
 if problems:
     print(f"check-docs: {len(problems)} problem(s) ({summary})", file=sys.stderr)
     sys.exit(1)

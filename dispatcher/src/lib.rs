@@ -25,6 +25,7 @@ use fleet_platform::shutdown::Lifetime;
 use fleet_platform::store::Store;
 
 pub use config::DispatcherConfig;
+pub use console::{routes as console_routes, ConsoleAccess, ConsoleRoute};
 pub use routes::{openapi, openapi_text};
 
 /// Everything a request handler needs, behind one `Arc`: axum clones the state for every

@@ -20,7 +20,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 
 use fleet_platform::audit::AuditEvent;
@@ -62,40 +62,74 @@ pub(crate) async fn audit(
 const SCRIPT: &str = include_str!("console.js");
 const STYLE: &str = include_str!("console.css");
 
+/// Who may use a console route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsoleAccess {
+    /// No session needed: the login form and the console's script and style.
+    Public,
+    /// A page: an operator's session (any console scope).
+    Page,
+    /// A change (a POST): a session that may change things and its CSRF token.
+    Change,
+    /// A POST any session may make with its CSRF token: logging out.
+    Session,
+}
+
+/// One console route: the method, the path template and who may use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleRoute {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: ConsoleAccess,
+}
+
+/// Every console route, declared once: the router is built from this list and the walk test
+/// (`tests/tests/fleet/tenant_walk.rs`) visits each entry, so a page added here is walked.
+fn declared() -> Vec<(ConsoleRoute, MethodRouter<AppState>)> {
+    use ConsoleAccess::{Change as C, Page as P, Public as O, Session as S};
+    let r = |method, path, access, handler| (ConsoleRoute { method, path, access }, handler);
+    let script = || async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) };
+    let style = || async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) };
+    vec![
+        r("GET", "/console", P, get(pages::overview)),
+        r("GET", "/console/login", O, get(session::login_form)),
+        r("POST", "/console/login", O, post(session::login)),
+        r("POST", "/console/logout", S, post(session::logout)),
+        r("GET", "/console/dead-letters", P, get(dead_letters::list)),
+        r("POST", "/console/dead-letters/redrive/preview", C, post(bulk::redrive_preview)),
+        r("POST", "/console/dead-letters/redrive", C, post(bulk::redrive)),
+        r("POST", "/console/dead-letters/purge/preview", C, post(bulk::purge_preview)),
+        r("POST", "/console/dead-letters/purge", C, post(bulk::purge)),
+        r("GET", "/console/dead-letters/{id}", P, get(dead_letters::detail)),
+        r("POST", "/console/dead-letters/{id}/retry", C, post(dead_letters::retry)),
+        r("POST", "/console/dead-letters/{id}/retry-edited", C, post(dead_letters::retry_edited)),
+        r("POST", "/console/dead-letters/{id}/delete", C, post(dead_letters::delete)),
+        r("GET", "/console/jobs/{id}", P, get(bulk::job)),
+        r("GET", "/console/executions", P, get(pages::executions)),
+        r("GET", "/console/executions/{id}", P, get(pages::execution)),
+        r("POST", "/console/executions/{id}/cancel", C, post(pages::cancel)),
+        r("GET", "/console/tools", P, get(pages::tools)),
+        r("POST", "/console/tools/{name}/close-circuit", C, post(pages::close_circuit)),
+        r("GET", "/console/webhooks", P, get(webhooks::page)),
+        r("GET", "/console/sessions", P, get(pages::sessions)),
+        r("POST", "/console/sessions/{id}/forget", C, post(pages::forget)),
+        r("GET", "/console/audit", P, get(pages::audit)),
+        r("GET", "/console/static/console.js", O, get(script)),
+        r("GET", "/console/static/console.css", O, get(style)),
+    ]
+}
+
+/// The console's routes as declared (for the walk test and the docs).
+pub fn routes() -> Vec<ConsoleRoute> {
+    declared().into_iter().map(|(route, _)| route).collect()
+}
+
 pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/console", get(pages::overview))
-        .route("/console/login", get(session::login_form).post(session::login))
-        .route("/console/logout", post(session::logout))
-        .route("/console/dead-letters", get(dead_letters::list))
-        .route("/console/dead-letters/redrive/preview", post(bulk::redrive_preview))
-        .route("/console/dead-letters/redrive", post(bulk::redrive))
-        .route("/console/dead-letters/purge/preview", post(bulk::purge_preview))
-        .route("/console/dead-letters/purge", post(bulk::purge))
-        .route("/console/dead-letters/{id}", get(dead_letters::detail))
-        .route("/console/dead-letters/{id}/retry", post(dead_letters::retry))
-        .route("/console/dead-letters/{id}/retry-edited", post(dead_letters::retry_edited))
-        .route("/console/dead-letters/{id}/delete", post(dead_letters::delete))
-        .route("/console/jobs/{id}", get(bulk::job))
-        .route("/console/executions", get(pages::executions))
-        .route("/console/executions/{id}", get(pages::execution))
-        .route("/console/executions/{id}/cancel", post(pages::cancel))
-        .route("/console/tools", get(pages::tools))
-        .route("/console/tools/{name}/close-circuit", post(pages::close_circuit))
-        .route("/console/webhooks", get(webhooks::page))
-        .route("/console/sessions", get(pages::sessions))
-        .route("/console/sessions/{id}/forget", post(pages::forget))
-        .route("/console/audit", get(pages::audit))
-        .route(
-            "/console/static/console.js",
-            get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }),
-        )
-        .route(
-            "/console/static/console.css",
-            get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }),
-        )
-        .layer(middleware::from_fn(guard_headers))
-        .with_state(state)
+    let mut router = Router::new();
+    for (route, handler) in declared() {
+        router = router.route(route.path, handler);
+    }
+    router.layer(middleware::from_fn(guard_headers)).with_state(state)
 }
 
 /// Headers on every console answer: no script but the console's own (CSP), no framing, no

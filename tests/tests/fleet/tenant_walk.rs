@@ -19,6 +19,8 @@ const SECRET: &str = "whsec_tenant_walk_0001";
 const ADMIN: &str = "walk-admin-token-0123456789";
 const ACME: &str = "walk-acme-token-0123456789";
 const BETA: &str = "walk-beta-token-0123456789";
+/// An operator's token that may only look at the console.
+const LOOKER: &str = "walk-looker-token-0123456789";
 
 /// What beta's bound token gets on a route, asked about acme's resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,11 +248,12 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
     let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
     // Every call is refused for good (404): each ends as a dead letter at once.
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
-    let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta");
+    let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta,{LOOKER}:console:read");
     let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens)).await;
     fleet.token = ADMIN.to_string();
     fleet.register_tool("refuses", &receiver.url("/refuses"), SECRET).await;
     let acme = acme_resources(&fleet).await;
+    walk_the_console(&fleet, &acme).await;
 
     let table = table();
     let documented = documented();
@@ -379,4 +382,90 @@ async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_it
     let (status, body) = send(&fleet, ACME, &Method::DELETE, &format!("/v1/agents/assistants/{own}"), None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(send(&fleet, ACME, &Method::GET, &path, None).await.0, 200);
+}
+
+/// A console client: its session cookie (empty: none).
+struct Console {
+    http: reqwest::Client,
+    cookie: String,
+}
+
+impl Console {
+    async fn login(fleet: &Fleet, token: &str) -> (u16, Console) {
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let r = fleet_tests::console_login(&http, &fleet.api, token, false).await;
+        let status = r.status().as_u16();
+        let set = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        let cookie = if status == 303 { set.split(';').next().unwrap_or_default().to_string() } else { String::new() };
+        (status, Console { http, cookie })
+    }
+
+    /// The route's status, with `csrf` in a change's form.
+    async fn visit(&self, fleet: &Fleet, method: &str, path: &str, csrf: &str) -> u16 {
+        let url = format!("{}{path}", fleet.api);
+        let req = match method {
+            "GET" => self.http.get(url),
+            _ => self.http.post(url).form(&[("csrf", csrf), ("confirm", "yes")]),
+        };
+        req.header("cookie", &self.cookie).send().await.unwrap().status().as_u16()
+    }
+
+    async fn csrf(&self, fleet: &Fleet) -> String {
+        let r = self.http.get(format!("{}/console/audit", fleet.api)).header("cookie", &self.cookie).send().await;
+        let page = r.unwrap().text().await.unwrap();
+        page.split("name=\"csrf\" value=\"").nth(1).unwrap_or_default().split('"').next().unwrap().to_string()
+    }
+}
+
+/// Every console route as the dispatcher declares it, visited by both tenants, by no session, and
+/// by a read-only operator: the console is the operators' alone, and only a session that may
+/// change things changes anything.
+async fn walk_the_console(fleet: &Fleet, acme: &Acme) {
+    let routes = fleet_dispatcher::console_routes();
+    assert!(routes.len() > 20, "the console's routes are declared: {routes:?}");
+    for token in [ACME, BETA] {
+        let (status, tenant) = Console::login(fleet, token).await;
+        assert_eq!(status, 403, "a tenant's token is refused by the console");
+        assert!(tenant.cookie.is_empty());
+    }
+    let (status, looker) = Console::login(fleet, LOOKER).await;
+    assert_eq!(status, 303, "an operator's console:read token logs in");
+    let csrf = looker.csrf(fleet).await;
+    let nobody = Console { http: looker.http.clone(), cookie: "fleet_console=".to_string() + &"0".repeat(64) };
+    let mut wrong = vec![];
+    for route in routes {
+        let path = route
+            .path
+            .replace("{id}", if route.path.contains("dead-letters") { &acme.dead_letter } else { &acme.execution })
+            .replace("{name}", "refuses");
+        if route.path.starts_with("/console/sessions/") {
+            // A session's page names the session (the execution's id is no session's).
+            continue;
+        }
+        let anonymous = nobody.visit(fleet, route.method, &path, &csrf).await;
+        if route.access == fleet_dispatcher::ConsoleAccess::Session {
+            // Logging out would end the looker's session: only its refusal without one is walked.
+            if anonymous != 303 {
+                wrong.push(format!("{} {path} without a session: {anonymous}", route.method));
+            }
+            continue;
+        }
+        let looking = looker.visit(fleet, route.method, &path, &csrf).await;
+        let expected_for_nobody = match route.access {
+            fleet_dispatcher::ConsoleAccess::Public => anonymous < 500,
+            _ => anonymous == 303,
+        };
+        if !expected_for_nobody {
+            wrong.push(format!("{} {path} ({:?}) without a session: {anonymous}", route.method, route.access));
+        }
+        let expected_for_looker = match route.access {
+            fleet_dispatcher::ConsoleAccess::Change => looking == 403,
+            fleet_dispatcher::ConsoleAccess::Page => looking != 303 && looking != 403 && looking < 500,
+            fleet_dispatcher::ConsoleAccess::Public | fleet_dispatcher::ConsoleAccess::Session => true,
+        };
+        if !expected_for_looker {
+            wrong.push(format!("{} {path} ({:?}) for a read-only operator: {looking}", route.method, route.access));
+        }
+    }
+    assert!(wrong.is_empty(), "console routes not as declared:\n{}", wrong.join("\n"));
 }
