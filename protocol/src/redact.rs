@@ -64,6 +64,31 @@ impl Redactor {
         Cow::Owned(out)
     }
 
+    /// Redacts every string of `value` (keys included), in place: a tool's result is data, and a
+    /// secret in it is as much a secret as one in an error.
+    pub fn redact_json(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::String(text) => {
+                if let Cow::Owned(clean) = self.redact(text) {
+                    *text = clean;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_json(item)),
+            Value::Object(map) => {
+                let dirty: Vec<String> =
+                    map.keys().filter(|k| matches!(self.redact(k), Cow::Owned(_))).cloned().collect();
+                for key in dirty {
+                    if let Some(v) = map.remove(&key) {
+                        map.insert(self.redact(&key).into_owned(), v);
+                    }
+                }
+                map.values_mut().for_each(|v| self.redact_json(v));
+            }
+            _ => {}
+        }
+    }
+
     /// Whether no secret is configured (the shape scrubs still apply).
     pub fn is_empty(&self) -> bool {
         self.secrets.is_empty()
@@ -315,5 +340,17 @@ mod tests {
         assert_eq!(stream.push("h").as_deref(), Some("h"), "nor is a piece that goes on a word");
         assert_eq!(stream.push(" h"), Some(" ".into()));
         assert_eq!(stream.push("unter2-long-password!").as_deref(), Some("[redacted]!"));
+    }
+
+    #[test]
+    fn a_json_values_strings_and_keys_are_redacted_in_place() {
+        let r = Redactor::new(["sk-test-SECRET-0123456789abcdef"]);
+        let mut v = serde_json::json!({"echo": "key sk-test-SECRET-0123456789abcdef", "n": 3,
+            "list": ["sk-test-SECRET-0123456789abcdef", {"sk-test-SECRET-0123456789abcdef": true}]});
+        r.redact_json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"echo": "key [redacted]", "n": 3, "list": ["[redacted]", {"[redacted]": true}]})
+        );
     }
 }

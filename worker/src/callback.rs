@@ -99,6 +99,9 @@ pub async fn attempt(
     };
     // Redacted whole before sanitising: the sanitiser's cut could leave a secret's head.
     report.error = report.error.as_deref().map(|e| sanitize_error(&ctx.redactor.redact(e)));
+    if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
+        ctx.redactor.redact_json(result);
+    }
     report
 }
 

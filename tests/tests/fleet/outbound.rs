@@ -130,3 +130,128 @@ async fn assert_kept_nowhere(fleet: &Fleet, answers: &[Value], frames: &[(String
     }
     assert!(places.is_empty(), "the key is kept in {} places: {places:#?}", places.len());
 }
+
+/// Every secret the fleet is configured with or keeps: what a run may never show anywhere.
+struct Secrets;
+
+impl Secrets {
+    const ADMIN: &'static str = "search-admin-token-0123456789abcdef";
+    const TENANT: &'static str = "search-tenant-token-0123456789abcdef";
+    const TOOL: &'static str = "whsec_search_tool_secret_0001";
+    const HOOK: &'static str = "whsec_search_hook_secret_0001";
+
+    fn all() -> [&'static str; 6] {
+        [KEY, Self::ADMIN, Self::TENANT, Self::TOOL, Self::HOOK, fleet_tests::fleet::TEST_SECRETS_KEY]
+    }
+
+    /// What the model and the tool echo: every secret a process of the fleet holds.
+    fn echoed() -> String {
+        format!("echo {KEY} {} {} {}", Self::ADMIN, Self::TENANT, fleet_tests::fleet::TEST_SECRETS_KEY)
+    }
+}
+
+/// After a run in which the model (in its text and in a 401) and a tool (in a result and in an
+/// error) echo every secret the fleet holds, with a webhook receiving the failures: no Redis value,
+/// log line, stream event, API answer, console page or metric holds any secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_is_kept_or_shown_anywhere_after_a_run_that_echoes_them_all() {
+    let llm = MockLlm::start(|body, _| {
+        if body.to_string().contains("fail now") {
+            LlmReply::StatusBody(401, format!("invalid key: {}", Secrets::echoed()))
+        } else {
+            LlmReply::text(&Secrets::echoed())
+        }
+    })
+    .await;
+    let tool = Receiver::start(Secrets::TOOL, |r, _| {
+        let headers = serde_json::to_string(&r.headers).unwrap();
+        if r.json["parameters"]["fail"] == true {
+            Reply { body: format!("refused {} {headers}", Secrets::echoed()), ..Reply::status(400) }
+        } else {
+            Reply::result(serde_json::json!({"echo": Secrets::echoed(), "headers": headers}))
+        }
+    })
+    .await;
+    let hooks = Receiver::start(Secrets::HOOK, |_, _| Reply::status(200)).await;
+    let tokens = format!("{},{}@acme", Secrets::ADMIN, Secrets::TENANT);
+    let options = llm_fleet(&llm).env("FLEET_LLM_API_KEY", KEY).env("FLEET_API_TOKENS", &tokens);
+    let mut fleet = spawn_fleet(FleetOptions { capture_logs: true, ..options }).await;
+    fleet.token = Secrets::ADMIN.to_string();
+    fleet.register_tool("echo", &tool.url("/echo"), Secrets::TOOL).await;
+    let hook = serde_json::json!({"url": hooks.url("/events"), "secret": Secrets::HOOK,
+        "events": ["tool.callback.failed", "tool.callback.dead_letter"]});
+    let (status, body) = fleet.request(reqwest::Method::PUT, "/v1/webhooks/w_search", Some(&hook)).await;
+    assert_eq!(status, 201, "{body}");
+
+    let mut ids = vec![];
+    for (session, text) in [("s_echo", "say it"), ("s_fail", "fail now")] {
+        ids.push(post_turn(&fleet, &turn_body(session, text, &[])).await);
+    }
+    for parameters in [serde_json::json!({"query": "q"}), serde_json::json!({"query": "q", "fail": true})] {
+        ids.push(fleet.call_tool("echo", parameters).await);
+    }
+    let timeout = Duration::from_secs(30);
+    for (id, status) in ids.iter().zip(["succeeded", "dead_lettered", "succeeded", "dead_lettered"]) {
+        fleet.wait_status(id, status, timeout).await;
+    }
+    fleet_tests::wait_for("the failure webhook", timeout, || async { (!hooks.received().is_empty()).then_some(()) })
+        .await;
+
+    let mut shown: Vec<(String, String)> = vec![];
+    for session in ["s_echo", "s_fail"] {
+        let frames = read_until_done(&fleet, session, Some("0-0")).await;
+        shown.push((format!("stream {session}"), frames.iter().map(|f| f.0.as_str()).collect()));
+        shown.push((
+            format!("messages {session}"),
+            fleet.get(&format!("/v1/sessions/{session}/messages")).await.1.to_string(),
+        ));
+    }
+    for path in ["/v1/executions", "/v1/dead-letters", "/v1/tools", "/v1/tools/echo", "/v1/webhooks", "/v1/audit"] {
+        shown.push((path.to_string(), fleet.get(path).await.1.to_string()));
+    }
+    for id in &ids {
+        shown.push((format!("execution {id}"), fleet.get(&format!("/v1/executions/{id}")).await.1.to_string()));
+        shown.push((format!("dead letter {id}"), fleet.get(&format!("/v1/dead-letters/{id}")).await.1.to_string()));
+    }
+    shown.push(("webhook deliveries".into(), hooks.received().iter().map(|r| r.json.to_string()).collect()));
+    shown.push((
+        "dispatcher metrics".into(),
+        fleet.http.get(format!("{}/metrics", fleet.api)).send().await.unwrap().text().await.unwrap(),
+    ));
+    shown.push(("worker metrics".into(), fleet.worker_metrics(0).await));
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let login = fleet_tests::console_login(&http, &fleet.api, Secrets::ADMIN, false).await;
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    let mut pages: Vec<String> = [
+        "/console",
+        "/console/executions",
+        "/console/dead-letters",
+        "/console/tools",
+        "/console/webhooks",
+        "/console/sessions",
+        "/console/audit",
+    ]
+    .map(String::from)
+    .to_vec();
+    pages
+        .extend(ids.iter().flat_map(|id| [format!("/console/executions/{id}"), format!("/console/dead-letters/{id}")]));
+    pages.extend(["s_echo", "s_fail"].map(|s| format!("/console/sessions?session={s}")));
+    for page in pages {
+        let r = http.get(format!("{}{page}", fleet.api)).header("cookie", &cookie).send().await.unwrap();
+        shown.push((format!("console {page}"), r.text().await.unwrap()));
+    }
+    shown.push(("logs".into(), fleet.logs()));
+
+    let mut places = vec![];
+    for secret in Secrets::all() {
+        places.extend(
+            shown.iter().filter(|(_, text)| text.contains(secret)).map(|(place, _)| format!("{place}: {secret}")),
+        );
+        places.extend(
+            redis_values_containing(&fleet, secret).await.into_iter().map(|key| format!("Redis {key}: {secret}")),
+        );
+    }
+    assert!(places.is_empty(), "secrets kept or shown in {} places: {places:#?}", places.len());
+    assert!(shown.iter().any(|(_, text)| text.contains("[redacted]")), "the echoes arrived, redacted");
+    assert!(tool.received().len() >= 2 && llm.requests().len() >= 2, "the run reached the model and the tool");
+}
