@@ -135,6 +135,17 @@ impl Store {
         now_ms: i64,
         replace: bool,
     ) -> Result<bool, StoreError> {
+        let stamped;
+        let record = match (&record.tenant, &record.execution_id) {
+            // Stamped with its execution's tenant, which then guards it for as long as it is kept
+            // (the execution's record expires sooner). A rare path: one more read is nothing.
+            (None, Some(execution)) => {
+                let tenant = self.execution_tenants(&[execution]).await?.pop().flatten();
+                stamped = DeadLetterRecord { tenant, ..record.clone() };
+                &stamped
+            }
+            _ => record,
+        };
         let body = serde_json::to_string(record).expect("a record serialises");
         let k = self.keys();
         let facet = keys::dead_letter_facet(record.reason.as_str(), record.tool_name.as_deref());

@@ -40,6 +40,10 @@ pub struct DeadLetterRecord {
     /// Poison only: the raw body (lossy UTF-8, truncated), so an operator can see what arrived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_body: Option<String>,
+    /// The tenant whose work it was, stamped when the dead letter is stored: it guards the dead
+    /// letter for as long as it is kept (longer than the execution's record lives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// How much of a poison body the record keeps.
@@ -87,6 +91,7 @@ impl DeadLetterRecord {
             history,
             job: serde_json::to_value(envelope.as_first_attempt()).ok(),
             raw_body: None,
+            tenant: None,
         }
     }
 
@@ -142,6 +147,7 @@ mod tests {
             history: vec![],
             job: None,
             raw_body: None,
+            tenant: None,
         };
         let p = r.event_payload();
         assert_eq!(p["event"], "tool.callback.dead_letter");
@@ -236,6 +242,7 @@ mod filter_tests {
             history: vec![],
             job: None,
             raw_body: None,
+            tenant: None,
         }
     }
 
@@ -342,6 +349,7 @@ pub fn record_from_message(body: &[u8], content_type: Option<&str>, now_ms: i64)
             history: vec![],
             job: None,
             raw_body: Some(excerpt_raw_body(body)),
+            tenant: None,
         };
     };
     let error = envelope.settle.as_ref().map_or_else(

@@ -115,6 +115,7 @@ async fn dead_letter_poison(cx: &Cx<'_>, delivery: &Delivery, reason: PoisonReas
         history: vec![],
         job: None,
         raw_body: Some(excerpt_raw_body(&delivery.data)),
+        tenant: None,
     };
     let settle = crate::settle::publish_dead_letter(cx, &id, &record, "unknown").await;
     if settle == Settle::Ack {

@@ -91,11 +91,25 @@ async fn visible(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<(), Ap
     if tenancy.bound.is_none() {
         return Ok(());
     }
-    let owner = state.store.execution_tenants(&[id]).await?.pop().flatten();
+    let owner = owners(state, &[id]).await?.pop().flatten();
     if !tenancy.sees(owner.as_deref()) || owner.is_none() {
         return Err(ApiError::not_found(format!("no dead letter for {id:?}")));
     }
     Ok(())
+}
+
+/// The tenants of dead letters `ids`: each one's stamped tenant, else (a dead letter stored before
+/// records carried one) its execution's while that record lives.
+async fn owners(state: &AppState, ids: &[&str]) -> Result<Vec<Option<String>>, ApiError> {
+    let owned: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    let stamped = state.store.get_dead_letters(&owned).await?;
+    let mut owners: Vec<Option<String>> = stamped.into_iter().map(|r| r.and_then(|r| r.tenant)).collect();
+    let missing: Vec<&str> = ids.iter().zip(&owners).filter(|(_, o)| o.is_none()).map(|(id, _)| *id).collect();
+    let mut looked_up = state.store.execution_tenants(&missing).await?.into_iter();
+    for owner in owners.iter_mut().filter(|o| o.is_none()) {
+        *owner = looked_up.next().flatten();
+    }
+    Ok(owners)
 }
 
 /// The records a tenant-bound caller may see (a page may so come back short, as it may anyway).
@@ -107,8 +121,13 @@ async fn only_visible(
     if tenancy.bound.is_none() {
         return Ok(records);
     }
-    let ids: Vec<&str> = records.iter().map(|r| r.execution_id.as_deref().unwrap_or("")).collect();
-    let owners = state.store.execution_tenants(&ids).await?;
+    let ids: Vec<&str> =
+        records.iter().filter(|r| r.tenant.is_none()).map(|r| r.execution_id.as_deref().unwrap_or("")).collect();
+    let mut looked_up = state.store.execution_tenants(&ids).await?.into_iter();
+    let owners: Vec<Option<String>> = records
+        .iter()
+        .map(|r| if r.tenant.is_some() { r.tenant.clone() } else { looked_up.next().flatten() })
+        .collect();
     Ok(records
         .into_iter()
         .zip(owners)
@@ -127,7 +146,7 @@ async fn bulk_scope(state: &AppState, tenancy: &Tenancy, filter: &mut DeadLetter
         return Err(ApiError::invalid("a tenant-bound token names the dead letters it acts on (execution_ids)"));
     }
     let ids: Vec<&str> = filter.execution_ids.iter().map(String::as_str).collect();
-    let owners = state.store.execution_tenants(&ids).await?;
+    let owners = owners(state, &ids).await?;
     let mine: Vec<String> = filter
         .execution_ids
         .iter()

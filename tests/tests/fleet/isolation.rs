@@ -329,3 +329,63 @@ async fn console_logins_are_limited_per_source_and_the_bearer_scheme_has_no_case
     let lower = fleet.http.get(format!("{}/v1/tools", fleet.api)).header("authorization", format!("bearer {ADMIN}"));
     assert_eq!(lower.send().await.unwrap().status().as_u16(), 200, "RFC 7235: the scheme is case-insensitive");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executions_record_outlives_everything_it_guards() {
+    let receiver = Receiver::start(SECRET, |r, _| {
+        if r.json["parameters"]["query"] == "fail" {
+            Reply::status(404)
+        } else {
+            Reply::result(json!("ok"))
+        }
+    })
+    .await;
+    let (fleet, _llm) = two_tenants(&[]).await;
+    fleet.register_tool("guarded", &receiver.url("/g"), SECRET).await;
+    let mut ids = vec![turn_as(&fleet, ACME, "s_guarded").await];
+    for (query, status) in [("ok", "succeeded"), ("fail", "dead_lettered")] {
+        let call = json!({"tool_name": "guarded", "parameters": {"query": query}});
+        let (code, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        assert_eq!(code, 202, "{body}");
+        let id = body["data"]["execution_id"].as_str().unwrap().to_string();
+        fleet.wait_status(&id, status, Duration::from_secs(30)).await;
+        ids.push(id);
+    }
+    let (status, _) = send(&fleet, ACME, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    assert_eq!(status, 200, "acme reads its dead letter");
+    // Days pass: the execution's record is gone, its dead letter kept; acme still owns it.
+    let mut conn = fleet.redis().await;
+    let record = fleet.redis_keys(&format!("execution:{{*{}}}", ids[2])).await;
+    let copy: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&record[0]).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("DEL").arg(&record[0]).query_async(&mut conn).await.unwrap();
+    let (status, body) = send(&fleet, ACME, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    assert_eq!(status, 200, "acme reads its dead letter after its execution's record expired: {body}");
+    let (status, body) = send(&fleet, BETA, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    assert_eq!(status, 404, "{body}");
+    let (_, listed) = send(&fleet, ACME, Method::GET, "/v1/dead-letters", None).await;
+    assert!(listed.to_string().contains(&ids[2]), "acme lists it: {listed}");
+    let fields: Vec<(&String, &String)> = copy.iter().collect();
+    let _: () = redis::cmd("HSET").arg(&record[0]).arg(fields).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("EXPIRE").arg(&record[0]).arg(604_800).query_async(&mut conn).await.unwrap();
+
+    for id in &ids {
+        // The record is the hash whose tag is the claim key's name; its `tenant` guards the rest.
+        let record = fleet.redis_keys(&format!("execution:{{*{id}}}")).await;
+        assert_eq!(record.len(), 1, "one record for {id}: {record:?}");
+        let guard = ttl(&mut conn, &record[0]).await;
+        assert!(guard.is_some_and(|t| t > 0), "the record of {id} expires: {guard:?}");
+        for key in fleet.redis_keys(&format!("*{id}*")).await {
+            let t = ttl(&mut conn, &key).await;
+            assert!(t.is_some(), "{key} never expires");
+            if key.contains("{dead_letters}:record:") {
+                // Kept longer than the execution (the dead-letter retention): it carries its own guard.
+                let raw: String = redis::cmd("GET").arg(&key).query_async(&mut conn).await.unwrap();
+                let record: Value = serde_json::from_str(&raw).unwrap();
+                assert_eq!(record["tenant"], "acme", "{key} carries its tenant: {record}");
+                continue;
+            }
+            assert!(outlives(guard, t), "{key} lives {t:?} s, the record that guards it {guard:?} s");
+        }
+    }
+}
