@@ -70,7 +70,7 @@ impl DeadLetterRecord {
         let (tool_name, assistant_id, room_id) = match &envelope.job {
             Job::ToolCall(call) => (Some(call.tool_name.clone()), call.assistant_id.clone(), call.room_id.clone()),
             Job::Webhook(_) => (None, None, None),
-            Job::Turn(t) => (None, None, Some(t.session_id.clone())),
+            Job::Turn(t) => (None, None, Some(crate::tenant::session_key_shown(&t.session_id).to_string())),
         };
         let first_attempt_at = envelope
             .first_attempt_at_ms

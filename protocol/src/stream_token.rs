@@ -33,28 +33,39 @@ fn mac(key: &[u8; 32], session_id: &str, expires_at_ms: i64) -> Hmac<Sha256> {
     mac
 }
 
-/// A token for `session_id`'s stream that expires at `expires_at_ms`.
-pub fn sign(key: &[u8; 32], session_id: &str, expires_at_ms: i64) -> String {
-    let tag = mac(key, session_id, expires_at_ms).finalize().into_bytes();
-    format!("{PREFIX}.{expires_at_ms}.{}", hex::encode(tag))
+/// A token for the stream of the session stored as `stored_id` that expires at `expires_at_ms`.
+/// A tenant's session (`tenant::session_storage_id`) names its tenant after the signature, so the
+/// stream's path, which holds the key as the client sent it, finds the session again.
+pub fn sign(key: &[u8; 32], stored_id: &str, expires_at_ms: i64) -> String {
+    let tag = hex::encode(mac(key, stored_id, expires_at_ms).finalize().into_bytes());
+    match stored_id.split_once(crate::tenant::SESSION_SCOPE_SEPARATOR) {
+        Some((tenant, _)) => format!("{PREFIX}.{expires_at_ms}.{tag}.{tenant}"),
+        None => format!("{PREFIX}.{expires_at_ms}.{tag}"),
+    }
 }
 
-/// Accepts `token` for `session_id`'s stream at `now_ms`, or says why not. The signature is
+/// Accepts `token` for the stream of the session its client calls `session_key` at `now_ms`, or
+/// says why not; on success, the tenant whose session it is, if a tenant's. The signature is
 /// compared in constant time.
-pub fn verify(key: &[u8; 32], token: &str, session_id: &str, now_ms: i64) -> Result<(), TokenError> {
-    let mut parts = token.split('.');
-    let (Some(PREFIX), Some(expiry), Some(tag), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+pub fn verify(key: &[u8; 32], token: &str, session_key: &str, now_ms: i64) -> Result<Option<String>, TokenError> {
+    let mut parts = token.splitn(4, '.');
+    let (Some(PREFIX), Some(expiry), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
         return Err(TokenError::Malformed);
     };
+    let tenant = parts.next().map(str::to_string);
+    if tenant.as_deref().is_some_and(|t| !crate::tenant::is_tenant_name(t)) {
+        return Err(TokenError::Malformed);
+    }
     let expires_at_ms: i64 = expiry.parse().map_err(|_| TokenError::Malformed)?;
     // One spelling per token, as `sign` writes it: no leading zeros or sign, lower-case hex.
     let canonical = expiry == expires_at_ms.to_string() && !tag.bytes().any(|b| b.is_ascii_uppercase());
     let tag = hex::decode(tag).ok().filter(|_| canonical).ok_or(TokenError::Malformed)?;
-    mac(key, session_id, expires_at_ms).verify_slice(&tag).map_err(|_| TokenError::WrongSignature)?;
+    let stored = crate::tenant::session_storage_id(tenant.as_deref(), session_key);
+    mac(key, &stored, expires_at_ms).verify_slice(&tag).map_err(|_| TokenError::WrongSignature)?;
     if now_ms >= expires_at_ms {
         return Err(TokenError::Expired);
     }
-    Ok(())
+    Ok(tenant)
 }
 
 #[cfg(test)]
@@ -62,6 +73,19 @@ mod tests {
     use super::*;
 
     const KEY: [u8; 32] = [9; 32];
+
+    #[test]
+    fn a_tenants_token_opens_its_own_session_of_that_key_only() {
+        let stored = crate::tenant::session_storage_id(Some("acme"), "user_42");
+        let token = sign(&KEY, &stored, 1_000_060_000);
+        assert_eq!(verify(&KEY, &token, "user_42", 0), Ok(Some("acme".to_string())));
+        let beta = token.replacen(".acme", ".beta", 1);
+        assert_eq!(verify(&KEY, &beta, "user_42", 0), Err(TokenError::WrongSignature), "another tenant's session");
+        let unscoped = token.rsplit_once('.').unwrap().0.to_string();
+        assert_eq!(verify(&KEY, &unscoped, "user_42", 0), Err(TokenError::WrongSignature), "the unbound session");
+        let dotted = sign(&KEY, &crate::tenant::session_storage_id(Some("a.b"), "k"), 1_000_060_000);
+        assert_eq!(verify(&KEY, &dotted, "k", 0), Ok(Some("a.b".to_string())));
+    }
 
     #[test]
     fn a_token_has_one_spelling() {
@@ -72,14 +96,14 @@ mod tests {
         assert_eq!(verify(&KEY, &padded, "s1", 0), Err(TokenError::Malformed));
         let signed = token.replacen(".1000060000.", ".+1000060000.", 1);
         assert_eq!(verify(&KEY, &signed, "s1", 0), Err(TokenError::Malformed));
-        assert_eq!(verify(&KEY, &token, "s1", 0), Ok(()));
+        assert_eq!(verify(&KEY, &token, "s1", 0), Ok(None));
     }
 
     #[test]
     fn a_token_admits_its_session_until_it_expires() {
         let token = sign(&KEY, "s1", 1_000_060_000);
-        assert_eq!(verify(&KEY, &token, "s1", 1_000_000_000), Ok(()));
-        assert_eq!(verify(&KEY, &token, "s1", 1_000_059_999), Ok(()));
+        assert_eq!(verify(&KEY, &token, "s1", 1_000_000_000), Ok(None));
+        assert_eq!(verify(&KEY, &token, "s1", 1_000_059_999), Ok(None));
         assert_eq!(verify(&KEY, &token, "s1", 1_000_060_000), Err(TokenError::Expired));
     }
 

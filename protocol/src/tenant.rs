@@ -33,6 +33,28 @@ pub fn resolve(bound: Option<&str>, requested: Option<&str>, token_name: &str) -
     }
 }
 
+/// What separates a tenant from its session key in a session's stored id. A client's session key
+/// cannot hold it (keys refuse control characters), so no key of anyone's names another tenant's
+/// session, and showing a stored id is cutting at it.
+pub const SESSION_SCOPE_SEPARATOR: char = '\u{1f}';
+
+/// The id a session is stored under: a tenant-bound caller's key is its tenant's own (two tenants
+/// using one key have two sessions, so none can squat or race another's); an unbound caller's, and
+/// a room's (`room_…`, made by the fleet, unguessable), are the key itself.
+pub fn session_storage_id<'a>(bound: Option<&str>, key: &'a str) -> std::borrow::Cow<'a, str> {
+    match bound {
+        Some(tenant) if !crate::agents::is_id("room_", key) => {
+            std::borrow::Cow::Owned(format!("{tenant}{SESSION_SCOPE_SEPARATOR}{key}"))
+        }
+        _ => std::borrow::Cow::Borrowed(key),
+    }
+}
+
+/// The session key a stored id shows its client: the id without its tenant's scope.
+pub fn session_key_shown(stored: &str) -> &str {
+    stored.split_once(SESSION_SCOPE_SEPARATOR).map_or(stored, |(_, key)| key)
+}
+
 /// The UTC day (days since the epoch) of `ms`: the day's usage hash.
 pub fn day_of(ms: i64) -> i64 {
     ms.div_euclid(DAY_MS)
@@ -205,6 +227,19 @@ pub fn within_cap(cap: Option<u64>, used: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bound_tenants_session_key_is_its_own_and_shows_as_it_was_sent() {
+        let acme = session_storage_id(Some("acme"), "user_42");
+        let beta = session_storage_id(Some("beta"), "user_42");
+        assert_ne!(acme, beta, "two tenants, two sessions");
+        assert_eq!(session_storage_id(None, "user_42"), "user_42", "an unbound fleet keys sessions as it did");
+        let room = "room_0123456789abcdef0123456789abcdef";
+        assert_eq!(session_storage_id(Some("acme"), room), room, "a room is the fleet's id");
+        assert_eq!(session_key_shown(&acme), "user_42");
+        assert_eq!(session_key_shown("user_42"), "user_42");
+        assert_eq!(session_key_shown(&session_storage_id(Some("acme"), "a\u{1f}b")), "a\u{1f}b");
+    }
 
     #[test]
     fn a_bound_token_decides_the_tenant_else_the_request_else_the_tokens_name() {

@@ -214,7 +214,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 tool_name: &call.tool_name,
                 parameters: &call.parameters,
                 execution_id,
-                room_id: call.room_id.as_deref(),
+                // A tool owner is told the session as its client named it, never a tenant's scope.
+                room_id: call.room_id.as_deref().map(fleet_protocol::tenant::session_key_shown),
                 assistant_id: call.assistant_id.as_deref(),
                 timestamp: &timestamp,
             }

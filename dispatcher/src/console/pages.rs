@@ -25,6 +25,14 @@ pub(crate) fn safe_url(raw: &str) -> String {
     fleet_protocol::sanitize::url_without_credentials(raw)
 }
 
+/// A stored session id as an operator reads it: a tenant's session as `key (tenant)`.
+pub(crate) fn session_label(stored: &str) -> String {
+    match stored.split_once(fleet_protocol::tenant::SESSION_SCOPE_SEPARATOR) {
+        Some((tenant, key)) => format!("{key} (tenant {tenant})"),
+        None => stored.to_string(),
+    }
+}
+
 fn time(ms: Option<i64>) -> String {
     ms.filter(|m| *m > 0).map(|m| esc(&rfc3339_from_millis(m))).unwrap_or_else(|| "—".into())
 }
@@ -217,7 +225,7 @@ pub(crate) async fn executions(State(state): State<AppState>, op: Operator, Quer
                 esc(&e.kind),
                 format!("<span class=\"status {0}\">{0}</span>", esc(e.status.as_str())),
                 html::opt(e.tool_name.as_deref()),
-                html::opt(e.room_id.as_deref()),
+                html::opt(e.room_id.as_deref().map(session_label).as_deref()),
                 e.attempts.to_string(),
                 time(Some(e.created_at_ms)),
                 html::opt(e.last_error.as_deref()),
@@ -254,7 +262,7 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
         ("Kind", Some(view.kind.clone())),
         ("Status", Some(view.status.as_str().to_string())),
         ("Tool", view.tool_name.clone()),
-        ("Room", view.room_id.clone()),
+        ("Room", view.room_id.as_deref().map(session_label)),
         ("Assistant", view.assistant_id.clone()),
         ("Last error", view.last_error.clone()),
     ];
@@ -418,15 +426,23 @@ pub(crate) async fn close_circuit(
 pub(crate) async fn sessions(State(state): State<AppState>, op: Operator, Query(p): Query<Params>) -> Response {
     let viewer = op.viewer();
     let form = format!(
-        "<form method=\"get\" action=\"/console/sessions\" class=\"filters\">{}<button>Open</button></form>",
-        html::input("id", "Session (room) id", p.get("id").map(String::as_str))
+        "<form method=\"get\" action=\"/console/sessions\" class=\"filters\">{}{}<button>Open</button></form>",
+        html::input("id", "Session (room) id", p.get("id").map(String::as_str)),
+        html::input("tenant", "Tenant (a tenant-bound token's session)", p.get("tenant").map(String::as_str))
     );
-    let Some(id) = p.get("id").map(|i| i.trim()).filter(|i| !i.is_empty()) else {
+    let Some(key) = p.get("id").map(|i| i.trim()).filter(|i| !i.is_empty()) else {
         return Html(html::page("Sessions", Some(&viewer), &form)).into_response();
     };
-    if let Err(e) = crate::validate::identifier("session id", Some(id)) {
+    if let Err(e) = crate::validate::identifier("session id", Some(key)) {
         return fail(&viewer, "Sessions", &e.message);
     }
+    let tenant = p.get("tenant").map(|t| t.trim()).filter(|t| !t.is_empty());
+    if tenant.is_some_and(|t| !fleet_protocol::tenant::is_tenant_name(t)) {
+        return fail(&viewer, "Sessions", "tenant must be 1-64 characters of A-Z, a-z, 0-9, '.', '_' and '-'");
+    }
+    let stored = fleet_protocol::tenant::session_storage_id(tenant, key);
+    let id = stored.as_ref();
+    let scope = tenant.map(|t| format!("?tenant={}", url(t))).unwrap_or_default();
     let history = match state.store.history(id).await {
         Ok(h) => h,
         Err(e) => return session::unavailable(&e.to_string()),
@@ -444,33 +460,40 @@ pub(crate) async fn sessions(State(state): State<AppState>, op: Operator, Query(
         })
         .collect();
     let token = crate::stream::stream_token_for(&state, id);
-    let stream = format!("/v1/sessions/{}/stream?since=start&token={}", url(id), url(&token.token));
-    let forget =
-        html::button(&viewer, &format!("/console/sessions/{}/forget", url(id)), "Forget this session", "danger");
+    let stream = format!("/v1/sessions/{}/stream?since=start&token={}", url(key), url(&token.token));
+    let forget = html::button(
+        &viewer,
+        &format!("/console/sessions/{}/forget{scope}", url(key)),
+        "Forget this session",
+        "danger",
+    );
     let body = format!(
         "{form}<div class=\"actions\">{forget} {}</div><h2>Live tail</h2><ol id=\"tail\" class=\"tail\" data-stream=\"{}\"></ol><h2>History</h2>{}",
         html::link(&format!("/console/executions?room_id={}", url(id)), "Its executions →"),
         esc(&stream),
         html::table(&["Role", "Content", "At", "Execution"], &rows)
     );
-    Html(html::page(&format!("Session {id}"), Some(&viewer), &body)).into_response()
+    Html(html::page(&format!("Session {}", session_label(id)), Some(&viewer), &body)).into_response()
 }
 
 /// `POST /console/sessions/{id}/forget`.
 pub(crate) async fn forget(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(key): Path<String>,
+    Query(p): Query<Params>,
     Change { op, .. }: Change,
 ) -> Response {
     let viewer = op.viewer();
-    if let Err(e) = crate::validate::identifier("session id", Some(&id)) {
+    if let Err(e) = crate::validate::identifier("session id", Some(&key)) {
         return fail(&viewer, "Forget", &e.message);
     }
+    let tenant = p.get("tenant").map(String::as_str).filter(|t| fleet_protocol::tenant::is_tenant_name(t));
+    let id = fleet_protocol::tenant::session_storage_id(tenant, &key).into_owned();
     if let Err(e) = state.store.history_delete(&id).await {
         return session::unavailable(&e.to_string());
     }
     console::audit(&state, &op.actor, "session.forget", &id, 1, None).await;
-    let text = format!("Session {id} is forgotten.");
+    let text = format!("Session {} is forgotten.", session_label(&id));
     outcome(&viewer, "Forget", &text, true, &html::link("/console/sessions", "← Sessions"))
 }
 

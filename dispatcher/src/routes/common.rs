@@ -34,6 +34,12 @@ impl Tenancy {
 }
 
 impl Tenancy {
+    /// The stored id of the session the caller calls `key`: a bound caller's is its tenant's own
+    /// (`tenant::session_storage_id`), so no other tenant's key can name it.
+    pub(crate) fn session(&self, key: &str) -> String {
+        fleet_protocol::tenant::session_storage_id(self.bound.as_deref(), key).into_owned()
+    }
+
     /// Whether the caller may see work of `owner`: an unbound token sees every tenant's.
     pub(crate) fn sees(&self, owner: Option<&str>) -> bool {
         self.bound.is_none() || self.bound.as_deref() == owner
@@ -48,6 +54,21 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenancy {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, ApiError> {
         parts.extensions.get::<Tenancy>().cloned().ok_or_else(ApiError::unauthorized)
+    }
+}
+
+/// The stored id of the session a request names by `key`, under the caller's tenancy. An operator
+/// (an unbound token) names a tenant's session with `tenant` (`?tenant=`); a bound caller may name
+/// only its own tenant there (another's is as if it did not exist).
+pub(crate) fn named_session(tenancy: &Tenancy, key: &str, tenant: Option<&str>) -> Result<String, ApiError> {
+    crate::validate::identifier("session id", Some(key))?;
+    match (tenancy.bound.as_deref(), tenant.filter(|t| !t.is_empty())) {
+        (Some(bound), Some(named)) if bound != named => Err(ApiError::not_found(format!("no session {key:?}"))),
+        (None, Some(named)) if !fleet_protocol::tenant::is_tenant_name(named) => {
+            Err(ApiError::invalid("tenant must be 1-64 characters of A-Z, a-z, 0-9, '.', '_' and '-'"))
+        }
+        (None, Some(named)) => Ok(fleet_protocol::tenant::session_storage_id(Some(named), key).into_owned()),
+        _ => Ok(tenancy.session(key)),
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct ExecutionQuery {
     room_id: Option<String>,
     /// The same as `room_id`: a room is a session.
     session_id: Option<String>,
+    /// An operator's token: only this tenant's executions, and its session of `room_id`.
+    tenant: Option<String>,
     assistant_id: Option<String>,
     /// RFC 3339: created at or after.
     since: Option<String>,
@@ -115,7 +117,7 @@ impl From<&ExecutionSummary> for ExecutionSummaryOut {
             kind: e.kind.clone(),
             status: e.status,
             tool_name: e.tool_name.clone(),
-            room_id: e.room_id.clone(),
+            room_id: e.room_id.as_deref().map(|r| fleet_protocol::tenant::session_key_shown(r).to_string()),
             assistant_id: e.assistant_id.clone(),
             tenant: e.tenant.clone(),
             created_at: rfc3339_from_millis(e.created_at_ms),
@@ -139,9 +141,14 @@ pub(crate) async fn list_executions(
     tenancy: Tenancy,
     ApiQuery(q): ApiQuery<ExecutionQuery>,
 ) -> Result<Json<Listed<ExecutionSummaryOut>>, ApiError> {
+    let named = q.tenant.clone().filter(|t| !t.is_empty());
     let (mut filter, cursor, limit) = execution_filter(q)?;
-    // A tenant-bound token lists only its tenant's executions.
-    filter.tenant = tenancy.bound;
+    // A tenant-bound token lists only its tenant's executions, and its session keys are its own;
+    // an operator's may name a tenant (and so that tenant's session of a key).
+    if let Some(room) = &filter.room_id {
+        filter.room_id = Some(crate::routes::common::named_session(&tenancy, room, named.as_deref())?);
+    }
+    filter.tenant = tenancy.bound.or(named);
     let (found, next) = state.store.list_executions(&filter, cursor, limit, LIST_SCAN_BUDGET).await?;
     Ok(Listed::json(found.iter().map(ExecutionSummaryOut::from).collect(), next.map(|c| c.to_string())))
 }
@@ -183,7 +190,7 @@ impl From<ExecutionView> for ExecutionOut {
             kind: v.kind,
             status: v.status,
             tool_name: v.tool_name,
-            room_id: v.room_id,
+            room_id: v.room_id.map(|r| fleet_protocol::tenant::session_key_shown(&r).to_string()),
             assistant_id: v.assistant_id,
             tenant: v.tenant,
             created_at: rfc3339_from_millis(v.created_at_ms),

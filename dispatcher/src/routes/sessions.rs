@@ -14,14 +14,15 @@ use fleet_protocol::history::{page, HistoryEntry, MessageOut, PageRequest};
 use crate::error::ApiError;
 use crate::routes::common::ApiQuery;
 use crate::routes::wire::Data;
-use crate::{validate, AppState};
+use crate::AppState;
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
 #[utoipa::path(get, path = "/v1/sessions/{id}/messages", tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id"),
         ("limit" = Option<u32>, Query, description = "1-100 (default 50)"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page"),
-        ("order" = Option<String>, Query, description = "`desc` (newest first, default) or `asc`")),
+        ("order" = Option<String>, Query, description = "`desc` (newest first, default) or `asc`"),
+        ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key (a tenant-bound token's sessions are its tenant's own)")),
     responses((status = 200, description = "The remembered conversation", body = Data<MessagePage>),
         (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
@@ -31,7 +32,7 @@ pub(crate) async fn list_messages(
     Path(session_id): Path<String>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<MessagePage>>, ApiError> {
-    validate::identifier("session id", Some(&session_id))?;
+    let session_id = crate::routes::common::named_session(&tenancy, &session_id, q.get("tenant").map(String::as_str))?;
     crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     let req = PageRequest::parse(
         q.get("limit").map(String::as_str),
@@ -62,7 +63,8 @@ impl MessagePage {
 
 /// Forgets the session's conversation (204 whether or not it had one); the next turn starts afresh.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = ["sessions:write"])),
-    params(("id" = String, Path, description = "The session id")),
+    params(("id" = String, Path, description = "The session id"),
+        ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key")),
     responses((status = 204, description = "Forgotten (whether or not it had a conversation)"),
         (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
@@ -71,8 +73,9 @@ pub(crate) async fn delete_session(
     caller: Option<axum::Extension<crate::routes::common::Caller>>,
     tenancy: crate::routes::common::Tenancy,
     Path(session_id): Path<String>,
+    crate::routes::common::ApiQuery(q): crate::routes::common::ApiQuery<HashMap<String, String>>,
 ) -> Result<StatusCode, ApiError> {
-    validate::identifier("session id", Some(&session_id))?;
+    let session_id = crate::routes::common::named_session(&tenancy, &session_id, q.get("tenant").map(String::as_str))?;
     crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
     state.store.history_delete(&session_id).await?;
     crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;

@@ -19,6 +19,7 @@ use crate::AppState;
 /// ends the response after the next `done`; `?token=` (a stream token) instead of a bearer token.
 #[utoipa::path(get, path = "/v1/sessions/{id}/stream", tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id"),
+        ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream sent)"),
         ("last_event_id" = Option<String>, Query, description = "Like the Last-Event-ID header (the header wins)"),
         ("since" = Option<String>, Query, description = "`start`: replay the retained window; `now` (default): new events only"),
@@ -34,22 +35,26 @@ pub(crate) async fn stream_session(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
-    crate::stream::serve(&state, session_id, &headers, &query).await
+    let stored = crate::routes::common::named_session(&tenancy, &session_id, query.get("tenant").map(String::as_str))?;
+    crate::routes::common::check_session(&state, &tenancy, &stored).await?;
+    crate::stream::serve(&state, stored, &headers, &query).await
 }
 
 /// A token that opens this session's stream (and nothing else) for 60 seconds, for a browser's
 /// `EventSource`, which cannot send headers.
 #[utoipa::path(post, path = "/v1/sessions/{id}/stream-token", tag = "sessions", security(("bearer" = ["sessions:read"])),
-    params(("id" = String, Path, description = "The session id")),
+    params(("id" = String, Path, description = "The session id"),
+        ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key")),
     responses((status = 200, description = "The stream token", body = Data<StreamToken>),
         (status = 404, description = "Another tenant's session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_stream_token(
-    state: State<AppState>,
+    State(state): State<AppState>,
     tenancy: crate::routes::common::Tenancy,
-    session_id: Path<String>,
+    Path(session_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Data<StreamToken>>, ApiError> {
-    crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
-    crate::stream::create_stream_token(state, session_id).await
+    let stored = crate::routes::common::named_session(&tenancy, &session_id, query.get("tenant").map(String::as_str))?;
+    crate::routes::common::check_session(&state, &tenancy, &stored).await?;
+    Ok(crate::stream::create_stream_token(&state, &stored))
 }

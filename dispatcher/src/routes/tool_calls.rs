@@ -79,6 +79,8 @@ impl ToolCallInput {
         validate::identifier("room_id", self.room_id.as_deref()).map_err(|e| ("room_id", e))?;
         validate::identifier("assistant_id", self.assistant_id.as_deref()).map_err(|e| ("assistant_id", e))?;
         labels_seen_by(state, tenancy, self.room_id.as_deref(), self.assistant_id.as_deref()).await?;
+        // A bound caller's session label is its tenant's own session of that key.
+        self.room_id = self.room_id.as_deref().map(|r| tenancy.session(r));
         self.due_ms = schedule::due_at(self.run_at.as_deref(), self.delay_seconds, now_ms())
             .map_err(|e| (e.field(), ApiError::invalid(e.to_string())))?;
         crate::tool_schemas::check_call(state, &self.tool_name, &self.parameters).await.map_err(|e| ("parameters", e))

@@ -58,6 +58,9 @@ pub(crate) async fn check_turn(
     let routing = &state.config.common.llm;
     input.apply_defaults(&routing.default_provider, &routing.default_model);
     input.validate().map_err(ApiError::invalid)?;
+    // A bound caller's session key names its tenant's own session (validated first: the stored id
+    // holds the scope's separator, which no key may).
+    input.session_id = tenancy.session(&input.session_id);
     input.tenant = Some(tenant);
     input.check_provider(&routing.names()).map_err(ApiError::invalid)?;
     crate::routes::tools::require_registered(state, tools_field, &input.assistant.enabled_tools).await?;

@@ -11,7 +11,7 @@ use fleet_protocol::tenant::{self, Scope, UsageBucket};
 use fleet_protocol::timefmt::{millis_from_rfc3339, rfc3339_from_millis};
 
 use crate::error::ApiError;
-use crate::routes::common::{check_session, ApiQuery, Tenancy};
+use crate::routes::common::{check_session, named_session, ApiQuery, Tenancy};
 use crate::routes::wire::Data;
 use crate::AppState;
 
@@ -26,8 +26,9 @@ pub(crate) struct UsageQuery {
     tenant: Option<String>,
     /// An assistant's usage (with `tenant`: that tenant's use of it).
     assistant: Option<String>,
-    /// A session's usage (a room's id is its session's), asked alone: a tenant-bound token's own
-    /// sessions only (another tenant's is not found).
+    /// A session's usage (a room's id is its session's), asked alone or with its `tenant`: a
+    /// tenant-bound token's own sessions only (another tenant's is not found); an operator's token
+    /// names a tenant's session of that key with `tenant`.
     session: Option<String>,
     /// RFC 3339; default 24 hours before `until`. The hour it falls in is included.
     since: Option<String>,
@@ -85,10 +86,13 @@ pub(crate) async fn get_usage(
     let session = q.session.filter(|s| !s.is_empty());
     let asked_tenant = q.tenant.filter(|t| !t.is_empty());
     let assistant = q.assistant.filter(|a| !a.is_empty());
-    if session.is_some() && (asked_tenant.is_some() || assistant.is_some()) {
-        return Err(ApiError::invalid("session is asked alone, without tenant or assistant"));
+    if session.is_some() && assistant.is_some() {
+        return Err(ApiError::invalid("session is asked alone or with its tenant, without assistant"));
     }
-    let tenant = match &session {
+    // A tenant's session is its own of that key: its usage is counted under its stored id (an
+    // operator names the tenant whose session it is).
+    let stored = session.as_deref().map(|s| named_session(&tenancy, s, asked_tenant.as_deref())).transpose()?;
+    let tenant = match &stored {
         Some(s) => {
             check_session(&state, &tenancy, s).await?;
             None
@@ -98,7 +102,7 @@ pub(crate) async fn get_usage(
     if let (Some(b), Some(a)) = (bound, assistant.as_deref()) {
         hidden_assistant(&state, b, a).await?;
     }
-    let scope = match (&tenant, &assistant, &session) {
+    let scope = match (&tenant, &assistant, &stored) {
         (_, _, Some(s)) => Scope::Session(s),
         (Some(t), Some(a), _) => Scope::TenantAssistant(t, a),
         (Some(t), None, _) => Scope::Tenant(t),

@@ -13,7 +13,7 @@ mod request;
 
 use std::collections::HashMap;
 
-use axum::extract::{MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Path, Request};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, RequestPartsExt};
@@ -50,7 +50,7 @@ pub(crate) async fn serve(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
-    validate::identifier("session id", Some(&session_id))?;
+    validate::identifier("session id", Some(fleet_protocol::tenant::session_key_shown(&session_id)))?;
     let header = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| ApiError::malformed("Last-Event-ID is not text"))?),
@@ -80,12 +80,9 @@ pub(crate) async fn serve(
 
 /// `POST /v1/sessions/{id}/stream-token`: a token that opens this session's stream (and nothing
 /// else) for 60 seconds; a stream opened with it stays open past that.
-pub(crate) async fn create_stream_token(
-    State(state): State<AppState>,
-    Path(session_id): Path<String>,
-) -> Result<Json<Data<StreamToken>>, ApiError> {
-    validate::identifier("session id", Some(&session_id))?;
-    Ok(Data::json(stream_token_for(&state, &session_id)))
+/// A stream token for the session stored as `session_id` (the caller's tenancy already applied).
+pub(crate) fn create_stream_token(state: &AppState, session_id: &str) -> Json<Data<StreamToken>> {
+    Data::json(stream_token_for(state, session_id))
 }
 
 /// A stream token: `token` opens the session's stream with `?token=` until `expires_at`.
@@ -106,7 +103,7 @@ pub(crate) fn stream_token_for(state: &AppState, session_id: &str) -> StreamToke
     let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
     StreamToken {
         token: stream_token::sign(&key, session_id, expires_at_ms),
-        session_id: session_id.to_string(),
+        session_id: fleet_protocol::tenant::session_key_shown(session_id).to_string(),
         expires_at: rfc3339_from_millis(expires_at_ms),
         expires_in: TOKEN_TTL_MS / 1000,
     }
@@ -124,10 +121,11 @@ pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) ->
     let (mut parts, body) = request.into_parts();
     let Path(session_id) = parts.extract::<Path<String>>().await.map_err(|e| ApiError::malformed(e.body_text()))?;
     let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
-    stream_token::verify(&key, &token, &session_id, now_ms())
+    let tenant = stream_token::verify(&key, &token, &session_id, now_ms())
         .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()))?;
     // The token was made for this one session, for a caller who could read it then: it decides
-    // the tenancy of this request, which reads nothing else.
-    parts.extensions.insert(crate::routes::common::Tenancy::default());
+    // the tenancy of this request (whose session of that key), which reads nothing else.
+    let name = "stream-token".to_string();
+    parts.extensions.insert(crate::routes::common::Tenancy { bound: tenant, name });
     Ok(Request::from_parts(parts, body))
 }

@@ -4,11 +4,11 @@ use serde_json::{json, Value};
 
 use super::state::{CallOutcome, ToolCall};
 
-/// Adds the base fields every event of a session carries (seed 001): the session and when the
-/// event was made (RFC 3339, UTC).
+/// Adds the base fields every event of a session carries (seed 001): the session (its key as the
+/// client sent it, without a tenant's scope) and when the event was made (RFC 3339, UTC).
 pub fn with_base_fields(mut event: Value, session_id: &str, created_at_ms: i64) -> Value {
     if let Some(fields) = event.as_object_mut() {
-        fields.insert("session_id".into(), json!(session_id));
+        fields.insert("session_id".into(), json!(crate::tenant::session_key_shown(session_id)));
         fields.insert("created_at".into(), json!(crate::timefmt::rfc3339_from_millis(created_at_ms)));
     }
     event

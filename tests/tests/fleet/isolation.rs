@@ -156,7 +156,67 @@ async fn a_session_no_tenant_holds_is_not_open_to_a_bound_token() {
     let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/user_42/messages", None).await;
     assert_eq!(status, 200, "its owner reads it: {body}");
     let (status, body) = send(&fleet, BETA, Method::POST, "/v1/sessions/user_42/stream-token", None).await;
-    assert_eq!(status, 404, "{body}");
+    assert_eq!(status, 404, "beta's session of that key has had no turn: {body}");
+}
+
+/// The messages of `session` as `token` reads them: (status, the contents).
+async fn contents(fleet: &Fleet, token: &str, session: &str) -> (u16, Vec<String>) {
+    let (status, body) = send(fleet, token, Method::GET, &format!("/v1/sessions/{session}/messages"), None).await;
+    let texts = body["data"]["messages"].as_array().into_iter().flatten();
+    (status, texts.map(|m| m["content"].as_str().unwrap_or_default().to_string()).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_using_one_session_key_have_two_sessions() {
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().and_then(|m| m.last()).map(|m| m["content"].to_string());
+        LlmReply::text(&format!("you said {}", asked.unwrap_or_default()))
+    })
+    .await;
+    let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens())).await;
+    fleet.token = ADMIN.to_string();
+    // Acme uses a guessable key first; beta uses the same one: neither squats nor reads the other's.
+    for (token, text) in [(ACME, "acme here"), (BETA, "beta here")] {
+        let mut body = turn_body("user_42", text, &[]);
+        body["messages"][0]["content"] = json!(text);
+        let (status, resp) = send(&fleet, token, Method::POST, "/v1/turns", Some(&body)).await;
+        assert_eq!(status, 202, "{resp}");
+        fleet.wait_status(resp["data"]["execution_id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
+    }
+    let (status, acme) = contents(&fleet, ACME, "user_42").await;
+    assert_eq!(status, 200);
+    assert!(acme.iter().any(|c| c.contains("acme here")) && !acme.iter().any(|c| c.contains("beta")), "{acme:?}");
+    let (status, beta) = contents(&fleet, BETA, "user_42").await;
+    assert_eq!(status, 200);
+    assert!(beta.iter().any(|c| c.contains("beta here")) && !beta.iter().any(|c| c.contains("acme")), "{beta:?}");
+    assert!(
+        !llm.requests()
+            .iter()
+            .any(|r| r.body.to_string().contains("acme here") && r.body.to_string().contains("beta here")),
+        "no model prompt mixes the two sessions"
+    );
+
+    // Beta's stream token opens beta's session of that key, whose events name the key as sent.
+    let (status, token) = send(&fleet, BETA, Method::POST, "/v1/sessions/user_42/stream-token", None).await;
+    assert_eq!(status, 200, "{token}");
+    assert_eq!(token["data"]["session_id"], "user_42", "{token}");
+    let url = format!(
+        "{}/v1/sessions/user_42/stream?since=start&until=done&token={}",
+        fleet.api,
+        token["data"]["token"].as_str().unwrap()
+    );
+    let streamed = fleet.http.get(url).send().await.unwrap().text().await.unwrap();
+    assert!(streamed.contains("beta here") && !streamed.contains("acme here"), "{streamed}");
+    assert!(streamed.contains("\"session_id\":\"user_42\""), "{streamed}");
+    // The operator's (unbound) session of that key is a third one, as an unbound fleet had it.
+    let (status, body) = send(&fleet, ADMIN, Method::GET, "/v1/sessions/user_42/messages", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["messages"].as_array().map(Vec::len), Some(0), "{body}");
+    // Each tenant's executions name the session by its key.
+    let (_, listed) = send(&fleet, BETA, Method::GET, "/v1/executions?session_id=user_42", None).await;
+    let rows = listed["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{listed}");
+    assert_eq!(rows[0]["room_id"], "user_42", "{listed}");
 }
 
 /// The TTL of `key` in seconds: `None` for a key that never expires, `Some(-2)` for a missing one.
@@ -203,13 +263,14 @@ async fn a_sessions_bindings_outlive_its_data() {
     let mut conn = fleet.redis().await;
     turn_as(&fleet, ACME, "s_ttl").await;
     // Days pass: every key of the session has a day left; then its owner reads its messages.
-    let keys = fleet.redis_keys("session:{s_ttl}:*").await;
+    let keys = fleet.redis_keys("session:{acme\u{1f}s_ttl}:*").await;
     for key in &keys {
         let _: () = redis::cmd("EXPIRE").arg(key).arg(86_400).query_async(&mut conn).await.unwrap();
     }
     let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/s_ttl/messages", None).await;
     assert_eq!(status, 200, "{body}");
-    let (data, binding) = session_ttls(&fleet, "s_ttl").await;
+    // Acme's session of the key `s_ttl` is stored under acme's scope.
+    let (data, binding) = session_ttls(&fleet, "acme\u{1f}s_ttl").await;
     for (key, t) in &data {
         assert!(outlives(binding, *t), "{key} lives {t:?} s, its tenant binding {binding:?} s");
     }
@@ -238,14 +299,31 @@ async fn a_sessions_bindings_outlive_its_data() {
 async fn a_refused_seed_input_binds_nothing() {
     let (fleet, _llm) = two_tenants(&[]).await;
     let acme_agent = assistant_as(&fleet, ACME, "acme_agent").await;
+    let acme_other = assistant_as(&fleet, ACME, "acme_other").await;
     let beta_agent = assistant_as(&fleet, BETA, "beta_agent").await;
     turn_as(&fleet, ACME, "s_shared").await;
     let input = json!({"type": "input", "messages": [{"type": "text", "content": "mine now"}]});
-    let path = |agent: &str| format!("/v2/agents/{agent}/sessions/s_shared/events");
-    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent), Some(&input)).await;
-    assert_eq!(status, 404, "another tenant's session: {body}");
-    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent), Some(&input)).await;
+    let path = |agent: &str, session: &str| format!("/v2/agents/{agent}/sessions/{session}/events");
+    // Beta's input with beta's agent on acme's key is beta's own session of that key.
+    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent, "s_shared"), Some(&input)).await;
+    assert_eq!(status, 201, "beta's own session of that key: {body}");
+    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
     assert_eq!(status, 201, "acme's own session still takes its agent's input: {body}");
+    // A refusal (another agent of acme's on a session its first agent holds) binds nothing either.
+    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_other, "s_shared"), Some(&input)).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
+    assert_eq!(status, 201, "{body}");
+    // Beta's input on acme's room (a room is the fleet's id, one session) is refused, writing nothing.
+    let (status, room) =
+        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{acme_agent}/rooms"), Some(&json!({"namespace": "n"})))
+            .await;
+    assert_eq!(status, 201, "{room}");
+    let room = room["data"]["id"].as_str().unwrap().to_string();
+    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent, &room), Some(&input)).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, &room), Some(&input)).await;
+    assert_eq!(status, 201, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -122,7 +122,10 @@ async fn a_tenant_over_its_daily_cap_ends_its_turn_with_budget_exceeded_and_no_m
 
     let second = post_turn_as(&fleet, ACME, &turn_body("s_cap_2", "hi", &[])).await;
     // From the stream's start: with no model call the turn can end before the stream is opened.
+    // The stream of acme's session, read with acme's token (an operator's would name the tenant).
+    fleet.token = ACME.to_string();
     let frames = read_until_done(&fleet, "s_cap_2", Some("0-0")).await;
+    fleet.token = ADMIN.to_string();
     let error = frames.iter().find(|(_, _, event, _)| event == "error").map(|(_, _, _, data)| data.clone());
     let error = error.expect("an error event");
     assert_eq!(error["error"]["code"], "budget_exceeded", "{error}");
@@ -149,15 +152,17 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
     fleet.wait_status(&acme_turn, "succeeded", timeout).await;
     fleet.wait_status(&beta_turn, "succeeded", timeout).await;
 
-    // Every route about acme's execution or session: acme and the operator get through, beta
-    // gets 404 as for an id that does not exist (never 403).
+    // Every route about acme's execution or session: acme and the operator (naming the tenant
+    // whose session it is) get through, beta gets 404 as for an id that does not exist (never 403).
     let routes = [
         (Method::GET, format!("/v1/executions/{acme_turn}")),
         (Method::POST, format!("/v1/executions/{acme_turn}/cancel")),
-        (Method::GET, "/v1/sessions/s_iso_acme/messages".to_string()),
-        (Method::POST, "/v1/sessions/s_iso_acme/stream-token".to_string()),
-        (Method::DELETE, "/v1/sessions/s_iso_acme".to_string()),
+        (Method::GET, "/v1/sessions/s_iso_acme/messages?tenant=acme".to_string()),
+        (Method::POST, "/v1/sessions/s_iso_acme/stream-token?tenant=acme".to_string()),
+        (Method::DELETE, "/v1/sessions/s_iso_acme?tenant=acme".to_string()),
     ];
+    let (status, body) = send(&fleet, ADMIN, Method::GET, "/v1/sessions/s_iso_acme/messages?tenant=acme", None).await;
+    assert_eq!((status, body["data"]["messages"].as_array().map(Vec::len)), (200, Some(2)), "{body}");
     for (method, path) in &routes {
         let (status, body) = send(&fleet, BETA, method.clone(), path, None).await;
         assert_eq!(status, 404, "beta: {method} {path}: {body}");
@@ -177,9 +182,11 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
     };
     assert_eq!(stream(BETA).await.unwrap().status().as_u16(), 404);
     assert_eq!(stream(ACME).await.unwrap().status().as_u16(), 200);
-    // Beta cannot make turns in acme's session either.
+    // Beta's turn with acme's session key runs in beta's own session of that key.
     let (status, body) = send(&fleet, BETA, Method::POST, "/v1/turns", Some(&turn_body("s_iso_acme", "hi", &[]))).await;
-    assert_eq!(status, 404, "{body}");
+    assert_eq!(status, 202, "{body}");
+    let beta_second = body["data"]["execution_id"].as_str().unwrap().to_string();
+    fleet.wait_status(&beta_second, "succeeded", timeout).await;
 
     // Listings: a bound token lists only its own tenant's executions; the operator lists both.
     let listed = |token: &'static str| {
@@ -197,7 +204,8 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
         }
     };
     assert_eq!(listed(ACME).await, vec![acme_turn.clone()]);
-    assert_eq!(listed(BETA).await, vec![beta_turn.clone()]);
+    let betas = listed(BETA).await;
+    assert!(betas.len() == 2 && betas.contains(&beta_turn) && betas.contains(&beta_second), "{betas:?}");
     let all = listed(ADMIN).await;
     assert!(all.contains(&acme_turn) && all.contains(&beta_turn), "{all:?}");
 }
@@ -318,8 +326,8 @@ async fn usage_is_counted_per_session_and_a_bound_token_reads_only_its_own_sessi
         fleet.wait_status(&id, "succeeded", timeout).await;
     }
     // Each model call reports 11 prompt and 3 completion tokens.
-    for token in [ACME, ADMIN] {
-        let (status, body) = send(&fleet, token, Method::GET, "/v1/usage?session=s_use_1", None).await;
+    for (token, query) in [(ACME, "session=s_use_1"), (ADMIN, "session=s_use_1&tenant=acme")] {
+        let (status, body) = send(&fleet, token, Method::GET, &format!("/v1/usage?{query}"), None).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["data"]["session"], "s_use_1", "{body}");
         assert_eq!(totals(&body["data"]["buckets"]), (22, 6, 2), "{body}");
@@ -336,7 +344,8 @@ async fn usage_is_counted_per_session_and_a_bound_token_reads_only_its_own_sessi
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{body}");
     assert_eq!(usage(&fleet, ACME, "session=s_use_3").await.0, 404);
     assert_eq!(totals(&usage(&fleet, BETA, "session=s_use_3").await.1), (11, 3, 1));
-    assert_eq!(usage(&fleet, ADMIN, "session=s_use_1&tenant=acme").await.0, 422);
+    assert_eq!(totals(&usage(&fleet, ADMIN, "session=s_use_1").await.1), (0, 0, 0), "the operator's own s_use_1");
+    assert_eq!(usage(&fleet, ADMIN, "session=s_use_1&assistant=asst_1").await.0, 422);
     assert_eq!(totals(&usage(&fleet, ADMIN, "session=s_never").await.1), (0, 0, 0));
 }
 

@@ -41,7 +41,8 @@ pub(super) async fn submit(
         Some(InputBehavior::FollowUp) | None => Behavior::FollowUp,
     };
     let mut input = TurnInput {
-        session_id: session.to_string(),
+        // As the client named it: `check_turn` applies the caller's tenancy again.
+        session_id: fleet_protocol::tenant::session_key_shown(session).to_string(),
         assistant: agent.snapshot(),
         messages: texts.iter().map(|t| InputMessage { role: "user".into(), content: t.clone() }).collect(),
         behavior,

@@ -67,6 +67,8 @@ pub(crate) async fn create_event(
     require_json(&headers)?;
     let request: SessionInput = validate::parse_body(&body).map_err(as_bad_request)?;
     validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
+    // From here on the session as stored: a bound caller's key is its tenant's own session.
+    let session_key = tenancy.session(&session_key);
     let wait = request_timeout(&headers)?;
     let agent = agent(&state, tenancy.bound.as_deref(), &agent_key).await?;
     own_session(&state, &tenancy, &agent, &session_key).await?;

@@ -90,7 +90,7 @@ pub(super) async fn complete(
         SessionFinish::NotHolder { next, free } => next.filter(|_| free),
     };
     let message = state.final_message.clone().unwrap_or_default();
-    let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": session, "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
+    let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": fleet_protocol::tenant::session_key_shown(session), "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
     if let Err(e) = crate::notify::notify(cx, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
         tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries; the step comes back");
         return Err(Outcome::Parked(cx.soon()));
