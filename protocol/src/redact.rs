@@ -89,6 +89,29 @@ impl Redactor {
         }
     }
 
+    /// Replaces `secret` (one not configured here, such as the secret of the tool whose answer
+    /// this is) in every string of `value`, keys included; a clean value costs a search per string.
+    pub fn redact_json_of(secret: &str, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        if secret.len() < MIN_SECRET_LEN {
+            return;
+        }
+        match value {
+            Value::String(text) if text.contains(secret) => *text = text.replace(secret, REDACTED),
+            Value::Array(items) => items.iter_mut().for_each(|item| Self::redact_json_of(secret, item)),
+            Value::Object(map) => {
+                let dirty: Vec<String> = map.keys().filter(|k| k.contains(secret)).cloned().collect();
+                for key in dirty {
+                    if let Some(v) = map.remove(&key) {
+                        map.insert(key.replace(secret, REDACTED), v);
+                    }
+                }
+                map.values_mut().for_each(|v| Self::redact_json_of(secret, v));
+            }
+            _ => {}
+        }
+    }
+
     /// Whether no secret is configured (the shape scrubs still apply).
     pub fn is_empty(&self) -> bool {
         self.secrets.is_empty()
@@ -352,5 +375,15 @@ mod tests {
             v,
             serde_json::json!({"echo": "key [redacted]", "n": 3, "list": ["[redacted]", {"[redacted]": true}]})
         );
+    }
+
+    #[test]
+    fn a_secret_not_configured_is_replaced_where_it_is_named() {
+        let mut v = serde_json::json!({"echo": "my secret is whsec_tool_secret_0001", "whsec_tool_secret_0001": [1]});
+        Redactor::redact_json_of("whsec_tool_secret_0001", &mut v);
+        assert_eq!(v, serde_json::json!({"echo": "my secret is [redacted]", "[redacted]": [1]}));
+        let mut short = serde_json::json!("abc");
+        Redactor::redact_json_of("abc", &mut short);
+        assert_eq!(short, "abc", "too short to be a secret");
     }
 }

@@ -91,10 +91,17 @@ pub async fn attempt(
     poll: Option<&PollState>,
 ) -> AttemptReport {
     let mut report = match prepare(ctx, execution_id, job).await {
-        Ok(prepared) => match poll {
-            Some(poll) => poll_once(ctx, poll, execution_id, &prepared).await,
-            None => post(ctx, prepared, execution_id).await,
-        },
+        Ok(prepared) => {
+            let target = Arc::clone(&prepared.target);
+            let mut report = match poll {
+                Some(poll) => poll_once(ctx, poll, execution_id, &prepared).await,
+                None => post(ctx, prepared, execution_id).await,
+            };
+            // The tool's (or webhook's) own secret is no configured one: an answer echoing it is
+            // scrubbed of it here, where the answer enters the fleet.
+            redact_own_secret(&mut report, &target.secret);
+            report
+        }
         Err(report) => report,
     };
     // Redacted whole before sanitising: the sanitiser's cut could leave a secret's head.
@@ -103,6 +110,17 @@ pub async fn attempt(
         ctx.redactor.redact_json(result);
     }
     report
+}
+
+/// Takes `secret` out of what `report` keeps of the answer: its error and its result.
+fn redact_own_secret(report: &mut AttemptReport, secret: &str) {
+    use fleet_protocol::redact::{Redactor, REDACTED};
+    if let Some(error) = report.error.as_mut().filter(|e| secret.len() >= 8 && e.contains(secret)) {
+        *error = error.replace(secret, REDACTED);
+    }
+    if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
+        Redactor::redact_json_of(secret, result);
+    }
 }
 
 async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str) -> AttemptReport {

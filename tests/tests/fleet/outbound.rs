@@ -165,14 +165,23 @@ async fn no_secret_is_kept_or_shown_anywhere_after_a_run_that_echoes_them_all() 
     .await;
     let tool = Receiver::start(Secrets::TOOL, |r, _| {
         let headers = serde_json::to_string(&r.headers).unwrap();
+        // The tool echoes its own secret too, which no process has in its configuration.
         if r.json["parameters"]["fail"] == true {
-            Reply { body: format!("refused {} {headers}", Secrets::echoed()), ..Reply::status(400) }
+            Reply { body: format!("refused {} {} {headers}", Secrets::echoed(), Secrets::TOOL), ..Reply::status(400) }
         } else {
-            Reply::result(serde_json::json!({"echo": Secrets::echoed(), "headers": headers}))
+            Reply::result(serde_json::json!({"echo": Secrets::echoed(), "own": Secrets::TOOL, "headers": headers}))
         }
     })
     .await;
-    let hooks = Receiver::start(Secrets::HOOK, |_, _| Reply::status(200)).await;
+    // The webhook's receiver refuses its first delivery echoing its own secret, then takes them.
+    let hooks = Receiver::start(Secrets::HOOK, |_, n| {
+        if n == 0 {
+            Reply { body: format!("no, {}", Secrets::HOOK), ..Reply::status(500) }
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
     let tokens = format!("{},{}@acme", Secrets::ADMIN, Secrets::TENANT);
     let options = llm_fleet(&llm).env("FLEET_LLM_API_KEY", KEY).env("FLEET_API_TOKENS", &tokens);
     let mut fleet = spawn_fleet(FleetOptions { capture_logs: true, ..options }).await;
@@ -194,8 +203,10 @@ async fn no_secret_is_kept_or_shown_anywhere_after_a_run_that_echoes_them_all() 
     for (id, status) in ids.iter().zip(["succeeded", "dead_lettered", "succeeded", "dead_lettered"]) {
         fleet.wait_status(id, status, timeout).await;
     }
-    fleet_tests::wait_for("the failure webhook", timeout, || async { (!hooks.received().is_empty()).then_some(()) })
-        .await;
+    fleet_tests::wait_for("the failure webhook, delivered again", timeout, || async {
+        (hooks.received().len() >= 2).then_some(())
+    })
+    .await;
 
     let mut shown: Vec<(String, String)> = vec![];
     for session in ["s_echo", "s_fail"] {
