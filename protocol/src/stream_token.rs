@@ -58,7 +58,8 @@ pub fn verify(key: &[u8; 32], token: &str, session_key: &str, now_ms: i64) -> Re
     }
     let expires_at_ms: i64 = expiry.parse().map_err(|_| TokenError::Malformed)?;
     // One spelling per token, as `sign` writes it: no leading zeros or sign, lower-case hex.
-    let canonical = expiry == expires_at_ms.to_string() && !tag.bytes().any(|b| b.is_ascii_uppercase());
+    let canonical =
+        expiry == expires_at_ms.to_string() && tag.len() == 64 && !tag.bytes().any(|b| b.is_ascii_uppercase());
     let tag = hex::decode(tag).ok().filter(|_| canonical).ok_or(TokenError::Malformed)?;
     let stored = crate::tenant::session_storage_id(tenant.as_deref(), session_key);
     mac(key, &stored, expires_at_ms).verify_slice(&tag).map_err(|_| TokenError::WrongSignature)?;
@@ -119,7 +120,16 @@ mod tests {
 
     #[test]
     fn garbage_is_malformed() {
-        for bad in ["", "st1", "st1.x.00", "st2.2000.00", "st1.2000.zz", "st1.2000.00.00", "test-token-0123456789"] {
+        for bad in [
+            "",
+            "st1",
+            "st1.x.00",
+            "st2.2000.00",
+            "st1.2000.zz",
+            "st1.2000.00.00",
+            "st1.2000.00.no/tenant",
+            "test-token-0123456789",
+        ] {
             assert_eq!(verify(&KEY, bad, "s1", 1_000), Err(TokenError::Malformed), "{bad:?}");
         }
     }
