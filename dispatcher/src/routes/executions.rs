@@ -30,7 +30,7 @@ pub(crate) struct ExecutionQuery {
     limit: Option<usize>,
     #[param(value_type = Option<fleet_protocol::execution::ExecutionStatus>)]
     status: Option<String>,
-    /// `tool_call`, `turn`, `webhook` or `notification`.
+    /// `tool_call`, `turn` or `webhook`.
     kind: Option<String>,
     tool_name: Option<String>,
     /// A room's (session's) turns and their tool calls.
@@ -94,7 +94,7 @@ pub(crate) fn execution_filter(q: ExecutionQuery) -> Result<(ExecutionFilter, Op
 #[schema(as = ExecutionSummary)]
 pub(crate) struct ExecutionSummaryOut {
     execution_id: String,
-    /// `tool_call`, `turn`, `webhook` or `notification`.
+    /// `tool_call`, `turn` or `webhook`.
     kind: String,
     status: ExecutionStatus,
     tool_name: Option<String>,
