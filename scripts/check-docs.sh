@@ -12,6 +12,15 @@
 #    column: `worker/`), or, in the prose below the map, anywhere in the repository. A name counts
 #    as a path when it ends in '/' or a known extension (.rs .sh .py .md .yml .yaml .json .toml .tpl
 #    .txt .lock); `jobs::run`, `{tools}:ids` or `/readyz` are not paths.
+#    Every invariant it states names the test that holds it: a paragraph starting `**Invariant:**`,
+#    and each item of the list under the heading "Invariants across the fleet", says `tested by`
+#    or `not yet tested`. Each name in backticks after `tested by` (up to its closing parenthesis)
+#    must exist: `module` is a file tests/tests/fleet/<module>.rs; `module::test` is a function of
+#    that file; `crate::path::test` (a crate: protocol, platform, dispatcher, worker, fleetctl,
+#    tests) is a function of the file of that module (`crate/src/path.rs` or `path/mod.rs`, the
+#    crate root for no path; a `tests` segment is the file's test module); a path
+#    (`worker/tests/layers.rs`, `scripts/check-api.sh`) exists, and `path.rs::test` is a function
+#    of it; a bare name that is no test module is a function of some .rs file under the crates.
 # 3. Every other page: a backticked path that starts at one of the repository's top-level folders
 #    (`tests/tests/fleet/batch.rs`, `scripts/check-api.sh`, `helm/agent-fleet`) exists. Files a reader
 #    creates (KNOWN_ABSENT below) are exempt.
@@ -220,6 +229,147 @@ if os.path.isfile("ARCHITECTURE.md"):
                 problem("ARCHITECTURE.md", number,
                         f"names `{token}`, found neither from the repository's root nor {'under ' if roots != [''] else ''}{where}")
 
+# 2b. Every invariant of ARCHITECTURE.md names the test that holds it, and that test exists.
+CRATES = ("protocol", "platform", "dispatcher", "worker", "fleetctl", "tests")
+FLEET_SUITE = "tests/tests/fleet"
+INVARIANT_RE = re.compile(r"^\*\*(?:Architecture )?Invariant:\*\*")
+LIST_ITEM_RE = re.compile(r"^\s{0,3}[-*+]\s+")
+FN_CACHE = {}
+
+
+def functions(path):
+    """The names of the functions a .rs file defines (`fn name`, whatever precedes it)."""
+    if path not in FN_CACHE:
+        try:
+            with open(path, encoding="utf-8") as f:
+                FN_CACHE[path] = set(re.findall(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)", f.read()))
+        except OSError:
+            FN_CACHE[path] = set()
+    return FN_CACHE[path]
+
+
+def crate_sources():
+    return sorted(f for f in FILES if f.endswith(".rs") and f.split("/")[0] in CRATES)
+
+
+def module_file(crate, segments):
+    """The file of module `segments` of `crate` (a trailing `tests` segment is a file's own test
+    module), or None."""
+    if segments and segments[-1] == "tests":
+        segments = segments[:-1]
+    if not segments or segments in (["lib"], ["main"]):
+        candidates = [f"{crate}/src/lib.rs", f"{crate}/src/main.rs"]
+    else:
+        base = f"{crate}/src/" + "/".join(segments)
+        candidates = [base + ".rs", base + "/mod.rs"]
+    return next((c for c in candidates if c in FILES), None)
+
+
+def test_problem(name):
+    """What is wrong with the test `name` an invariant says holds it, or None."""
+    if "::" not in name and is_path(name):
+        return None if exists_under(name, [""]) else f"`{name}`: no such file or folder"
+    if "::" in name and "/" in name:
+        path, _, fn = name.rpartition("::")
+        if path not in FILES:
+            return f"`{name}`: no such file {path}"
+        return None if fn in functions(path) else f"`{name}`: {path} has no `fn {fn}`"
+    segments = name.split("::")
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s) for s in segments):
+        return f"`{name}` is neither a test module, a test nor a path"
+    module = f"{FLEET_SUITE}/{segments[0]}.rs"
+    if len(segments) == 1 and module in FILES:
+        return None
+    if len(segments) == 2 and module in FILES:
+        return None if segments[1] in functions(module) else f"`{name}`: {module} has no `fn {segments[1]}`"
+    if len(segments) >= 2 and segments[0] in CRATES:
+        found = module_file(segments[0], segments[1:-1])
+        if found is None:
+            return f"`{name}`: the crate {segments[0]} has no module {'::'.join(segments[1:-1]) or '(root)'}"
+        return None if segments[-1] in functions(found) else f"`{name}`: {found} has no `fn {segments[-1]}`"
+    if len(segments) == 1:
+        if any(segments[0] in functions(f) for f in crate_sources()):
+            return None
+        return f"`{name}`: neither {module} nor a function of that name in the crates"
+    return f"`{name}`: {segments[0]} is neither a test module under {FLEET_SUITE}/ nor a crate"
+
+
+def invariants(text):
+    """(line number, text) of every invariant: a paragraph starting `**Invariant:**`, and each list
+    item under the heading "Invariants across the fleet"."""
+    found, current, in_list_section, list_level = [], None, False, 0
+    for number, line in prose_lines(text):
+        heading = HEADING_RE.match(line)
+        if heading:
+            if current:
+                found.append(current)
+            current = None
+            level = len(heading.group(1))
+            if slug(heading.group(2)) == "invariants-across-the-fleet":
+                in_list_section, list_level = True, level
+            elif in_list_section and level <= list_level:
+                in_list_section = False
+            continue
+        if not line.strip():
+            if current:
+                found.append(current)
+            current = None
+            continue
+        starts = INVARIANT_RE.match(line.lstrip()) or (in_list_section and LIST_ITEM_RE.match(line))
+        if starts:
+            if current:
+                found.append(current)
+            current = [number, line.strip()]
+        elif current and not LIST_ITEM_RE.match(line):
+            current[1] += " " + line.strip()
+        elif current:
+            found.append(current)
+            current = None
+    if current:
+        found.append(current)
+    return found
+
+
+def tested_by(statement):
+    """The backticked names after each `tested by`, up to the closing parenthesis (or the end)."""
+    names = []
+    for m in re.finditer(r"tested by", statement):
+        rest, depth, end = statement[m.end():], 0, None
+        spans = [(s.start(), s.end()) for s in CODE_SPAN_RE.finditer(rest)]
+        for i, ch in enumerate(rest):
+            if any(a <= i < b for a, b in spans):
+                continue
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                if depth == 0:
+                    end = i
+                    break
+                depth -= 1
+        names.append(code_spans(rest[:end]))
+    return names
+
+
+invariants_checked = invariants_untested = 0
+if os.path.isfile("ARCHITECTURE.md"):
+    with open("ARCHITECTURE.md", encoding="utf-8") as f:
+        text = f.read()
+    for number, statement in invariants(text):
+        invariants_checked += 1
+        lists = tested_by(statement)
+        untested = "not yet tested" in statement
+        invariants_untested += untested and not lists
+        if not lists and not untested:
+            problem("ARCHITECTURE.md", number,
+                    "an invariant names no test: add (tested by `module::test`) or (not yet tested)")
+        for names in lists:
+            if not names:
+                problem("ARCHITECTURE.md", number, "says `tested by` but names no test in backticks after it")
+            for name in names:
+                why = test_problem(name)
+                if why:
+                    problem("ARCHITECTURE.md", number, f"an invariant's test {why}")
+
 # 3. Full paths named by every other page.
 TOP = {d for d in DIRS if "/" not in d}
 paths_checked = 0
@@ -261,8 +411,10 @@ for module in modules:
 for p in problems:
     print(p)
 summary = (f"{len(pages)} Markdown files, {links_checked} links, {arch_checked} paths in ARCHITECTURE.md, "
+           f"{invariants_checked} invariants ({invariants_untested} not yet tested), "
            f"{paths_checked} repository paths elsewhere, {len(modules)} test modules")
 if problems:
+    sys.stdout.flush()
     print(f"check-docs: {len(problems)} problem(s) ({summary})", file=sys.stderr)
     sys.exit(1)
 print(f"check-docs: ok ({summary})")

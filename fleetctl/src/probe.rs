@@ -31,8 +31,12 @@ pub struct ProbeArgs {
 
 pub async fn run(src: &Source, args: ProbeArgs) -> anyhow::Result<()> {
     let url = url(src, args.target.as_deref(), &args.path, pid1_program)?;
-    let client =
-        reqwest::Client::builder().no_proxy().timeout(Duration::from_secs_f64(args.timeout.max(0.001))).build()?;
+    // A health check answers itself: a redirect is a failed probe, never followed elsewhere.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs_f64(args.timeout.max(0.001)))
+        .build()?;
     let status = client.get(&url).send().await.with_context(|| format!("GET {url}"))?.status();
     anyhow::ensure!(status.is_success(), "GET {url}: {status}");
     println!("GET {url}: {status}");
