@@ -14,6 +14,16 @@ pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
 /// Room a job keeps below `MAX_ENVELOPE_BYTES` when first published, for what its later
 /// deliveries add (attempt times, `not_before_ms`, a poll's status URL).
 pub const ENVELOPE_HEADROOM_BYTES: usize = 16 * 1024;
+/// The most bytes a job's envelope adds to what its request carried (ids, times, kind, trace
+/// context), generously: a request's JSON re-serialised is never longer than it was sent.
+pub const ENVELOPE_OVERHEAD_BYTES: usize = 4 * 1024;
+
+/// Whether a job made from a request of `request_bytes` (its JSON, or the part the job carries)
+/// fits in an envelope with its retries' headroom. Checked before anything is recorded, so a job
+/// that could not travel is refused rather than published over the limit.
+pub fn request_fits_a_job(request_bytes: usize) -> bool {
+    request_bytes + ENVELOPE_OVERHEAD_BYTES + ENVELOPE_HEADROOM_BYTES <= MAX_ENVELOPE_BYTES
+}
 
 /// What kind of work a job is; each kind has its own work queue and delay queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -508,5 +518,21 @@ mod properties {
             let e = Envelope { attempt, ..e };
             prop_assert_eq!(Envelope::decode(&e.to_bytes(), Some(CONTENT_TYPE)).unwrap(), e);
         }
+    }
+
+    #[test]
+    fn a_request_fits_a_job_only_with_the_envelopes_overhead_and_headroom() {
+        let most = MAX_ENVELOPE_BYTES - ENVELOPE_HEADROOM_BYTES - ENVELOPE_OVERHEAD_BYTES;
+        assert!(request_fits_a_job(most));
+        assert!(!request_fits_a_job(most + 1));
+        let call = Job::ToolCall(ToolCallJob {
+            tool_name: "t".into(),
+            parameters: serde_json::json!({"blob": "x".repeat(most - 64)}),
+            room_id: Some("r".repeat(200)),
+            assistant_id: Some("a".repeat(200)),
+            parent: None,
+        });
+        let envelope = Envelope::new("exec_0123456789abcdef0123456789abcdef".into(), call, 1);
+        assert_eq!(envelope.check_publishable_size(), Ok(()), "the overhead bounds what an envelope adds");
     }
 }

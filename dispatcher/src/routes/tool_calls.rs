@@ -3,7 +3,7 @@
 //! them checked all or nothing, then accepted together.
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -71,6 +71,13 @@ pub(crate) struct BatchInput {
 }
 
 impl ToolCallInput {
+    /// The bytes of this call a job carries (its parameters and labels as JSON).
+    fn carried_bytes(&self) -> usize {
+        let labels = [Some(&self.tool_name), self.room_id.as_ref(), self.assistant_id.as_ref()];
+        let parameters = serde_json::to_vec(&self.parameters).map_or(usize::MAX, |p| p.len());
+        parameters.saturating_add(labels.into_iter().flatten().map(String::len).sum())
+    }
+
     /// Checks the call (its tool exists and the parameters satisfy its schema) and decides when it
     /// is due; a refusal names the field it is about.
     async fn check(&mut self, state: &AppState, tenancy: &Tenancy) -> Result<(), (&'static str, ApiError)> {
@@ -127,8 +134,11 @@ pub(crate) async fn create_tool_call(
     tenancy: Tenancy,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
-    JsonInput { value: mut input, .. }: JsonInput<ToolCallInput>,
+    JsonInput { value: mut input, raw }: JsonInput<ToolCallInput>,
 ) -> Result<Response, ApiError> {
+    if !fleet_protocol::envelope::request_fits_a_job(raw.len()) {
+        return Err(too_large_for_a_job(raw.len()));
+    }
     input.check(&state, &tenancy).await.map_err(|(_, e)| e)?;
     submit(&state, idempotency_key, &headers, input).await
 }
@@ -148,10 +158,19 @@ pub(crate) async fn create_tool_call_batch(
     tenancy: Tenancy,
     RequestKey(idempotency_key): RequestKey,
     headers: HeaderMap,
-    JsonInput { value: BatchInput { mut calls }, .. }: JsonInput<BatchInput>,
+    JsonInput { value: BatchInput { mut calls }, raw }: JsonInput<BatchInput>,
 ) -> Result<Response, ApiError> {
     if calls.is_empty() || calls.len() > MAX_BATCH_CALLS {
         return Err(ApiError::invalid(format!("calls: must hold 1 to {MAX_BATCH_CALLS} calls, not {}", calls.len())));
+    }
+    // Only a batch too large for one job can hold a call too large for one: measured only then.
+    if !fleet_protocol::envelope::request_fits_a_job(raw.len()) {
+        for (i, call) in calls.iter().enumerate() {
+            let size = call.carried_bytes();
+            if !fleet_protocol::envelope::request_fits_a_job(size) {
+                return Err(in_batch(i, "parameters", too_large_for_a_job(size)));
+            }
+        }
     }
     // All or nothing: one bad call refuses the batch before anything is written or published.
     for (i, call) in calls.iter_mut().enumerate() {
@@ -167,6 +186,18 @@ pub(crate) async fn create_tool_call_batch(
     );
     telemetry::set_parent(&span, telemetry::from_http_headers(&headers));
     submit_batch(&state, idempotency_key, span, calls).await
+}
+
+/// A call too large to travel as a job with its retries' headroom (the envelope limit).
+fn too_large_for_a_job(bytes: usize) -> ApiError {
+    let most = fleet_protocol::envelope::MAX_ENVELOPE_BYTES
+        - fleet_protocol::envelope::ENVELOPE_HEADROOM_BYTES
+        - fleet_protocol::envelope::ENVELOPE_OVERHEAD_BYTES;
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "job_too_large",
+        format!("parameters: the call is {bytes} bytes; a job carries at most {most} (the envelope limit less its retries' headroom)"),
+    )
 }
 
 /// A call's refusal as the batch's: the message names the call's index and field.

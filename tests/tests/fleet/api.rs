@@ -250,3 +250,28 @@ fn a_bad_or_missing_setting_stops_the_process_with_one_line_naming_it() {
         assert!(stderr.contains(setting), "{bin}: {stderr:?} names {setting}");
     }
 }
+
+/// A tool call within the body limit but too large to travel as a job with its retries' headroom
+/// is refused before anything is recorded or published (413 naming the envelope limit), alone or
+/// in a batch; one a little smaller is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_too_large_to_travel_as_a_job_is_refused_before_it_is_recorded() {
+    let fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
+    let receiver = fleet_tests::Receiver::start(SECRET, |_, _| fleet_tests::Reply::result(json!("ok"))).await;
+    let tool = json!({"description": "d", "parameters": {"type": "object"}, "callback_url": receiver.url("/big"),
+        "callback_secret": SECRET});
+    let (status, body) = fleet.request(Method::PUT, "/v1/tools/big", Some(&tool)).await;
+    assert_eq!(status, 201, "{body}");
+    let call = |size: usize| json!({"tool_name": "big", "parameters": {"blob": "x".repeat(size)}});
+    let limit = fleet_protocol::envelope::MAX_ENVELOPE_BYTES;
+    // Under the 1 MiB body limit, over what a job may carry with its 16 KiB headroom.
+    let (status, body) = fleet.post("/v1/tool-calls", &call(limit - 8 * 1024)).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "job_too_large", "{body}");
+    let (status, body) = fleet.post("/v1/tool-calls/batch", &json!({"calls": [call(limit - 8 * 1024)]})).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(fleet.redis_keys("*exec_*").await.is_empty(), "nothing recorded");
+    assert_eq!(fleet.waiting_depth(fleet_protocol::envelope::JobKind::ToolCall).await, 0, "nothing published");
+    let (status, body) = fleet.post("/v1/tool-calls", &call(limit - 64 * 1024)).await;
+    assert_eq!(status, 202, "a call that fits is accepted: {body}");
+}
