@@ -137,7 +137,7 @@ pub struct RouteRule {
 /// document: a handler's `security(("bearer" = [SCOPE, "operator"?]))` is the one place a route
 /// declares what it needs, so the check enforced and the contract published cannot differ.
 #[derive(Debug, Default)]
-pub struct RouteRules(HashMap<(Method, String), RouteRule>);
+pub struct RouteRules(HashMap<String, Vec<(Method, RouteRule)>>);
 
 impl RouteRules {
     /// The rules of `doc`'s operations that name `scheme` in their security requirement. An
@@ -160,20 +160,23 @@ impl RouteRules {
                 }
                 let scope = scope.ok_or_else(|| format!("{method} {path} declares no scope"))?;
                 let method = Method::from_bytes(method.to_uppercase().as_bytes()).map_err(|e| e.to_string())?;
-                rules.insert((method, path.clone()), RouteRule { scope, operator_only });
+                let rule = RouteRule { scope, operator_only };
+                rules.entry(path.clone()).or_insert_with(Vec::new).push((method, rule));
             }
         }
         Ok(RouteRules(rules))
     }
 
-    /// The rule of `route` (its template) for `method`; a `HEAD` is its `GET`'s.
+    /// The rule of `route` (its template) for `method`; a `HEAD` is its `GET`'s. Looked up on
+    /// every request, so it allocates nothing.
     pub fn get(&self, method: &Method, route: &str) -> Option<RouteRule> {
         let method = if method == Method::HEAD { &Method::GET } else { method };
-        self.0.get(&(method.clone(), route.to_string())).copied()
+        self.0.get(route)?.iter().find(|(m, _)| m == method).map(|(_, rule)| *rule)
     }
 
+    /// How many operations have a rule.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.0.values().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -182,8 +185,11 @@ impl RouteRules {
 
     /// The operator-only routes, as `METHOD template`, sorted.
     pub fn operator_only(&self) -> Vec<String> {
-        let mut routes: Vec<String> =
-            self.0.iter().filter(|(_, r)| r.operator_only).map(|((m, p), _)| format!("{m} {p}")).collect();
+        let mut routes: Vec<String> = self
+            .0
+            .iter()
+            .flat_map(|(p, rules)| rules.iter().filter(|(_, r)| r.operator_only).map(move |(m, _)| format!("{m} {p}")))
+            .collect();
         routes.sort();
         routes
     }
