@@ -64,49 +64,36 @@ impl Redactor {
         Cow::Owned(out)
     }
 
-    /// Redacts every string of `value` (keys included), in place: a tool's result is data, and a
-    /// secret in it is as much a secret as one in an error.
-    pub fn redact_json(&self, value: &mut serde_json::Value) {
-        use serde_json::Value;
-        match value {
-            Value::String(text) => {
-                if let Cow::Owned(clean) = self.redact(text) {
-                    *text = clean;
-                }
-            }
-            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_json(item)),
-            Value::Object(map) => {
-                let dirty: Vec<String> =
-                    map.keys().filter(|k| matches!(self.redact(k), Cow::Owned(_))).cloned().collect();
-                for key in dirty {
-                    if let Some(v) = map.remove(&key) {
-                        map.insert(self.redact(&key).into_owned(), v);
-                    }
-                }
-                map.values_mut().for_each(|v| self.redact_json(v));
-            }
-            _ => {}
+    /// `text` without its secrets (`redact`) and without `extra`, a secret not configured here
+    /// (the secret of the tool or webhook whose answer this is); an `extra` shorter than
+    /// [`MIN_SECRET_LEN`] is no secret.
+    pub fn redact_with<'a>(&self, extra: Option<&str>, text: &'a str) -> Cow<'a, str> {
+        match extra.filter(|s| s.len() >= MIN_SECRET_LEN && text.contains(*s)) {
+            Some(secret) => Cow::Owned(self.redact(&text.replace(secret, REDACTED)).into_owned()),
+            None => self.redact(text),
         }
     }
 
-    /// Replaces `secret` (one not configured here, such as the secret of the tool whose answer
-    /// this is) in every string of `value`, keys included; a clean value costs a search per string.
-    pub fn redact_json_of(secret: &str, value: &mut serde_json::Value) {
+    /// Redacts every string of `value` (keys included), in place, as `redact_with` does: a tool's
+    /// result is data, and a secret in it is as much a secret as one in an error.
+    pub fn redact_json(&self, extra: Option<&str>, value: &mut serde_json::Value) {
         use serde_json::Value;
-        if secret.len() < MIN_SECRET_LEN {
-            return;
-        }
         match value {
-            Value::String(text) if text.contains(secret) => *text = text.replace(secret, REDACTED),
-            Value::Array(items) => items.iter_mut().for_each(|item| Self::redact_json_of(secret, item)),
+            Value::String(text) => {
+                if let Cow::Owned(clean) = self.redact_with(extra, text) {
+                    *text = clean;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_json(extra, item)),
             Value::Object(map) => {
-                let dirty: Vec<String> = map.keys().filter(|k| k.contains(secret)).cloned().collect();
+                let dirty: Vec<String> =
+                    map.keys().filter(|k| matches!(self.redact_with(extra, k), Cow::Owned(_))).cloned().collect();
                 for key in dirty {
                     if let Some(v) = map.remove(&key) {
-                        map.insert(key.replace(secret, REDACTED), v);
+                        map.insert(self.redact_with(extra, &key).into_owned(), v);
                     }
                 }
-                map.values_mut().for_each(|v| Self::redact_json_of(secret, v));
+                map.values_mut().for_each(|v| self.redact_json(extra, v));
             }
             _ => {}
         }
@@ -370,7 +357,7 @@ mod tests {
         let r = Redactor::new(["sk-test-SECRET-0123456789abcdef"]);
         let mut v = serde_json::json!({"echo": "key sk-test-SECRET-0123456789abcdef", "n": 3,
             "list": ["sk-test-SECRET-0123456789abcdef", {"sk-test-SECRET-0123456789abcdef": true}]});
-        r.redact_json(&mut v);
+        r.redact_json(None, &mut v);
         assert_eq!(
             v,
             serde_json::json!({"echo": "key [redacted]", "n": 3, "list": ["[redacted]", {"[redacted]": true}]})
@@ -380,10 +367,13 @@ mod tests {
     #[test]
     fn a_secret_not_configured_is_replaced_where_it_is_named() {
         let mut v = serde_json::json!({"echo": "my secret is whsec_tool_secret_0001", "whsec_tool_secret_0001": [1]});
-        Redactor::redact_json_of("whsec_tool_secret_0001", &mut v);
+        let r = Redactor::new(["sk-test-SECRET-0123456789abcdef"]);
+        r.redact_json(Some("whsec_tool_secret_0001"), &mut v);
         assert_eq!(v, serde_json::json!({"echo": "my secret is [redacted]", "[redacted]": [1]}));
         let mut short = serde_json::json!("abc");
-        Redactor::redact_json_of("abc", &mut short);
+        r.redact_json(Some("abc"), &mut short);
         assert_eq!(short, "abc", "too short to be a secret");
+        let both = "whsec_tool_secret_0001 and sk-test-SECRET-0123456789abcdef";
+        assert_eq!(r.redact_with(Some("whsec_tool_secret_0001"), both), "[redacted] and [redacted]");
     }
 }

@@ -90,37 +90,26 @@ pub async fn attempt(
     job: &Job,
     poll: Option<&PollState>,
 ) -> AttemptReport {
-    let mut report = match prepare(ctx, execution_id, job).await {
+    // The tool's (or webhook's) own secret is no configured one: an answer echoing it is scrubbed
+    // of it with the configured ones, in one pass, where the answer enters the fleet.
+    let (mut report, target) = match prepare(ctx, execution_id, job).await {
         Ok(prepared) => {
             let target = Arc::clone(&prepared.target);
-            let mut report = match poll {
+            let report = match poll {
                 Some(poll) => poll_once(ctx, poll, execution_id, &prepared).await,
                 None => post(ctx, prepared, execution_id).await,
             };
-            // The tool's (or webhook's) own secret is no configured one: an answer echoing it is
-            // scrubbed of it here, where the answer enters the fleet.
-            redact_own_secret(&mut report, &target.secret);
-            report
+            (report, Some(target))
         }
-        Err(report) => report,
+        Err(report) => (report, None),
     };
+    let own = target.as_deref().map(|t| t.secret.as_str());
     // Redacted whole before sanitising: the sanitiser's cut could leave a secret's head.
-    report.error = report.error.as_deref().map(|e| sanitize_error(&ctx.redactor.redact(e)));
+    report.error = report.error.as_deref().map(|e| sanitize_error(&ctx.redactor.redact_with(own, e)));
     if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
-        ctx.redactor.redact_json(result);
+        ctx.redactor.redact_json(own, result);
     }
     report
-}
-
-/// Takes `secret` out of what `report` keeps of the answer: its error and its result.
-fn redact_own_secret(report: &mut AttemptReport, secret: &str) {
-    use fleet_protocol::redact::{Redactor, REDACTED};
-    if let Some(error) = report.error.as_mut().filter(|e| secret.len() >= 8 && e.contains(secret)) {
-        *error = error.replace(secret, REDACTED);
-    }
-    if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
-        Redactor::redact_json_of(secret, result);
-    }
 }
 
 async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str) -> AttemptReport {

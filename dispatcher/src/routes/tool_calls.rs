@@ -95,7 +95,7 @@ impl ToolCallInput {
 }
 
 /// A tenant-bound caller's labels name nothing of another tenant's: a `room_id` that is another
-/// tenant's session (a room included) or an `assistant_id` of another tenant's assistant is 404,
+/// tenant's room or an `assistant_id` of another tenant's assistant is 404,
 /// as if it did not exist, so no tool owner, listing or usage count takes the call for theirs.
 /// A label that names nothing stored is the caller's own.
 async fn labels_seen_by(
@@ -107,7 +107,9 @@ async fn labels_seen_by(
     if tenancy.bound.is_none() {
         return Ok(());
     }
-    if let Some(room) = room {
+    // Any other key a bound caller names is its own tenant's session of that key (it is mapped
+    // so), which no other tenant's can be: only a room's id, one session whoever names it, is read.
+    if let Some(room) = room.filter(|r| fleet_protocol::agents::is_id("room_", r)) {
         let owner = state.store.session_tenant(room).await.map_err(|e| ("room_id", e.into()))?;
         if owner.is_some() && !tenancy.sees(owner.as_deref()) {
             return Err(("room_id", ApiError::not_found(format!("room_id: no room or session {room:?}"))));
