@@ -348,12 +348,27 @@ impl Fleet {
     // ---- the API ----
 
     pub async fn request(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let mut req = self.http.request(method, format!("{}{}", self.api, path)).bearer_auth(&self.token);
+        self.request_as(&self.token, &method, path, body).await
+    }
+
+    /// A request with `token` (another tenant's, say): its status and JSON body (the text, if not
+    /// JSON). A stream's body never ends, so an event stream comes back as its status alone.
+    pub async fn request_as(
+        &self,
+        token: &str,
+        method: &reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut req = self.http.request(method.clone(), format!("{}{}", self.api, path)).bearer_auth(token);
         if let Some(b) = body {
             req = req.json(b);
         }
         let resp = req.send().await.expect("dispatcher reachable");
         let status = resp.status().as_u16();
+        if resp.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream")) {
+            return (status, Value::Null);
+        }
         let text = resp.text().await.unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }

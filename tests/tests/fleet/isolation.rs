@@ -22,16 +22,6 @@ fn tokens() -> String {
     format!("{ADMIN},{ACME}@acme,{BETA}@beta")
 }
 
-async fn send(fleet: &Fleet, token: &str, method: Method, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut req = fleet.http.request(method, format!("{}{path}", fleet.api)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("dispatcher reachable");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 /// A fleet with an operator's token and two tenants' bound tokens, a model that answers "fine".
 async fn two_tenants(extra: &[(&str, &str)]) -> (Fleet, MockLlm) {
     let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
@@ -46,7 +36,8 @@ async fn two_tenants(extra: &[(&str, &str)]) -> (Fleet, MockLlm) {
 
 /// Posts a turn as `token` and waits until its execution succeeded.
 async fn turn_as(fleet: &Fleet, token: &str, session: &str) -> String {
-    let (status, resp) = send(fleet, token, Method::POST, "/v1/turns", Some(&turn_body(session, "hi", &[]))).await;
+    let (status, resp) =
+        fleet.request_as(token, &Method::POST, "/v1/turns", Some(&turn_body(session, "hi", &[]))).await;
     assert_eq!(status, 202, "{resp}");
     let id = resp["data"]["execution_id"].as_str().unwrap().to_string();
     fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
@@ -56,7 +47,7 @@ async fn turn_as(fleet: &Fleet, token: &str, session: &str) -> String {
 /// Creates an assistant as `token`: its id.
 async fn assistant_as(fleet: &Fleet, token: &str, name: &str) -> String {
     let body = json!({"name": name, "title": name, "instructions": "Be brief."});
-    let (status, resp) = send(fleet, token, Method::POST, "/v1/agents/assistants", Some(&body)).await;
+    let (status, resp) = fleet.request_as(token, &Method::POST, "/v1/agents/assistants", Some(&body)).await;
     assert_eq!(status, 201, "{resp}");
     resp["data"]["id"].as_str().unwrap().to_string()
 }
@@ -149,19 +140,19 @@ async fn a_session_no_tenant_holds_is_not_open_to_a_bound_token() {
         (Method::POST, "/v1/sessions/user_42/stream-token"),
         (Method::GET, "/v1/sessions/user_42/messages"),
     ] {
-        let (status, body) = send(&fleet, BETA, method.clone(), path, None).await;
+        let (status, body) = fleet.request_as(BETA, &method, path, None).await;
         assert_eq!(status, 404, "{method} {path} before anyone's turn: {body}");
     }
     turn_as(&fleet, ACME, "user_42").await;
-    let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/user_42/messages", None).await;
+    let (status, body) = fleet.request_as(ACME, &Method::GET, "/v1/sessions/user_42/messages", None).await;
     assert_eq!(status, 200, "its owner reads it: {body}");
-    let (status, body) = send(&fleet, BETA, Method::POST, "/v1/sessions/user_42/stream-token", None).await;
+    let (status, body) = fleet.request_as(BETA, &Method::POST, "/v1/sessions/user_42/stream-token", None).await;
     assert_eq!(status, 404, "beta's session of that key has had no turn: {body}");
 }
 
 /// The messages of `session` as `token` reads them: (status, the contents).
 async fn contents(fleet: &Fleet, token: &str, session: &str) -> (u16, Vec<String>) {
-    let (status, body) = send(fleet, token, Method::GET, &format!("/v1/sessions/{session}/messages"), None).await;
+    let (status, body) = fleet.request_as(token, &Method::GET, &format!("/v1/sessions/{session}/messages"), None).await;
     let texts = body["data"]["messages"].as_array().into_iter().flatten();
     (status, texts.map(|m| m["content"].as_str().unwrap_or_default().to_string()).collect())
 }
@@ -179,7 +170,7 @@ async fn two_tenants_using_one_session_key_have_two_sessions() {
     for (token, text) in [(ACME, "acme here"), (BETA, "beta here")] {
         let mut body = turn_body("user_42", text, &[]);
         body["messages"][0]["content"] = json!(text);
-        let (status, resp) = send(&fleet, token, Method::POST, "/v1/turns", Some(&body)).await;
+        let (status, resp) = fleet.request_as(token, &Method::POST, "/v1/turns", Some(&body)).await;
         assert_eq!(status, 202, "{resp}");
         fleet.wait_status(resp["data"]["execution_id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
     }
@@ -197,7 +188,7 @@ async fn two_tenants_using_one_session_key_have_two_sessions() {
     );
 
     // Beta's stream token opens beta's session of that key, whose events name the key as sent.
-    let (status, token) = send(&fleet, BETA, Method::POST, "/v1/sessions/user_42/stream-token", None).await;
+    let (status, token) = fleet.request_as(BETA, &Method::POST, "/v1/sessions/user_42/stream-token", None).await;
     assert_eq!(status, 200, "{token}");
     assert_eq!(token["data"]["session_id"], "user_42", "{token}");
     let url = format!(
@@ -209,11 +200,11 @@ async fn two_tenants_using_one_session_key_have_two_sessions() {
     assert!(streamed.contains("beta here") && !streamed.contains("acme here"), "{streamed}");
     assert!(streamed.contains("\"session_id\":\"user_42\""), "{streamed}");
     // The operator's (unbound) session of that key is a third one, as an unbound fleet had it.
-    let (status, body) = send(&fleet, ADMIN, Method::GET, "/v1/sessions/user_42/messages", None).await;
+    let (status, body) = fleet.request_as(ADMIN, &Method::GET, "/v1/sessions/user_42/messages", None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["data"]["messages"].as_array().map(Vec::len), Some(0), "{body}");
     // Each tenant's executions name the session by its key.
-    let (_, listed) = send(&fleet, BETA, Method::GET, "/v1/executions?session_id=user_42", None).await;
+    let (_, listed) = fleet.request_as(BETA, &Method::GET, "/v1/executions?session_id=user_42", None).await;
     let rows = listed["data"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{listed}");
     assert_eq!(rows[0]["room_id"], "user_42", "{listed}");
@@ -267,7 +258,7 @@ async fn a_sessions_bindings_outlive_its_data() {
     for key in &keys {
         let _: () = redis::cmd("EXPIRE").arg(key).arg(86_400).query_async(&mut conn).await.unwrap();
     }
-    let (status, body) = send(&fleet, ACME, Method::GET, "/v1/sessions/s_ttl/messages", None).await;
+    let (status, body) = fleet.request_as(ACME, &Method::GET, "/v1/sessions/s_ttl/messages", None).await;
     assert_eq!(status, 200, "{body}");
     // Acme's session of the key `s_ttl` is stored under acme's scope.
     let (data, binding) = session_ttls(&fleet, "acme\u{1f}s_ttl").await;
@@ -277,14 +268,14 @@ async fn a_sessions_bindings_outlive_its_data() {
 
     // A room never expires, so neither does its session's binding; nor do a seed 001 session's.
     let assistant = assistant_as(&fleet, ACME, "ttl_helper").await;
-    let (status, room) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "u"})))
-            .await;
+    let (status, room) = fleet
+        .request_as(ACME, &Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "u"})))
+        .await;
     assert_eq!(status, 201, "{room}");
     let room = room["data"]["id"].as_str().unwrap().to_string();
     let message = json!({"content": "hello", "role": "user"});
     let (status, sent) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&message)).await;
+        fleet.request_as(ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&message)).await;
     assert_eq!(status, 201, "{sent}");
     fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
     let room_ttl = ttl(&mut conn, &format!("{}{{rooms}}:room:{room}", fleet.key_prefix)).await;
@@ -305,24 +296,24 @@ async fn a_refused_seed_input_binds_nothing() {
     let input = json!({"type": "input", "messages": [{"type": "text", "content": "mine now"}]});
     let path = |agent: &str, session: &str| format!("/v2/agents/{agent}/sessions/{session}/events");
     // Beta's input with beta's agent on acme's key is beta's own session of that key.
-    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent, "s_shared"), Some(&input)).await;
+    let (status, body) = fleet.request_as(BETA, &Method::POST, &path(&beta_agent, "s_shared"), Some(&input)).await;
     assert_eq!(status, 201, "beta's own session of that key: {body}");
-    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
     assert_eq!(status, 201, "acme's own session still takes its agent's input: {body}");
     // A refusal (another agent of acme's on a session its first agent holds) binds nothing either.
-    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_other, "s_shared"), Some(&input)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, &path(&acme_other, "s_shared"), Some(&input)).await;
     assert_eq!(status, 404, "{body}");
-    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, &path(&acme_agent, "s_shared"), Some(&input)).await;
     assert_eq!(status, 201, "{body}");
     // Beta's input on acme's room (a room is the fleet's id, one session) is refused, writing nothing.
-    let (status, room) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{acme_agent}/rooms"), Some(&json!({"namespace": "n"})))
-            .await;
+    let (status, room) = fleet
+        .request_as(ACME, &Method::POST, &format!("/v1/agents/{acme_agent}/rooms"), Some(&json!({"namespace": "n"})))
+        .await;
     assert_eq!(status, 201, "{room}");
     let room = room["data"]["id"].as_str().unwrap().to_string();
-    let (status, body) = send(&fleet, BETA, Method::POST, &path(&beta_agent, &room), Some(&input)).await;
+    let (status, body) = fleet.request_as(BETA, &Method::POST, &path(&beta_agent, &room), Some(&input)).await;
     assert_eq!(status, 404, "{body}");
-    let (status, body) = send(&fleet, ACME, Method::POST, &path(&acme_agent, &room), Some(&input)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, &path(&acme_agent, &room), Some(&input)).await;
     assert_eq!(status, 201, "{body}");
 }
 
@@ -337,31 +328,31 @@ async fn a_tools_health_and_callback_url_show_tenants_no_others_text() {
     let url = format!("{}?api_key=owner-query-credential-0001", receiver.url("/hook"));
     let tool = json!({"description": "d", "parameters": {"type": "object"}, "callback_url": url,
         "callback_secret": SECRET, "circuit_breaker": {"failure_threshold": 1}});
-    let (status, body) = send(&fleet, ADMIN, Method::PUT, "/v1/tools/flaky", Some(&tool)).await;
+    let (status, body) = fleet.request_as(ADMIN, &Method::PUT, "/v1/tools/flaky", Some(&tool)).await;
     assert_eq!(status, 201, "{body}");
     let call = json!({"tool_name": "flaky", "parameters": {"account": "acme-private-account-77"}});
-    let (status, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await;
     assert_eq!(status, 202, "{body}");
 
     // The operator sees the error text and the URL whole: the test is about what tenants see.
     wait_for("the circuit's history to name the error", Duration::from_secs(30), || async {
-        let (_, tool) = send(&fleet, ADMIN, Method::GET, "/v1/tools/flaky", None).await;
+        let (_, tool) = fleet.request_as(ADMIN, &Method::GET, "/v1/tools/flaky", None).await;
         tool.to_string().contains("acme-private-account-77").then_some(())
     })
     .await;
-    let (_, tool) = send(&fleet, ADMIN, Method::GET, "/v1/tools/flaky", None).await;
+    let (_, tool) = fleet.request_as(ADMIN, &Method::GET, "/v1/tools/flaky", None).await;
     assert!(tool.to_string().contains("owner-query-credential-0001"), "{tool}");
 
     for token in [BETA, ACME] {
         for path in ["/v1/tools/flaky", "/v1/tools"] {
-            let (status, body) = send(&fleet, token, Method::GET, path, None).await;
+            let (status, body) = fleet.request_as(token, &Method::GET, path, None).await;
             assert_eq!(status, 200, "{body}");
             let text = body.to_string();
             assert!(!text.contains("owner-query-credential-0001"), "{path} shows the URL's credential: {text}");
             assert!(!text.contains("acme-private-account-77"), "{path} shows a call's error text: {text}");
         }
     }
-    let (_, tool) = send(&fleet, BETA, Method::GET, "/v1/tools/flaky", None).await;
+    let (_, tool) = fleet.request_as(BETA, &Method::GET, "/v1/tools/flaky", None).await;
     assert_eq!(tool["data"]["health"]["state"], "open", "the health itself is shown: {tool}");
 }
 
@@ -371,24 +362,24 @@ async fn another_tenants_ids_are_refused_as_labels() {
     let (fleet, _llm) = two_tenants(&[]).await;
     fleet.register_tool("labelled", &receiver.url("/l"), SECRET).await;
     let assistant = assistant_as(&fleet, ACME, "acme_labels").await;
-    let (status, room) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "n"})))
-            .await;
+    let (status, room) = fleet
+        .request_as(ACME, &Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({"namespace": "n"})))
+        .await;
     assert_eq!(status, 201, "{room}");
     let room = room["data"]["id"].as_str().unwrap().to_string();
 
     for labels in [json!({"room_id": room}), json!({"assistant_id": assistant})] {
         let mut call = json!({"tool_name": "labelled", "parameters": {"query": "q"}});
         call.as_object_mut().unwrap().extend(labels.as_object().unwrap().clone());
-        let (status, body) = send(&fleet, BETA, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        let (status, body) = fleet.request_as(BETA, &Method::POST, "/v1/tool-calls", Some(&call)).await;
         assert_eq!(status, 404, "beta labels its call with acme's {labels}: {body}");
         let batch = json!({"calls": [call]});
-        let (status, body) = send(&fleet, BETA, Method::POST, "/v1/tool-calls/batch", Some(&batch)).await;
+        let (status, body) = fleet.request_as(BETA, &Method::POST, "/v1/tool-calls/batch", Some(&batch)).await;
         assert!(
             status == 404 || body.to_string().contains("not_found"),
             "a batch naming acme's {labels} is refused: {status} {body}"
         );
-        let (status, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        let (status, body) = fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await;
         assert_eq!(status, 202, "acme labels its own call: {body}");
     }
 }
@@ -423,13 +414,13 @@ async fn an_executions_record_outlives_everything_it_guards() {
     let mut ids = vec![turn_as(&fleet, ACME, "s_guarded").await];
     for (query, status) in [("ok", "succeeded"), ("fail", "dead_lettered")] {
         let call = json!({"tool_name": "guarded", "parameters": {"query": query}});
-        let (code, body) = send(&fleet, ACME, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        let (code, body) = fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await;
         assert_eq!(code, 202, "{body}");
         let id = body["data"]["execution_id"].as_str().unwrap().to_string();
         fleet.wait_status(&id, status, Duration::from_secs(30)).await;
         ids.push(id);
     }
-    let (status, _) = send(&fleet, ACME, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    let (status, _) = fleet.request_as(ACME, &Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
     assert_eq!(status, 200, "acme reads its dead letter");
     // Days pass: the execution's record is gone, its dead letter kept; acme still owns it.
     let mut conn = fleet.redis().await;
@@ -437,11 +428,11 @@ async fn an_executions_record_outlives_everything_it_guards() {
     let copy: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(&record[0]).query_async(&mut conn).await.unwrap();
     let _: () = redis::cmd("DEL").arg(&record[0]).query_async(&mut conn).await.unwrap();
-    let (status, body) = send(&fleet, ACME, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    let (status, body) = fleet.request_as(ACME, &Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
     assert_eq!(status, 200, "acme reads its dead letter after its execution's record expired: {body}");
-    let (status, body) = send(&fleet, BETA, Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
+    let (status, body) = fleet.request_as(BETA, &Method::GET, &format!("/v1/dead-letters/{}", ids[2]), None).await;
     assert_eq!(status, 404, "{body}");
-    let (_, listed) = send(&fleet, ACME, Method::GET, "/v1/dead-letters", None).await;
+    let (_, listed) = fleet.request_as(ACME, &Method::GET, "/v1/dead-letters", None).await;
     assert!(listed.to_string().contains(&ids[2]), "acme lists it: {listed}");
     let fields: Vec<(&String, &String)> = copy.iter().collect();
     let _: () = redis::cmd("HSET").arg(&record[0]).arg(fields).query_async(&mut conn).await.unwrap();

@@ -167,20 +167,6 @@ fn seed_input(text: &str) -> Value {
     json!({"type": "input", "messages": [{"type": "text", "content": text}]})
 }
 
-async fn send(fleet: &Fleet, token: &str, method: &Method, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut req = fleet.http.request(method.clone(), format!("{}{path}", fleet.api)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("dispatcher reachable");
-    let status = resp.status().as_u16();
-    // A stream's body never ends: only its status matters here.
-    if resp.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream")) {
-        return (status, Value::Null);
-    }
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 /// Makes one of each of acme's resources with acme's bound token, each finished.
 async fn acme_resources(fleet: &Fleet) -> Acme {
     let timeout = Duration::from_secs(30);
@@ -189,28 +175,32 @@ async fn acme_resources(fleet: &Fleet) -> Acme {
         body
     };
     let asst = json!({"name": "walk_helper", "title": "Helper", "instructions": "Help."});
-    let asst = ok("assistant", send(fleet, ACME, &Method::POST, "/v1/agents/assistants", Some(&asst)).await, 201);
+    let asst = ok("assistant", fleet.request_as(ACME, &Method::POST, "/v1/agents/assistants", Some(&asst)).await, 201);
     let assistant = asst["data"]["id"].as_str().unwrap().to_string();
     let room_path = format!("/v1/agents/{assistant}/rooms");
-    let room = ok("room", send(fleet, ACME, &Method::POST, &room_path, Some(&json!({}))).await, 201);
+    let room = ok("room", fleet.request_as(ACME, &Method::POST, &room_path, Some(&json!({}))).await, 201);
     let room = room["data"]["id"].as_str().unwrap().to_string();
     let hi = json!({"content": "hi"});
-    let sent = send(fleet, ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&hi)).await;
+    let sent = fleet.request_as(ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&hi)).await;
     let sent = ok("message", sent, 201);
-    let turn =
-        ok("turn", send(fleet, ACME, &Method::POST, "/v1/turns", Some(&turn_body("s_walk", "hi", &[]))).await, 202);
+    let turn = ok(
+        "turn",
+        fleet.request_as(ACME, &Method::POST, "/v1/turns", Some(&turn_body("s_walk", "hi", &[]))).await,
+        202,
+    );
     let execution = turn["data"]["execution_id"].as_str().unwrap().to_string();
     let seed = format!("/v2/agents/{assistant}/sessions/s_walk_seed/events");
-    ok("seed 001 input", send(fleet, ACME, &Method::POST, &seed, Some(&seed_input("hello"))).await, 201);
+    ok("seed 001 input", fleet.request_as(ACME, &Method::POST, &seed, Some(&seed_input("hello"))).await, 201);
     let call = json!({"tool_name": "refuses", "parameters": {"query": "q"}});
-    let called = ok("tool call", send(fleet, ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await, 202);
+    let called = ok("tool call", fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await, 202);
     let dead_letter = called["data"]["execution_id"].as_str().unwrap().to_string();
 
     fleet.wait_status(&execution, "succeeded", timeout).await;
     fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", timeout).await;
     fleet.wait_status(&dead_letter, "dead_lettered", timeout).await;
     fleet_tests::wait_for("acme's dead letter", timeout, || async {
-        (send(fleet, ACME, &Method::GET, &format!("/v1/dead-letters/{dead_letter}"), None).await.0 == 200).then_some(())
+        (fleet.request_as(ACME, &Method::GET, &format!("/v1/dead-letters/{dead_letter}"), None).await.0 == 200)
+            .then_some(())
     })
     .await;
     Acme {
@@ -270,12 +260,12 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
         table.iter().filter(|(m, t, e)| *e == Expect::NotFound && (*m == Method::GET || t.ends_with("stream-token")))
     {
         let path = acme.fill(template);
-        let (status, body) = send(&fleet, ACME, method, &path, acme.body(method, template).as_ref()).await;
+        let (status, body) = fleet.request_as(ACME, method, &path, acme.body(method, template).as_ref()).await;
         assert!((200..300).contains(&status), "acme: {method} {path}: {status} {body}");
     }
     for (method, template, expect) in &table {
         let path = acme.fill(template);
-        let (status, body) = send(&fleet, BETA, method, &path, acme.body(method, template).as_ref()).await;
+        let (status, body) = fleet.request_as(BETA, method, &path, acme.body(method, template).as_ref()).await;
         if let Some(why) = judge(*expect, status, &body, &acme) {
             wrong.push(format!("beta: {method} {path} ({expect:?}): {why}"));
         }
@@ -288,18 +278,18 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
         format!("/v1/usage?session={}", acme.room),
         format!("/v1/usage?session={}&tenant=acme", acme.session),
     ] {
-        let (status, body) = send(&fleet, BETA, &Method::GET, &path, None).await;
+        let (status, body) = fleet.request_as(BETA, &Method::GET, &path, None).await;
         if let Some(why) = judge(Expect::NotFound, status, &body, &acme) {
             wrong.push(format!("beta: GET {path}: {why}"));
         }
     }
     let shared = json!({"name": "walk_shared", "title": "Shared", "instructions": "Help."});
-    let (status, body) = send(&fleet, ADMIN, &Method::POST, "/v1/agents/assistants", Some(&shared)).await;
+    let (status, body) = fleet.request_as(ADMIN, &Method::POST, "/v1/agents/assistants", Some(&shared)).await;
     assert_eq!(status, 201, "{body}");
     let path = format!("/v2/agents/walk_shared/sessions/{}/events", acme.seed_session);
     // Acme's session key, for beta, names beta's own session of that key: its input runs there,
     // and its answer holds none of acme's session (acme's input there said "hello").
-    let (status, body) = send(&fleet, BETA, &Method::POST, &path, Some(&seed_input("hi"))).await;
+    let (status, body) = fleet.request_as(BETA, &Method::POST, &path, Some(&seed_input("hi"))).await;
     let text = body.to_string();
     if status != 201 || text.contains("hello") || text.contains(&acme.execution) || text.contains(&acme.room) {
         wrong.push(format!("beta: POST {path}: {status} {body}"));
@@ -314,13 +304,13 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
         format!("/v1/agents/rooms/{}", acme.room),
         format!("/v1/dead-letters/{}", acme.dead_letter),
     ] {
-        let (status, body) = send(&fleet, ACME, &Method::GET, &path, None).await;
+        let (status, body) = fleet.request_as(ACME, &Method::GET, &path, None).await;
         assert_eq!(status, 200, "acme: GET {path}: {body}");
         assert_ne!(body["data"]["title"], "Taken over", "{body}");
         assert_ne!(body["data"]["status"], "closed", "{body}");
     }
     let (_, messages) =
-        send(&fleet, ACME, &Method::GET, &format!("/v1/sessions/{}/messages", acme.session), None).await;
+        fleet.request_as(ACME, &Method::GET, &format!("/v1/sessions/{}/messages", acme.session), None).await;
     assert_eq!(
         messages["data"]["messages"].as_array().map(Vec::len),
         Some(2),
@@ -338,7 +328,7 @@ async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_it
         let fleet = &fleet;
         async move {
             let body = json!({"name": "helper", "title": "Helper", "instructions": instructions});
-            let (status, body) = send(fleet, token, &Method::POST, "/v1/agents/assistants", Some(&body)).await;
+            let (status, body) = fleet.request_as(token, &Method::POST, "/v1/agents/assistants", Some(&body)).await;
             assert_eq!(status, 201, "{body}");
             body["data"]["id"].as_str().unwrap().to_string()
         }
@@ -346,30 +336,30 @@ async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_it
     // The operator's `helper` and acme's own `helper`: names are unique per owner.
     let shared = create(ADMIN, "The operator's helper.").await;
     let own = create(ACME, "Acme's helper.").await;
-    let (status, taken) = send(
-        &fleet,
-        ACME,
-        &Method::POST,
-        "/v1/agents/assistants",
-        Some(&json!({"name": "helper", "title": "T", "instructions": "I."})),
-    )
-    .await;
+    let (status, taken) = fleet
+        .request_as(
+            ACME,
+            &Method::POST,
+            "/v1/agents/assistants",
+            Some(&json!({"name": "helper", "title": "T", "instructions": "I."})),
+        )
+        .await;
     assert_eq!((status, taken["error"]["code"].as_str()), (409, Some("assistant_exists")), "{taken}");
 
     // Beta sees the operator's (and uses it), may not change it, and never sees acme's.
     let path = format!("/v1/agents/assistants/{shared}");
-    assert_eq!(send(&fleet, BETA, &Method::GET, &path, None).await.0, 200);
+    assert_eq!(fleet.request_as(BETA, &Method::GET, &path, None).await.0, 200);
     for (method, body) in [(Method::PUT, Some(json!({"title": "Beta's now"}))), (Method::DELETE, None)] {
-        let (status, refused) = send(&fleet, BETA, &method, &path, body.as_ref()).await;
+        let (status, refused) = fleet.request_as(BETA, &method, &path, body.as_ref()).await;
         assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("operator_only")), "{method}: {refused}");
     }
-    let (_, listed) = send(&fleet, BETA, &Method::GET, "/v1/agents/assistants", None).await;
+    let (_, listed) = fleet.request_as(BETA, &Method::GET, "/v1/agents/assistants", None).await;
     let ids: Vec<&str> =
         listed["data"]["assistants"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [shared.as_str()], "{listed}");
-    let (_, listed) = send(&fleet, ADMIN, &Method::GET, "/v1/agents/assistants", None).await;
+    let (_, listed) = fleet.request_as(ADMIN, &Method::GET, "/v1/agents/assistants", None).await;
     assert_eq!(listed["data"]["assistants"].as_array().unwrap().len(), 2, "the operator sees both: {listed}");
-    let room = send(&fleet, BETA, &Method::POST, &format!("/v1/agents/{shared}/rooms"), Some(&json!({}))).await;
+    let room = fleet.request_as(BETA, &Method::POST, &format!("/v1/agents/{shared}/rooms"), Some(&json!({}))).await;
     assert_eq!(room.0, 201, "{}", room.1);
 
     // By name, seed 001's agent key is the caller's own assistant, else the operator's.
@@ -377,15 +367,15 @@ async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_it
         [(ACME, "s_named_acme", "Acme's helper."), (BETA, "s_named_beta", "The operator's helper.")]
     {
         let path = format!("/v2/agents/helper/sessions/{session}/events");
-        let (status, body) = send(&fleet, token, &Method::POST, &path, Some(&seed_input("hi"))).await;
+        let (status, body) = fleet.request_as(token, &Method::POST, &path, Some(&seed_input("hi"))).await;
         assert_eq!(status, 201, "{body}");
         let asked = llm.requests().last().unwrap().contents();
         assert!(asked.iter().any(|c| c == instructions), "{token}'s turn ran with {asked:?}");
     }
     // Acme deletes its own; the operator's stays.
-    let (status, body) = send(&fleet, ACME, &Method::DELETE, &format!("/v1/agents/assistants/{own}"), None).await;
+    let (status, body) = fleet.request_as(ACME, &Method::DELETE, &format!("/v1/agents/assistants/{own}"), None).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(send(&fleet, ACME, &Method::GET, &path, None).await.0, 200);
+    assert_eq!(fleet.request_as(ACME, &Method::GET, &path, None).await.0, 200);
 }
 
 /// A console client: its session cookie (empty: none).

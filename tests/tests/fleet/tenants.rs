@@ -24,19 +24,9 @@ fn tokens() -> String {
     format!("{ADMIN},{ACME}@acme,{BETA}@beta")
 }
 
-async fn send(fleet: &Fleet, token: &str, method: Method, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut req = fleet.http.request(method, format!("{}{path}", fleet.api)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("dispatcher reachable");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 /// Posts a turn with `token`; its execution id.
 async fn post_turn_as(fleet: &Fleet, token: &str, body: &Value) -> String {
-    let (status, resp) = send(fleet, token, Method::POST, "/v1/turns", Some(body)).await;
+    let (status, resp) = fleet.request_as(token, &Method::POST, "/v1/turns", Some(body)).await;
     assert_eq!(status, 202, "{resp}");
     resp["data"]["execution_id"].as_str().unwrap().to_string()
 }
@@ -48,7 +38,7 @@ fn with_tenant(mut body: Value, tenant: &str) -> Value {
 
 /// The usage `token` is answered for `query`: (status, buckets).
 async fn usage(fleet: &Fleet, token: &str, query: &str) -> (u16, Value) {
-    let (status, body) = send(fleet, token, Method::GET, &format!("/v1/usage?{query}"), None).await;
+    let (status, body) = fleet.request_as(token, &Method::GET, &format!("/v1/usage?{query}"), None).await;
     (status, if status == 200 { body["data"]["buckets"].clone() } else { body })
 }
 
@@ -67,13 +57,14 @@ async fn work_carries_its_tenant_and_usage_is_rolled_up_per_tenant_and_assistant
     fleet.register_tool("lookup", &receiver.url("/lookup"), SECRET).await;
 
     let acme = post_turn_as(&fleet, ACME, &turn_body("s_acme", "hi", &[])).await;
-    let (status, refused) =
-        send(&fleet, ACME, Method::POST, "/v1/turns", Some(&with_tenant(turn_body("s_x", "hi", &[]), "beta"))).await;
+    let (status, refused) = fleet
+        .request_as(ACME, &Method::POST, "/v1/turns", Some(&with_tenant(turn_body("s_x", "hi", &[]), "beta")))
+        .await;
     assert_eq!(status, 422, "a bound token creates work only for its tenant: {refused}");
     let named = post_turn_as(&fleet, ADMIN, &with_tenant(turn_body("s_named", "hi", &[]), "gamma")).await;
     let unnamed = post_turn_as(&fleet, ADMIN, &turn_body("s_unnamed", "hi", &[])).await;
     let call = json!({"tool_name": "lookup", "parameters": {"query": "q"}, "assistant_id": "asst_1"});
-    let (status, called) = send(&fleet, BETA, Method::POST, "/v1/tool-calls", Some(&call)).await;
+    let (status, called) = fleet.request_as(BETA, &Method::POST, "/v1/tool-calls", Some(&call)).await;
     assert_eq!(status, 202, "{called}");
     let call_id = called["data"]["execution_id"].as_str().unwrap().to_string();
 
@@ -161,14 +152,15 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
         (Method::POST, "/v1/sessions/s_iso_acme/stream-token?tenant=acme".to_string()),
         (Method::DELETE, "/v1/sessions/s_iso_acme?tenant=acme".to_string()),
     ];
-    let (status, body) = send(&fleet, ADMIN, Method::GET, "/v1/sessions/s_iso_acme/messages?tenant=acme", None).await;
+    let (status, body) =
+        fleet.request_as(ADMIN, &Method::GET, "/v1/sessions/s_iso_acme/messages?tenant=acme", None).await;
     assert_eq!((status, body["data"]["messages"].as_array().map(Vec::len)), (200, Some(2)), "{body}");
     for (method, path) in &routes {
-        let (status, body) = send(&fleet, BETA, method.clone(), path, None).await;
+        let (status, body) = fleet.request_as(BETA, &method, path, None).await;
         assert_eq!(status, 404, "beta: {method} {path}: {body}");
         assert_eq!(body["error"]["code"], "not_found", "{method} {path}: {body}");
         for token in [ACME, ADMIN] {
-            let (status, body) = send(&fleet, token, method.clone(), path, None).await;
+            let (status, body) = fleet.request_as(token, &method, path, None).await;
             // The cancel of a finished turn is 409 `already_finished`: it was found.
             assert!([200, 204, 409].contains(&status), "{method} {path}: {status} {body}");
         }
@@ -183,7 +175,8 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
     assert_eq!(stream(BETA).await.unwrap().status().as_u16(), 404);
     assert_eq!(stream(ACME).await.unwrap().status().as_u16(), 200);
     // Beta's turn with acme's session key runs in beta's own session of that key.
-    let (status, body) = send(&fleet, BETA, Method::POST, "/v1/turns", Some(&turn_body("s_iso_acme", "hi", &[]))).await;
+    let (status, body) =
+        fleet.request_as(BETA, &Method::POST, "/v1/turns", Some(&turn_body("s_iso_acme", "hi", &[]))).await;
     assert_eq!(status, 202, "{body}");
     let beta_second = body["data"]["execution_id"].as_str().unwrap().to_string();
     fleet.wait_status(&beta_second, "succeeded", timeout).await;
@@ -192,7 +185,7 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
     let listed = |token: &'static str| {
         let fleet = &fleet;
         async move {
-            let (status, body) = send(fleet, token, Method::GET, "/v1/executions?kind=turn", None).await;
+            let (status, body) = fleet.request_as(token, &Method::GET, "/v1/executions?kind=turn", None).await;
             assert_eq!(status, 200, "{body}");
             let ids: Vec<String> = body["data"]
                 .as_array()
@@ -220,14 +213,15 @@ async fn a_tenant_bound_token_reads_retries_and_purges_only_its_tenants_dead_let
     let call = json!({"tool_name": "refuses", "parameters": {"query": "q"}});
     let mut ids = vec![];
     for token in [ACME, BETA] {
-        let (status, body) = send(&fleet, token, Method::POST, "/v1/tool-calls", Some(&call)).await;
+        let (status, body) = fleet.request_as(token, &Method::POST, "/v1/tool-calls", Some(&call)).await;
         assert_eq!(status, 202, "{body}");
         ids.push(body["data"]["execution_id"].as_str().unwrap().to_string());
     }
     for id in &ids {
         fleet.wait_status(id, "dead_lettered", Duration::from_secs(20)).await;
         fleet_tests::wait_for("its dead letter", Duration::from_secs(10), || async {
-            (send(&fleet, ADMIN, Method::GET, &format!("/v1/dead-letters/{id}"), None).await.0 == 200).then_some(())
+            (fleet.request_as(ADMIN, &Method::GET, &format!("/v1/dead-letters/{id}"), None).await.0 == 200)
+                .then_some(())
         })
         .await;
     }
@@ -236,7 +230,7 @@ async fn a_tenant_bound_token_reads_retries_and_purges_only_its_tenants_dead_let
     let listed = |token: &'static str| {
         let fleet = &fleet;
         async move {
-            let (status, body) = send(fleet, token, Method::GET, "/v1/dead-letters", None).await;
+            let (status, body) = fleet.request_as(token, &Method::GET, "/v1/dead-letters", None).await;
             assert_eq!(status, 200, "{body}");
             let ids: Vec<String> = body["data"]
                 .as_array()
@@ -254,18 +248,18 @@ async fn a_tenant_bound_token_reads_retries_and_purges_only_its_tenants_dead_let
         (Method::POST, format!("/v1/dead-letters/{beta_id}/retry")),
         (Method::DELETE, format!("/v1/dead-letters/{beta_id}")),
     ] {
-        let (status, body) = send(&fleet, ACME, method.clone(), &path, None).await;
+        let (status, body) = fleet.request_as(ACME, &method, &path, None).await;
         assert_eq!(status, 404, "acme: {method} {path}: {body}");
     }
     // A bound token's bulk operation names its dead letters; another tenant's are left alone.
-    let (status, body) = send(&fleet, ACME, Method::POST, "/v1/dead-letters/purge", Some(&json!({}))).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, "/v1/dead-letters/purge", Some(&json!({}))).await;
     assert_eq!(status, 422, "{body}");
     let both = json!({"execution_ids": [acme_id, beta_id]});
-    let (status, body) = send(&fleet, ACME, Method::POST, "/v1/dead-letters/purge", Some(&both)).await;
+    let (status, body) = fleet.request_as(ACME, &Method::POST, "/v1/dead-letters/purge", Some(&both)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["data"]["done"], 1, "{body}");
-    assert_eq!(send(&fleet, ADMIN, Method::GET, &format!("/v1/dead-letters/{acme_id}"), None).await.0, 404);
-    assert_eq!(send(&fleet, BETA, Method::GET, &format!("/v1/dead-letters/{beta_id}"), None).await.0, 200);
+    assert_eq!(fleet.request_as(ADMIN, &Method::GET, &format!("/v1/dead-letters/{acme_id}"), None).await.0, 404);
+    assert_eq!(fleet.request_as(BETA, &Method::GET, &format!("/v1/dead-letters/{beta_id}"), None).await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,12 +272,12 @@ async fn a_tenant_bound_token_sees_only_its_tenants_rooms() {
     assert_eq!(status, 201, "{assistant}");
     let assistant = assistant["data"]["id"].as_str().unwrap().to_string();
     let (status, room) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({}))).await;
+        fleet.request_as(ACME, &Method::POST, &format!("/v1/agents/{assistant}/rooms"), Some(&json!({}))).await;
     assert_eq!(status, 201, "{room}");
     let room = room["data"]["id"].as_str().unwrap().to_string();
     let hi = json!({"content": "hi"});
     let (status, sent) =
-        send(&fleet, ACME, Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&hi)).await;
+        fleet.request_as(ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/messages"), Some(&hi)).await;
     assert_eq!(status, 201, "{sent}");
 
     let routes = [
@@ -294,23 +288,23 @@ async fn a_tenant_bound_token_sees_only_its_tenants_rooms() {
         (Method::POST, format!("/v1/agents/rooms/{room}/close"), None),
     ];
     for (method, path, body) in &routes {
-        let (status, answer) = send(&fleet, BETA, method.clone(), path, body.as_ref()).await;
+        let (status, answer) = fleet.request_as(BETA, &method, path, body.as_ref()).await;
         assert_eq!(status, 404, "beta: {method} {path}: {answer}");
     }
     for token in [ACME, ADMIN] {
-        let (status, answer) = send(&fleet, token, Method::GET, &format!("/v1/agents/rooms/{room}"), None).await;
+        let (status, answer) = fleet.request_as(token, &Method::GET, &format!("/v1/agents/rooms/{room}"), None).await;
         assert_eq!(status, 200, "{answer}");
     }
     let rooms = |token: &'static str| {
         let fleet = &fleet;
         async move {
-            let (status, body) = send(fleet, token, Method::GET, "/v1/agents/rooms", None).await;
+            let (status, body) = fleet.request_as(token, &Method::GET, "/v1/agents/rooms", None).await;
             assert_eq!(status, 200, "{body}");
             body["data"]["rooms"].as_array().unwrap().len()
         }
     };
     assert_eq!((rooms(ACME).await, rooms(BETA).await, rooms(ADMIN).await), (1, 0, 1));
-    let (status, closed) = send(&fleet, ACME, Method::POST, &format!("/v1/agents/rooms/{room}/close"), None).await;
+    let (status, closed) = fleet.request_as(ACME, &Method::POST, &format!("/v1/agents/rooms/{room}/close"), None).await;
     assert_eq!(status, 200, "{closed}");
 }
 
@@ -327,7 +321,7 @@ async fn usage_is_counted_per_session_and_a_bound_token_reads_only_its_own_sessi
     }
     // Each model call reports 11 prompt and 3 completion tokens.
     for (token, query) in [(ACME, "session=s_use_1"), (ADMIN, "session=s_use_1&tenant=acme")] {
-        let (status, body) = send(&fleet, token, Method::GET, &format!("/v1/usage?{query}"), None).await;
+        let (status, body) = fleet.request_as(token, &Method::GET, &format!("/v1/usage?{query}"), None).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["data"]["session"], "s_use_1", "{body}");
         assert_eq!(totals(&body["data"]["buckets"]), (22, 6, 2), "{body}");
