@@ -6,6 +6,7 @@
 //! fleet's container image run by podman (`FleetOptions::image`, `container`).
 
 pub mod cdp;
+pub mod console;
 pub mod container;
 pub mod fleet;
 pub mod llm;

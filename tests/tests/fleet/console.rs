@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use fleet_tests::console::{ConsoleClient, Login};
 use fleet_tests::{spawn_fleet, wait_for, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_console_tests_12345";
@@ -191,47 +192,6 @@ async fn every_operator_change_is_written_to_the_audit_log() {
     assert_eq!(status, 422);
 }
 
-/// A console client: a session cookie and the page's CSRF token.
-struct ConsoleClient {
-    http: reqwest::Client,
-    api: String,
-    cookie: String,
-}
-
-impl ConsoleClient {
-    async fn login(api: &str, token: &str) -> (u16, Option<ConsoleClient>, String) {
-        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let r = fleet_tests::console_login(&http, api, token, true).await;
-        let status = r.status().as_u16();
-        let set = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-        let cookie = set.split(';').next().unwrap_or_default().to_string();
-        let client = (status == 303).then(|| ConsoleClient { http, api: api.to_string(), cookie });
-        (status, client, set)
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let r = self.http.get(format!("{}{path}", self.api)).header("cookie", &self.cookie).send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
-    }
-
-    async fn post(&self, path: &str, form: &[(&str, &str)]) -> (u16, String) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .header("cookie", &self.cookie)
-            .form(form)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
-    }
-
-    async fn csrf(&self) -> String {
-        let (_, page) = self.get("/console/audit").await;
-        page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_checks_sessions_csrf_schemas_and_confirmations_and_audits_changes() {
     let receiver = Receiver::start(SECRET, |r, _| {
@@ -270,9 +230,9 @@ async fn the_console_checks_sessions_csrf_schemas_and_confirmations_and_audits_c
         let set = r.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>();
         assert!(set.iter().all(|c| !c.starts_with("fleet_console=")), "no session: {set:?}");
     }
-    assert_eq!(ConsoleClient::login(&fleet.api, "wrong-token-0123456789").await.0, 401);
-    assert_eq!(ConsoleClient::login(&fleet.api, other).await.0, 403, "no console scope");
-    let (_, console, cookie) = ConsoleClient::login(&fleet.api, admin).await;
+    assert_eq!(ConsoleClient::login(&fleet.api, "wrong-token-0123456789", true).await.status, 401);
+    assert_eq!(ConsoleClient::login(&fleet.api, other, true).await.status, 403, "no console scope");
+    let Login { client: console, set_cookie: cookie, .. } = ConsoleClient::login(&fleet.api, admin, true).await;
     let console = console.unwrap();
     for attribute in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/console"] {
         assert!(cookie.contains(attribute), "{cookie}");
@@ -324,7 +284,7 @@ async fn the_console_checks_sessions_csrf_schemas_and_confirmations_and_audits_c
     assert_eq!(status, 404, "purged");
 
     // Read-only: pages without change forms; changes refused.
-    let (_, ro, _) = ConsoleClient::login(&fleet.api, reader).await;
+    let ro = ConsoleClient::login(&fleet.api, reader, true).await.client;
     let ro = ro.unwrap();
     let (_, page) = ro.get(&format!("/console/dead-letters/{}", dead[0])).await;
     assert!(!page.contains("/retry") && !page.contains("Delete") && page.contains("read-only"));
@@ -381,7 +341,7 @@ async fn bulk_previews_count_from_counts_kept_per_reason_and_tool() {
         dead.push(id);
     }
     assert_eq!(fleet.get(&format!("/v1/dead-letters/{}", dead[0])).await.0, 404, "trimmed");
-    let (_, console, _) = ConsoleClient::login(&fleet.api, admin).await;
+    let console = ConsoleClient::login(&fleet.api, admin, true).await.client;
     let console = console.unwrap();
     let csrf = console.csrf().await;
 
@@ -453,7 +413,7 @@ async fn the_overview_shows_jobs_in_flight_and_what_finished_in_the_last_minutes
     for id in [&exhausted, &broken] {
         fleet.wait_status(id, "dead_lettered", Duration::from_secs(20)).await;
     }
-    let (_, console, _) = ConsoleClient::login(&fleet.api, admin).await;
+    let console = ConsoleClient::login(&fleet.api, admin, true).await.client;
     let console = console.unwrap();
 
     // The slow call runs on a worker while the others have finished: reported within seconds.
@@ -523,7 +483,7 @@ async fn a_circuits_history_shows_it_opened_half_opened_and_who_closed_it() {
     assert!(history[0]["probes"].as_u64().unwrap() >= 1);
 
     // An operator closes it in the console: the history says who.
-    let (_, console, _) = ConsoleClient::login(&fleet.api, admin).await;
+    let console = ConsoleClient::login(&fleet.api, admin, true).await.client;
     let console = console.unwrap();
     let csrf = console.csrf().await;
     let (status, page) = console.post("/console/tools/flaky/close-circuit", &[("csrf", &csrf)]).await;
@@ -562,7 +522,7 @@ async fn the_webhooks_page_lists_subscriptions_and_their_failed_deliveries() {
     let id = fleet.call_tool("lookup", json!({"query": "x"})).await;
     fleet.wait_status(&id, "dead_lettered", Duration::from_secs(20)).await;
 
-    let (_, console, _) = ConsoleClient::login(&fleet.api, admin).await;
+    let console = ConsoleClient::login(&fleet.api, admin, true).await.client;
     let console = console.unwrap();
     let page = wait_for("both deliveries dead-lettered on the webhooks page", Duration::from_secs(30), || async {
         let (status, page) = console.get("/console/webhooks").await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use fleet_tests::console::ConsoleClient;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::{llm_fleet, turn_body};
 use fleet_tests::{spawn_fleet, wait_for, Fleet, Receiver, Reply};
@@ -52,57 +53,20 @@ async fn assistant_as(fleet: &Fleet, token: &str, name: &str) -> String {
     resp["data"]["id"].as_str().unwrap().to_string()
 }
 
-/// A console client logged in with a token (`None`: the login was refused, with its status and page).
-struct Console {
-    http: reqwest::Client,
-    api: String,
-    cookie: String,
-}
-
-impl Console {
-    async fn login(fleet: &Fleet, token: &str) -> Result<Console, (u16, String)> {
-        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let r = fleet_tests::console_login(&http, &fleet.api, token, false).await;
-        let status = r.status().as_u16();
-        let set = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-        if status != 303 {
-            return Err((status, r.text().await.unwrap_or_default()));
-        }
-        let cookie = set.split(';').next().unwrap_or_default().to_string();
-        Ok(Console { http, api: fleet.api.clone(), cookie })
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let r = self.http.get(format!("{}{path}", self.api)).header("cookie", &self.cookie).send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
-    }
-
-    async fn post(&self, path: &str, form: &[(&str, &str)]) -> (u16, String) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .header("cookie", &self.cookie)
-            .form(form)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
-    }
-
-    async fn csrf(&self) -> String {
-        let (_, page) = self.get("/console/audit").await;
-        page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string()
-    }
+/// A console login with `token`: the session, or the refusal's status and page.
+async fn login(fleet: &Fleet, token: &str) -> Result<ConsoleClient, (u16, String)> {
+    let login = ConsoleClient::login(&fleet.api, token, false).await;
+    login.client.ok_or((login.status, login.page))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_bound_token_cannot_log_in_to_the_console() {
     let (fleet, _llm) = two_tenants(&[]).await;
     turn_as(&fleet, ACME, "s_acme_console").await;
-    let (status, page) = Console::login(&fleet, BETA).await.err().expect("beta's bound token is refused");
+    let (status, page) = login(&fleet, BETA).await.err().expect("beta's bound token is refused");
     assert_eq!(status, 403, "{page}");
     assert!(page.contains("bound to a tenant"), "the page says why: {page}");
-    let operator = Console::login(&fleet, ADMIN).await.ok().expect("the operator's token logs in");
+    let operator = login(&fleet, ADMIN).await.expect("the operator's token logs in");
     let (status, page) = operator.get("/console/executions").await;
     assert_eq!((status, page.contains("s_acme_console") || page.contains("exec_")), (200, true), "{page}");
 }
@@ -113,8 +77,8 @@ async fn a_console_session_ends_with_its_token_and_follows_its_scopes() {
     const SHRUNK: &str = "isolation-shrunk-token-0123456789";
     let all = format!("{},{GONE},{SHRUNK}", tokens());
     let (mut fleet, _llm) = two_tenants(&[("FLEET_API_TOKENS", &all)]).await;
-    let gone = Console::login(&fleet, GONE).await.ok().expect("logs in");
-    let shrunk = Console::login(&fleet, SHRUNK).await.ok().expect("logs in");
+    let gone = login(&fleet, GONE).await.expect("logs in");
+    let shrunk = login(&fleet, SHRUNK).await.expect("logs in");
     assert_eq!(gone.get("/console/executions").await.0, 200);
     let csrf = shrunk.csrf().await;
 
@@ -388,10 +352,10 @@ async fn another_tenants_ids_are_refused_as_labels() {
 async fn console_logins_are_limited_per_source_and_the_bearer_scheme_has_no_case() {
     let (fleet, _llm) = two_tenants(&[]).await;
     for attempt in 1..=10 {
-        let (status, _) = Console::login(&fleet, &format!("guess-{attempt:02}-0123456789abcdef")).await.err().unwrap();
+        let (status, _) = login(&fleet, &format!("guess-{attempt:02}-0123456789abcdef")).await.err().unwrap();
         assert_eq!(status, 401, "failed login {attempt}");
     }
-    let (status, page) = Console::login(&fleet, ADMIN).await.err().expect("the source is refused for a while");
+    let (status, page) = login(&fleet, ADMIN).await.err().expect("the source is refused for a while");
     assert_eq!(status, 429, "{page}");
     assert!(page.contains("Too many failed logins"), "{page}");
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use fleet_tests::console::ConsoleClient;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::{llm_fleet, turn_body};
 use fleet_tests::{spawn_fleet, Fleet, Receiver, Reply};
@@ -378,36 +379,11 @@ async fn an_operators_assistant_is_every_tenants_to_use_and_a_tenants_name_is_it
     assert_eq!(fleet.request_as(ACME, &Method::GET, &path, None).await.0, 200);
 }
 
-/// A console client: its session cookie (empty: none).
-struct Console {
-    http: reqwest::Client,
-    cookie: String,
-}
-
-impl Console {
-    async fn login(fleet: &Fleet, token: &str) -> (u16, Console) {
-        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let r = fleet_tests::console_login(&http, &fleet.api, token, false).await;
-        let status = r.status().as_u16();
-        let set = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-        let cookie = if status == 303 { set.split(';').next().unwrap_or_default().to_string() } else { String::new() };
-        (status, Console { http, cookie })
-    }
-
-    /// The route's status, with `csrf` in a change's form.
-    async fn visit(&self, fleet: &Fleet, method: &str, path: &str, csrf: &str) -> u16 {
-        let url = format!("{}{path}", fleet.api);
-        let req = match method {
-            "GET" => self.http.get(url),
-            _ => self.http.post(url).form(&[("csrf", csrf), ("confirm", "yes")]),
-        };
-        req.header("cookie", &self.cookie).send().await.unwrap().status().as_u16()
-    }
-
-    async fn csrf(&self, fleet: &Fleet) -> String {
-        let r = self.http.get(format!("{}/console/audit", fleet.api)).header("cookie", &self.cookie).send().await;
-        let page = r.unwrap().text().await.unwrap();
-        page.split("name=\"csrf\" value=\"").nth(1).unwrap_or_default().split('"').next().unwrap().to_string()
+/// The status a console route answers `client`, with `csrf` in a change's form.
+async fn visit(client: &ConsoleClient, method: &str, path: &str, csrf: &str) -> u16 {
+    match method {
+        "GET" => client.get(path).await.0,
+        _ => client.post(path, &[("csrf", csrf), ("confirm", "yes")]).await.0,
     }
 }
 
@@ -418,14 +394,16 @@ async fn walk_the_console(fleet: &Fleet, acme: &Acme) {
     let routes = fleet_dispatcher::console_routes();
     assert!(routes.len() > 20, "the console's routes are declared: {routes:?}");
     for token in [ACME, BETA] {
-        let (status, tenant) = Console::login(fleet, token).await;
-        assert_eq!(status, 403, "a tenant's token is refused by the console");
-        assert!(tenant.cookie.is_empty());
+        let tenant = ConsoleClient::login(&fleet.api, token, false).await;
+        assert_eq!(tenant.status, 403, "a tenant's token is refused by the console");
+        assert!(tenant.client.is_none());
     }
-    let (status, looker) = Console::login(fleet, LOOKER).await;
+    let login = ConsoleClient::login(&fleet.api, LOOKER, false).await;
+    let (status, looker) = (login.status, login.client.expect("the looker's session"));
     assert_eq!(status, 303, "an operator's console:read token logs in");
-    let csrf = looker.csrf(fleet).await;
-    let nobody = Console { http: looker.http.clone(), cookie: "fleet_console=".to_string() + &"0".repeat(64) };
+    let csrf = looker.csrf().await;
+    let forged = "fleet_console=".to_string() + &"0".repeat(64);
+    let nobody = ConsoleClient { http: looker.http.clone(), api: fleet.api.clone(), cookie: forged };
     let mut wrong = vec![];
     for route in routes {
         let path = route
@@ -436,7 +414,7 @@ async fn walk_the_console(fleet: &Fleet, acme: &Acme) {
             // A session's page names the session (the execution's id is no session's).
             continue;
         }
-        let anonymous = nobody.visit(fleet, route.method, &path, &csrf).await;
+        let anonymous = visit(&nobody, route.method, &path, &csrf).await;
         if route.access == fleet_dispatcher::ConsoleAccess::Session {
             // Logging out would end the looker's session: only its refusal without one is walked.
             if anonymous != 303 {
@@ -444,7 +422,7 @@ async fn walk_the_console(fleet: &Fleet, acme: &Acme) {
             }
             continue;
         }
-        let looking = looker.visit(fleet, route.method, &path, &csrf).await;
+        let looking = visit(&looker, route.method, &path, &csrf).await;
         let expected_for_nobody = match route.access {
             fleet_dispatcher::ConsoleAccess::Public => anonymous < 500,
             _ => anonymous == 303,

@@ -156,11 +156,11 @@ async fn a_tenant_bound_token_sees_only_its_tenants_executions_and_sessions() {
         fleet.request_as(ADMIN, &Method::GET, "/v1/sessions/s_iso_acme/messages?tenant=acme", None).await;
     assert_eq!((status, body["data"]["messages"].as_array().map(Vec::len)), (200, Some(2)), "{body}");
     for (method, path) in &routes {
-        let (status, body) = fleet.request_as(BETA, &method, path, None).await;
+        let (status, body) = fleet.request_as(BETA, method, path, None).await;
         assert_eq!(status, 404, "beta: {method} {path}: {body}");
         assert_eq!(body["error"]["code"], "not_found", "{method} {path}: {body}");
         for token in [ACME, ADMIN] {
-            let (status, body) = fleet.request_as(token, &method, path, None).await;
+            let (status, body) = fleet.request_as(token, method, path, None).await;
             // The cancel of a finished turn is 409 `already_finished`: it was found.
             assert!([200, 204, 409].contains(&status), "{method} {path}: {status} {body}");
         }
@@ -288,7 +288,7 @@ async fn a_tenant_bound_token_sees_only_its_tenants_rooms() {
         (Method::POST, format!("/v1/agents/rooms/{room}/close"), None),
     ];
     for (method, path, body) in &routes {
-        let (status, answer) = fleet.request_as(BETA, &method, path, body.as_ref()).await;
+        let (status, answer) = fleet.request_as(BETA, method, path, body.as_ref()).await;
         assert_eq!(status, 404, "beta: {method} {path}: {answer}");
     }
     for token in [ACME, ADMIN] {
