@@ -114,11 +114,11 @@ impl From<&ToolHealth> for ToolHealthOut {
 /// last refresh's) that are not; an index entry whose circuit is closed is dropped from the index.
 pub async fn refresh_gauge(store: &Store, metrics: &Metrics, shown: &mut BTreeSet<String>) -> Result<(), StoreError> {
     let mut open = BTreeSet::new();
-    for tool in store.open_circuits(GAUGE_LIMIT).await? {
-        if store.tool_health(&tool).await?.open {
+    for tool in store.limits().open_circuits(GAUGE_LIMIT).await? {
+        if store.limits().tool_health(&tool).await?.open {
             open.insert(tool);
         } else {
-            store.forget_open_circuit(&tool).await?;
+            store.limits().forget_open_circuit(&tool).await?;
         }
     }
     for gone in shown.difference(&open) {

@@ -47,10 +47,10 @@ pub async fn poll(
             }
         }
         // Retention applies even while no new dead letter arrives to trigger it.
-        if let Err(e) = store.trim_dead_letters(now_ms()).await {
+        if let Err(e) = store.dead_letters().trim_dead_letters(now_ms()).await {
             tracing::debug!(error = %e, "dead-letter trimming skipped");
         }
-        if let Ok(n) = store.count_dead_letters().await {
+        if let Ok(n) = store.dead_letters().count_dead_letters().await {
             metrics.dead_letters_stored.set(n as i64);
         }
         if let Err(e) = crate::circuit::refresh_gauge(&store, &metrics, &mut circuits_shown).await {
@@ -59,7 +59,7 @@ pub async fn poll(
         if depths.is_empty() {
             continue;
         }
-        let Ok(pickups) = store.pickups().await else { continue };
+        let Ok(pickups) = store.executions().pickups().await else { continue };
         let now = now_ms();
         for kind in JobKind::ALL {
             let depth: u32 = topology.waiting_queues(kind).iter().filter_map(|q| depths.get(q)).sum();

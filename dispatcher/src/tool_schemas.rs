@@ -64,7 +64,7 @@ async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, Api
     if let Some(schema) = state.tool_schemas.fresh(name) {
         return Ok(Some(schema));
     }
-    let Some(tool) = state.store.get_tool(name).await? else {
+    let Some(tool) = state.store.registry().get_tool(name).await? else {
         state.tool_schemas.forget(name);
         return Ok(None);
     };

@@ -19,7 +19,7 @@ pub(crate) async fn run(config: &CommonConfig, action: CircuitAction) -> anyhow:
     let time = |ms: Option<i64>| ms.map(fleet_protocol::timefmt::rfc3339_from_millis);
     match action {
         CircuitAction::Show { tool } => {
-            let h = store.tool_health(&tool).await?;
+            let h = store.limits().tool_health(&tool).await?;
             println!(
                 "{}",
                 json!({"tool": tool, "state": if h.open { "open" } else { "closed" },
@@ -28,7 +28,7 @@ pub(crate) async fn run(config: &CommonConfig, action: CircuitAction) -> anyhow:
             );
         }
         CircuitAction::Close { tool } => {
-            let was_open = store.close_circuit(&tool, fleet_platform::now_ms(), &crate::actor()).await?;
+            let was_open = store.limits().close_circuit(&tool, fleet_platform::now_ms(), &crate::actor()).await?;
             crate::audit(&store, "circuit.close", &tool, u64::from(was_open), &json!({"was_open": was_open})).await;
             let what = if was_open { "closed" } else { "was not open; failures reset" };
             println!("circuit of tool {tool:?} {what}");

@@ -84,7 +84,7 @@ pub(crate) async fn run(config: &CommonConfig, action: DeadLetterAction) -> anyh
     let store = crate::store(config)?;
     match action {
         DeadLetterAction::List { limit, filter } => list(&store, limit, filter.into_filter(vec![], true)?).await?,
-        DeadLetterAction::Show { execution_id } => match store.get_dead_letter(&execution_id).await? {
+        DeadLetterAction::Show { execution_id } => match store.dead_letters().get_dead_letter(&execution_id).await? {
             Some(r) => println!("{}", serde_json::to_string_pretty(&r)?),
             None => anyhow::bail!("no dead letter for {execution_id}"),
         },

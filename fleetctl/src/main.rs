@@ -76,7 +76,7 @@ pub(crate) fn actor() -> String {
 
 pub(crate) async fn audit(store: &Store, action: &str, target: &str, count: u64, detail: &serde_json::Value) {
     let actor = actor();
-    let event = fleet_platform::audit::AuditEvent {
+    let event = fleet_platform::store::AuditEvent {
         actor: &actor,
         via: "fleetctl",
         action,
@@ -84,7 +84,7 @@ pub(crate) async fn audit(store: &Store, action: &str, target: &str, count: u64,
         count,
         detail: Some(detail),
     };
-    if let Err(e) = store.audit(&event).await {
+    if let Err(e) = store.audit().record(&event).await {
         eprintln!("warning: the audit log was not written: {e}");
     }
 }

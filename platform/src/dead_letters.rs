@@ -96,22 +96,26 @@ pub async fn act_on(
     action: Action,
 ) -> Result<Outcome, SweepError> {
     let holder = fleet_protocol::new_execution_id();
-    if !store.lock_dead_letter(id, &holder, LOCK_TTL).await? {
-        return Ok(if store.get_dead_letter(id).await?.is_some() { Outcome::Busy } else { Outcome::NotFound });
+    if !store.dead_letters().lock_dead_letter(id, &holder, LOCK_TTL).await? {
+        return Ok(if store.dead_letters().get_dead_letter(id).await?.is_some() {
+            Outcome::Busy
+        } else {
+            Outcome::NotFound
+        });
     }
     let outcome = locked(store, redrive, id, action).await;
     // A failed unlock only delays the next operation until the lock expires.
-    let _ = store.unlock_dead_letter(id, &holder).await;
+    let _ = store.dead_letters().unlock_dead_letter(id, &holder).await;
     outcome
 }
 
 async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: Action) -> Result<Outcome, SweepError> {
-    let Some(record) = store.get_dead_letter(id).await? else {
-        store.forget_dead_letters(&[id.to_string()]).await?;
+    let Some(record) = store.dead_letters().get_dead_letter(id).await? else {
+        store.dead_letters().forget_dead_letters(&[id.to_string()]).await?;
         return Ok(Outcome::NotFound);
     };
     if action == Action::Delete {
-        store.delete_dead_letter(id).await?;
+        store.dead_letters().delete_dead_letter(id).await?;
         return Ok(Outcome::Done);
     }
     let (Some(envelope), Some(redrive)) = (replayable(&record), redrive) else {
@@ -122,14 +126,14 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
         Job::ToolCall(_) | Job::Webhook(_) => 0,
     };
     // The execution's next generation: every job from before the dead letter is a copy from now on.
-    let gen = match store.replay_execution(id, round).await? {
+    let gen = match store.executions().replay_execution(id, round).await? {
         Some(gen) => gen,
-        None => match store.expected(id).await? {
+        None => match store.executions().expected(id).await? {
             // Not dead-lettered: it was replayed already, or runs or ended otherwise. Nothing is
             // retried; a dead letter of an execution that ended is stale, and goes.
             Some(expected) => {
                 if expected.status.is_final() {
-                    store.delete_dead_letter(id).await?;
+                    store.dead_letters().delete_dead_letter(id).await?;
                 }
                 return Ok(Outcome::Superseded(expected.status));
             }
@@ -143,7 +147,7 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
     let fresh = Envelope { enqueued_at_ms: now_ms(), gen, ..envelope.as_first_attempt() };
     // A turn runs its failed step again: open it and put it back in its session's line.
     let reopened = match &fresh.job {
-        Job::Turn(_) => store.reopen_turn(id).await?,
+        Job::Turn(_) => store.sessions().reopen_turn(id).await?,
         Job::ToolCall(_) | Job::Webhook(_) => true,
     };
     if !reopened {
@@ -152,7 +156,7 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
     // The operator's request is the trace this publish continues.
     let headers = crate::telemetry::amqp_headers(&tracing::Span::current());
     redrive.publisher.publish_job(redrive.topology, &fresh, headers).await?;
-    store.delete_dead_letter(id).await?;
+    store.dead_letters().delete_dead_letter(id).await?;
     Ok(Outcome::Done)
 }
 
@@ -169,7 +173,7 @@ async fn recreate(store: &Store, id: &str, record: &DeadLetterRecord, envelope: 
         now_ms: now_ms(),
         run_at_ms: None,
     };
-    store.create_execution(&new, None).await.map(|_| ())
+    store.executions().create_execution(&new, None).await.map(|_| ())
 }
 
 /// The job a record replays, if it has one.
@@ -253,16 +257,16 @@ async fn next_page(
     cursor: &mut Option<ListCursor>,
 ) -> Result<Vec<(String, Option<DeadLetterRecord>)>, SweepError> {
     if !filter.execution_ids.is_empty() {
-        let records = store.get_dead_letters(&filter.execution_ids).await?;
+        let records = store.dead_letters().get_dead_letters(&filter.execution_ids).await?;
         return Ok(filter.execution_ids.iter().cloned().zip(records).collect());
     }
-    let entries = store.list_dead_letters(cursor.as_ref(), SCAN_PAGE).await?;
+    let entries = store.dead_letters().list_dead_letters(cursor.as_ref(), SCAN_PAGE).await?;
     let Some((last_id, last_at)) = entries.last() else { return Ok(vec![]) };
     *cursor = Some(ListCursor { at_ms: *last_at, id: last_id.clone() });
     let ids: Vec<String> = entries.into_iter().map(|(id, _)| id).collect();
-    let records = store.get_dead_letters(&ids).await?;
+    let records = store.dead_letters().get_dead_letters(&ids).await?;
     let stale: Vec<String> = ids.iter().zip(&records).filter(|(_, r)| r.is_none()).map(|(id, _)| id.clone()).collect();
-    store.forget_dead_letters(&stale).await?;
+    store.dead_letters().forget_dead_letters(&stale).await?;
     Ok(ids.into_iter().zip(records).collect())
 }
 
@@ -277,9 +281,9 @@ pub async fn list(
     budget: usize,
 ) -> Result<(Vec<DeadLetterRecord>, Option<ListCursor>), SweepError> {
     let read = |cursor: Option<ListCursor>, want: usize| async move {
-        let entries = store.list_dead_letters(cursor.as_ref(), want).await?;
+        let entries = store.dead_letters().list_dead_letters(cursor.as_ref(), want).await?;
         let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
-        let records = store.get_dead_letters(&ids).await?;
+        let records = store.dead_letters().get_dead_letters(&ids).await?;
         let page = entries.into_iter().zip(records);
         Ok(page
             .map(|((id, at), record)| (ListCursor { at_ms: at, id }, record.filter(|r| filter.matches(r))))
@@ -373,7 +377,7 @@ async fn drain_once(
         if !stored {
             let record = record_from_message(&delivery.data, content_type.as_deref(), now_ms());
             let id = record.execution_id.clone().unwrap_or_default();
-            match store.insert_dead_letter(&id, &record, now_ms()).await {
+            match store.dead_letters().insert_dead_letter(&id, &record, now_ms()).await {
                 // Counted here only when no worker counted it (the broker dead-lettered it itself).
                 Ok(true) if !from_worker => {
                     let kind = record.kind.as_deref().unwrap_or("unknown");

@@ -2,17 +2,12 @@
 //! shutdown. Decisions live in `fleet-protocol`; this crate only moves bytes.
 
 pub mod acks;
-pub mod audit;
 pub mod broker;
 pub mod config;
-pub mod dead_letter_store;
 pub mod dead_letters;
-pub mod message_log;
 pub mod metrics;
 pub mod ops;
 pub mod service;
-pub mod session_events;
-pub mod session_history;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -35,7 +35,7 @@ fn buckets() -> Vec<Bucket> {
 
 async fn ask(store: &Store, provider: &str, id: &str, tenant: &str, priority: Priority) -> Spend {
     let waiter = Waiter { id, tenant, weight: 1, priority };
-    store.budget_reserve(provider, &buckets(), waiter, 10, Duration::ZERO, false).await.unwrap()
+    store.limits().budget_reserve(provider, &buckets(), waiter, 10, Duration::ZERO, false).await.unwrap()
 }
 
 async fn line(store: &Store) {
@@ -78,13 +78,15 @@ async fn priority(store: &Store) {
 async fn turn_slots(store: &Store) {
     let lease = Duration::from_secs(30);
     let recheck = Duration::from_millis(250);
-    let take = |holder: &'static str, turn: &'static str| store.acquire_turn_slot("t", holder, turn, 2, lease, recheck);
+    let take = |holder: &'static str, turn: &'static str| {
+        store.limits().acquire_turn_slot("t", holder, turn, 2, lease, recheck)
+    };
     assert_eq!(take("t1:1", "t1").await.unwrap(), Pace::Now);
     assert_eq!(take("t2:1", "t2").await.unwrap(), Pace::Now);
     let third = take("t3:1", "t3").await.unwrap();
     assert_eq!(third, Pace::Wait(recheck), "first in line");
     assert!(matches!(take("t4:1", "t4").await.unwrap(), Pace::Wait(_)));
-    store.release_slot(fleet_platform::store::Semaphore::TenantTurns("t"), "t1:1").await.unwrap();
+    store.limits().release_slot(fleet_platform::store::Semaphore::TenantTurns("t"), "t1:1").await.unwrap();
     // One slot free: t4 asks first but t3 stands before it.
     assert!(matches!(take("t4:1", "t4").await.unwrap(), Pace::Wait(_)), "t4 jumped the line");
     assert_eq!(take("t3:2", "t3").await.unwrap(), Pace::Now, "t3's next claim takes its place");

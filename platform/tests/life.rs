@@ -44,15 +44,16 @@ impl Fixture {
             now_ms: 1,
             run_at_ms: None,
         };
-        self.store.create_execution(&new, None).await.unwrap();
+        self.store.executions().create_execution(&new, None).await.unwrap();
     }
 
     async fn admit(&self, id: &str, step: Step) -> Claimed {
-        self.store.admit(id, "w", LEASE, step, AdmitMode::Run).await.unwrap().claimed
+        self.store.executions().admit(id, "w", LEASE, step, AdmitMode::Run).await.unwrap().claimed
     }
 
     async fn admit_parked(&self, id: &str, step: Step, park: Option<u64>) -> Claimed {
         self.store
+            .executions()
             .admit_delivery(id, "w", LEASE, Delivery { step, park, with_turn: false }, AdmitMode::Hold)
             .await
             .unwrap()
@@ -67,7 +68,7 @@ impl Fixture {
     }
 
     async fn write(&self, id: &str, token: u64, t: &Transition<'_>) -> bool {
-        self.store.transition(id, Fence::Token(token), LEASE, t).await.unwrap()
+        self.store.executions().transition(id, Fence::Token(token), LEASE, t).await.unwrap()
     }
 
     async fn cleanup(mut self) {
@@ -112,7 +113,7 @@ async fn a_delivery_runs_only_at_the_step_the_record_expects() {
         .attempt(&failed);
     assert!(f.write(id, token, &retrying).await);
     assert_eq!(f.admit(id, first).await, Claimed::Owed { owed: owed.clone(), result: None }, "a copy carries it out");
-    assert!(f.store.settle_owed(id, &owed, &[]).await.unwrap());
+    assert!(f.store.executions().settle_owed(id, &owed, &[]).await.unwrap());
     assert_eq!(f.admit(id, first).await, Claimed::Copy, "then a copy of attempt 1 is only a copy");
     assert!(!f.write(id, token, &retrying).await, "the released claim fences its old holder off");
 
@@ -131,7 +132,7 @@ async fn a_delivery_runs_only_at_the_step_the_record_expects() {
     for step in [first, next, next.next_poll(), next.next_attempt()] {
         assert_eq!(f.admit(id, step).await, Claimed::Done { result: result.clone() }, "{step:?}");
     }
-    let view = f.store.get_execution(id).await.unwrap().unwrap();
+    let view = f.store.executions().get_execution(id).await.unwrap().unwrap();
     assert_eq!((view.status, view.attempts.len()), (ExecutionStatus::Succeeded, 1));
     f.cleanup().await;
 }
@@ -148,11 +149,14 @@ async fn a_dead_letter_is_revived_only_by_a_replay() {
     assert!(matches!(f.admit(id, Step::FIRST).await, Claimed::Busy { .. }), "the settling claim is live");
     let ended =
         Transition::new(ClaimAfter::Release("dead_lettered")).status(ExecutionStatus::DeadLettered).owe_nothing();
-    assert!(f.store.transition(id, Fence::Owed(&owed), LEASE, &ended).await.unwrap());
-    assert!(!f.store.transition(id, Fence::Owed(&owed), LEASE, &ended).await.unwrap(), "owed work retires once");
+    assert!(f.store.executions().transition(id, Fence::Owed(&owed), LEASE, &ended).await.unwrap());
+    assert!(
+        !f.store.executions().transition(id, Fence::Owed(&owed), LEASE, &ended).await.unwrap(),
+        "owed work retires once"
+    );
     assert_eq!(f.admit(id, Step::FIRST).await, Claimed::Copy);
-    assert_eq!(f.store.replay_execution(id, 0).await.unwrap(), Some(1));
-    assert_eq!(f.store.replay_execution(id, 0).await.unwrap(), None, "not dead-lettered any more");
+    assert_eq!(f.store.executions().replay_execution(id, 0).await.unwrap(), Some(1));
+    assert_eq!(f.store.executions().replay_execution(id, 0).await.unwrap(), None, "not dead-lettered any more");
     assert_eq!(f.admit(id, Step::FIRST).await, Claimed::Copy, "a job from before the replay");
     let replayed = Step::FIRST.replayed(0);
     assert!(matches!(f.admit(id, replayed).await, Claimed::Held { .. }), "the replay's own job runs");
@@ -196,11 +200,23 @@ async fn while_a_step_is_parked_only_its_parked_delivery_is_admitted() {
     let now = fleet_platform::now_ms();
 
     let token = f.token(id, step).await;
-    assert!(!f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "not while the claim is held");
+    assert!(
+        !f.store.executions().mark_parked(id, token, step, now + 60_000).await.unwrap(),
+        "not while the claim is held"
+    );
     assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
-    assert!(!f.store.mark_parked(id, token + 1, step, now + 60_000).await.unwrap(), "not by another claim");
-    assert!(!f.store.mark_parked(id, token, step.next_attempt(), now + 60_000).await.unwrap(), "not another step");
-    assert!(f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "the park of the claim given back");
+    assert!(
+        !f.store.executions().mark_parked(id, token + 1, step, now + 60_000).await.unwrap(),
+        "not by another claim"
+    );
+    assert!(
+        !f.store.executions().mark_parked(id, token, step.next_attempt(), now + 60_000).await.unwrap(),
+        "not another step"
+    );
+    assert!(
+        f.store.executions().mark_parked(id, token, step, now + 60_000).await.unwrap(),
+        "the park of the claim given back"
+    );
 
     assert_eq!(f.admit_parked(id, step, None).await, Claimed::Copy, "a copy of the step while it is parked");
     assert_eq!(f.admit_parked(id, step, Some(token - 1)).await, Claimed::Copy, "a delivery of an older park");
@@ -209,7 +225,7 @@ async fn while_a_step_is_parked_only_its_parked_delivery_is_admitted() {
         other => panic!("the parked delivery is admitted, even early: {other:?}"),
     };
     assert!(f.write(id, again, &Transition::new(ClaimAfter::Release("released"))).await);
-    assert!(!f.store.mark_parked(id, token, step, now + 60_000).await.unwrap(), "a claim was made since");
+    assert!(!f.store.executions().mark_parked(id, token, step, now + 60_000).await.unwrap(), "a claim was made since");
     let token = match f.admit_parked(id, step, None).await {
         Claimed::Held { token } => token,
         other => panic!("the claim cleared the marker: {other:?}"),
@@ -218,7 +234,7 @@ async fn while_a_step_is_parked_only_its_parked_delivery_is_admitted() {
     // A marker past its due time and the slack is ignored: a lost parked delivery is a stall.
     assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
     let slack = (fleet_platform::store::PARK_SLACK + LEASE).as_millis() as i64;
-    assert!(f.store.mark_parked(id, token, step, now - slack - 1_000).await.unwrap());
+    assert!(f.store.executions().mark_parked(id, token, step, now - slack - 1_000).await.unwrap());
     let token = match f.admit_parked(id, step, None).await {
         Claimed::Held { token } => token,
         other => panic!("a marker past its time lets a copy in: {other:?}"),
@@ -226,7 +242,7 @@ async fn while_a_step_is_parked_only_its_parked_delivery_is_admitted() {
 
     // A cancel request lets any delivery in, to end the step now.
     assert!(f.write(id, token, &Transition::new(ClaimAfter::Release("released"))).await);
-    assert!(f.store.mark_parked(id, token, step, now + 60_000).await.unwrap());
+    assert!(f.store.executions().mark_parked(id, token, step, now + 60_000).await.unwrap());
     assert_eq!(f.admit_parked(id, step, None).await, Claimed::Copy);
     let mut con = f.con.clone();
     let _: () = redis::cmd("HSET")

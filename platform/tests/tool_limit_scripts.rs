@@ -30,36 +30,45 @@ fn cluster() -> String {
 
 async fn semaphore(store: &Store) {
     let lease = Duration::from_secs(30);
-    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
-    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "b:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(store.limits().acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(store.limits().acquire_slot(Semaphore::Tool("t"), "b:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
     assert_eq!(
-        store.acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(),
+        store.limits().acquire_slot(Semaphore::Tool("t"), "a:1", 2, lease).await.unwrap(),
         SlotGrant::Acquired,
         "a holder keeps its slot"
     );
-    match store.acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap() {
+    match store.limits().acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap() {
         SlotGrant::Full { earliest_expiry } => assert!(earliest_expiry <= lease, "{earliest_expiry:?}"),
         other => panic!("a third holder of 2 slots: {other:?}"),
     }
     assert_eq!(
-        store.acquire_slot(Semaphore::Tool("other"), "c:1", 2, lease).await.unwrap(),
+        store.limits().acquire_slot(Semaphore::Tool("other"), "c:1", 2, lease).await.unwrap(),
         SlotGrant::Acquired,
         "per tool"
     );
-    assert!(store.renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap());
-    store.release_slot(Semaphore::Tool("t"), "a:1").await.unwrap();
-    assert!(!store.renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap(), "released: nothing to renew");
-    assert_eq!(store.acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
+    assert!(store.limits().renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap());
+    store.limits().release_slot(Semaphore::Tool("t"), "a:1").await.unwrap();
+    assert!(
+        !store.limits().renew_slot(Semaphore::Tool("t"), "a:1", lease).await.unwrap(),
+        "released: nothing to renew"
+    );
+    assert_eq!(store.limits().acquire_slot(Semaphore::Tool("t"), "c:1", 2, lease).await.unwrap(), SlotGrant::Acquired);
 
     // A holder that dies leaves a lease that runs out.
     let short = Duration::from_millis(200);
-    assert_eq!(store.acquire_slot(Semaphore::Tool("u"), "dead:1", 1, short).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(
+        store.limits().acquire_slot(Semaphore::Tool("u"), "dead:1", 1, short).await.unwrap(),
+        SlotGrant::Acquired
+    );
     assert!(matches!(
-        store.acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(),
+        store.limits().acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(),
         SlotGrant::Full { .. }
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(), SlotGrant::Acquired);
+    assert_eq!(
+        store.limits().acquire_slot(Semaphore::Tool("u"), "live:1", 1, short).await.unwrap(),
+        SlotGrant::Acquired
+    );
 }
 
 /// Millisecond truncation on both clocks (Redis's and this one): far below the 200 ms between
@@ -70,14 +79,14 @@ async fn rate(store: &Store) {
     let limit = RateLimit { per_second: 5.0, burst: 2 };
     let early = Duration::from_millis(50);
     let clock = std::time::Instant::now();
-    assert_eq!(store.pace_tool("r", "exec_0", &limit, early).await.unwrap(), Pace::Now);
+    assert_eq!(store.limits().pace_tool("r", "exec_0", &limit, early).await.unwrap(), Pace::Now);
     // The first call's slot (Redis's clock) lies between `clock` and now.
     let first_answered = clock.elapsed().as_millis() as i64;
-    assert_eq!(store.pace_tool("r", "exec_1", &limit, early).await.unwrap(), Pace::Now, "a burst of 2");
+    assert_eq!(store.limits().pace_tool("r", "exec_1", &limit, early).await.unwrap(), Pace::Now, "a burst of 2");
     let mut slots = vec![];
     for n in 2..6 {
         let sent = clock.elapsed().as_millis() as i64;
-        let wait = match store.pace_tool("r", &format!("exec_{n}"), &limit, early).await.unwrap() {
+        let wait = match store.limits().pace_tool("r", &format!("exec_{n}"), &limit, early).await.unwrap() {
             Pace::Wait(w) => w.as_millis() as i64,
             Pace::Now => panic!("exec_{n} is over the limit"),
         };
@@ -90,15 +99,15 @@ async fn rate(store: &Store) {
         slots.push(answered + wait);
     }
     // Asking again before its slot: the same slot, not a new one at the back.
-    match store.pace_tool("r", "exec_5", &limit, early).await.unwrap() {
+    match store.limits().pace_tool("r", "exec_5", &limit, early).await.unwrap() {
         Pace::Wait(w) => {
             assert!(clock.elapsed().as_millis() as i64 + w.as_millis() as i64 <= slots[3] + SLACK_MS, "{w:?}")
         }
         Pace::Now => panic!("exec_5 came back early"),
     }
     tokio::time::sleep_until((clock + Duration::from_millis(slots[0] as u64)).into()).await;
-    assert_eq!(store.pace_tool("r", "exec_2", &limit, early).await.unwrap(), Pace::Now, "its slot has come");
-    match store.pace_tool("r", "exec_late", &limit, early).await.unwrap() {
+    assert_eq!(store.limits().pace_tool("r", "exec_2", &limit, early).await.unwrap(), Pace::Now, "its slot has come");
+    match store.limits().pace_tool("r", "exec_late", &limit, early).await.unwrap() {
         Pace::Wait(w) => {
             let at = clock.elapsed().as_millis() as i64 + w.as_millis() as i64;
             assert!(at >= 999, "behind the reserved slots (1000 ms after the first call): {at} ms");

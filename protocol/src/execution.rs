@@ -32,6 +32,9 @@ pub mod field {
     pub const STEP_POLL: &str = "s_poll";
     /// What the last transition still owes (`life::Owed`, JSON), empty when nothing.
     pub const OWED: &str = "owed";
+    /// Until when (ms) a claim holder owes the work `OWED` names: past it, the next delivery may
+    /// settle what is owed.
+    pub const OWED_UNTIL: &str = "owed_until";
     /// The park marker: a step parked by its claim holder (`Envelope::park`) once the parked
     /// delivery's publish was confirmed: the step (`gen:round:attempt:poll`), the claim token the
     /// parked delivery carries, and when (ms) it is due back. Until then (and a slack) a delivery
@@ -46,6 +49,36 @@ pub mod field {
     pub const NEXT_PUBLISHED: &str = "next_published";
     /// A turn's latest model call's message id: the one its round's tool results stream under.
     pub const MESSAGE_ID: &str = "message_id";
+
+    /// Every field, by the name its constant has: the Lua scripts read them from this list.
+    pub const ALL: &[(&str, &str)] = &[
+        ("kind", KIND),
+        ("status", STATUS),
+        ("tool_name", TOOL_NAME),
+        ("room_id", ROOM_ID),
+        ("assistant_id", ASSISTANT_ID),
+        ("tenant", TENANT),
+        ("created_at_ms", CREATED_AT_MS),
+        ("updated_at_ms", UPDATED_AT_MS),
+        ("attempts", ATTEMPTS),
+        ("result", RESULT),
+        ("last_error", LAST_ERROR),
+        ("fence", FENCE),
+        ("cancel_requested", CANCEL_REQUESTED),
+        ("run_at_ms", RUN_AT_MS),
+        ("gen", GEN),
+        ("step_round", STEP_ROUND),
+        ("step_attempt", STEP_ATTEMPT),
+        ("step_poll", STEP_POLL),
+        ("owed", OWED),
+        ("owed_until", OWED_UNTIL),
+        ("parked_step", PARKED_STEP),
+        ("parked_by", PARKED_BY),
+        ("parked_until", PARKED_UNTIL),
+        ("pending", PENDING),
+        ("next_published", NEXT_PUBLISHED),
+        ("message_id", MESSAGE_ID),
+    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +96,16 @@ pub enum ExecutionStatus {
 }
 
 impl ExecutionStatus {
+    pub const ALL: [ExecutionStatus; 7] = [
+        ExecutionStatus::Queued,
+        ExecutionStatus::Running,
+        ExecutionStatus::Retrying,
+        ExecutionStatus::Succeeded,
+        ExecutionStatus::Failed,
+        ExecutionStatus::DeadLettered,
+        ExecutionStatus::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ExecutionStatus::Queued => "queued",

@@ -39,7 +39,7 @@ pub(crate) async fn report(store: Store, metrics: Metrics, worker_id: Arc<str>, 
             finished: activity::moved(&reported, &now),
             retiring,
         };
-        match store.report_activity(&report, now_ms()).await {
+        match store.console().report_activity(&report, now_ms()).await {
             // Counted as reported only once written; a failed write is carried to the next report.
             Ok(()) => reported = now,
             Err(e) => tracing::debug!(error = %e, "activity not reported"),

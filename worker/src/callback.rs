@@ -212,7 +212,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             let target = match ctx.targets.get(&owner) {
                 Some(t) => t,
                 None => {
-                    let tool = registered(ctx.store.get_tool(&call.tool_name).await, "tool", &call.tool_name)?;
+                    let tool =
+                        registered(ctx.store.registry().get_tool(&call.tool_name).await, "tool", &call.tool_name)?;
                     let keys = Keys { ciphertext: &tool.secret_ciphertext, signing: &tool.signing, what: "callback" };
                     ctx.targets.put(&owner, target(ctx, &owner, tool.callback_url, keys, signed_at_ms)?)
                 }
@@ -231,7 +232,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
         }
         Job::Turn(_) => Err(AttemptReport::permanent("a turn step is not a callback".into())),
         Job::Webhook(hook) => {
-            let stored = registered(ctx.store.get_webhook(&hook.webhook_id).await, "webhook", &hook.webhook_id)?;
+            let stored =
+                registered(ctx.store.registry().get_webhook(&hook.webhook_id).await, "webhook", &hook.webhook_id)?;
             let owner = format!("webhook:{}", stored.id);
             let keys = Keys { ciphertext: &stored.secret_ciphertext, signing: &stored.signing, what: "webhook" };
             let target = target(ctx, &owner, stored.url, keys, signed_at_ms)?;

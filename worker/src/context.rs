@@ -148,7 +148,7 @@ impl Cx<'_> {
         if let Some(tool) = self.tools.get(name) {
             return Ok(tool);
         }
-        let tool = self.store.get_tool(name).await?.map(|t| std::sync::Arc::new(KnownTool::new(t)));
+        let tool = self.store.registry().get_tool(name).await?.map(|t| std::sync::Arc::new(KnownTool::new(t)));
         self.tools.put(name, tool.clone());
         Ok(tool)
     }
@@ -166,7 +166,7 @@ impl Cx<'_> {
         if let Some(hooks) = self.subscribers.get(event) {
             return Ok(hooks);
         }
-        let hooks = std::sync::Arc::new(self.store.subscribers(event).await?);
+        let hooks = std::sync::Arc::new(self.store.registry().subscribers(event).await?);
         self.subscribers.put(event, hooks.clone());
         Ok(hooks)
     }

@@ -53,7 +53,7 @@ pub fn readiness(link: BrokerLink, store: Store, consumers: Arc<Consumers>) -> R
             if !consumers.consuming() {
                 return Err("not consuming".to_string());
             }
-            store.ping().await.map_err(|e| e.to_string())
+            store.redis().ping().await.map_err(|e| e.to_string())
         })
     })
 }

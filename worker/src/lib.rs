@@ -237,7 +237,7 @@ async fn write_pickups(shared: Arc<Shared>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
         }
         for (kind, entered_ms) in shared.pickups.take_unwritten() {
-            if let Err(e) = shared.store.note_pickup(kind, entered_ms).await {
+            if let Err(e) = shared.store.executions().note_pickup(kind, entered_ms).await {
                 tracing::debug!(error = %e, "pickup time not written");
             }
         }
@@ -407,7 +407,7 @@ async fn drain(tasks: &mut JoinSet<()>, grace: Duration) {
 
 /// Idempotency keys must never be evicted: an evicted claim lets a job run twice.
 async fn warn_if_keys_may_be_evicted(store: &Store) {
-    match store.maxmemory_policy().await {
+    match store.redis().maxmemory_policy().await {
         Ok(policy) if policy != "noeviction" && !policy.is_empty() && !policy.starts_with("volatile-") => {
             tracing::warn!(
                 maxmemory_policy = %policy,

@@ -41,7 +41,7 @@ pub(crate) async fn notify(cx: &Cx<'_>, source: &str, event: &str, payload: Valu
             now_ms: now_ms(),
             run_at_ms: None,
         };
-        cx.store.create_execution(&record, None).await.map_err(|e| e.to_string())?;
+        cx.store.executions().create_execution(&record, None).await.map_err(|e| e.to_string())?;
         messages.push(Outgoing::job(
             topology.jobs_exchange(),
             JobKind::Webhook.as_str().into(),

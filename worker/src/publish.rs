@@ -79,7 +79,7 @@ pub(crate) async fn publish_next(cx: &Cx<'_>, next: &Envelope) -> Result<(), Set
 /// Retires what the record owed once it is done; a failure leaves it to the next copy, which
 /// finds it done (its publish arrives first) or does it again (a publish twice, not an effect).
 pub(crate) async fn retire(cx: &Cx<'_>, envelope: &Envelope, owed: &Owed) {
-    if let Err(e) = cx.store.settle_owed(&envelope.execution_id, owed, &[]).await {
+    if let Err(e) = cx.store.executions().settle_owed(&envelope.execution_id, owed, &[]).await {
         tracing::debug!(error = %e, "what the step owed is done but not marked so");
     }
 }
@@ -103,7 +103,7 @@ pub(crate) async fn park_step(cx: &Cx<'_>, envelope: &Envelope, remaining: Durat
         Ok(until) => until,
         Err(settle) => return settle,
     };
-    match cx.store.mark_parked(&envelope.execution_id, token, envelope.step(), until).await {
+    match cx.store.executions().mark_parked(&envelope.execution_id, token, envelope.step(), until).await {
         Ok(true) => {}
         Ok(false) => tracing::debug!("not marked parked: a delivery was claimed since, or the step moved on"),
         Err(e) => tracing::debug!(error = %e, "cannot mark the step parked; its copies park beside it"),

@@ -52,8 +52,8 @@ pub(crate) async fn decision(cx: &Cx<'_>, envelope: &Envelope, retry_after: Opti
 /// Reads the schedule of the job's tool or webhook (only after a failure, so not on the hot path).
 async fn schedule_for(cx: &Cx<'_>, job: &Job) -> ScheduleFound {
     let read = match job {
-        Job::ToolCall(call) => cx.store.get_tool(&call.tool_name).await.map(|t| t.and_then(|t| t.retry)),
-        Job::Webhook(hook) => cx.store.get_webhook(&hook.webhook_id).await.map(|h| h.and_then(|h| h.retry)),
+        Job::ToolCall(call) => cx.store.registry().get_tool(&call.tool_name).await.map(|t| t.and_then(|t| t.retry)),
+        Job::Webhook(hook) => cx.store.registry().get_webhook(&hook.webhook_id).await.map(|h| h.and_then(|h| h.retry)),
         Job::Turn(_) => return ScheduleFound::Default,
     };
     match read {

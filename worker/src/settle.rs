@@ -174,7 +174,7 @@ async fn dead_letter(cx: &Cx<'_>, envelope: &Envelope, dead: DeadLetter) -> Sett
             return settle;
         }
     }
-    let history = match cx.store.get_execution(id).await {
+    let history = match cx.store.executions().get_execution(id).await {
         Ok(Some(view)) => view.attempts,
         _ => dead.record.into_iter().collect(),
     };
@@ -189,7 +189,7 @@ async fn dead_letter(cx: &Cx<'_>, envelope: &Envelope, dead: DeadLetter) -> Sett
     }
     let ended =
         Transition::new(ClaimAfter::Release("dead_lettered")).status(ExecutionStatus::DeadLettered).owe_nothing();
-    if let Err(e) = cx.store.transition(id, Fence::Owed(&owed), cx.config.claim_lease, &ended).await {
+    if let Err(e) = cx.store.executions().transition(id, Fence::Owed(&owed), cx.config.claim_lease, &ended).await {
         tracing::warn!(error = %e, "dead letter stored; its status is written by the next copy");
         return park(cx, envelope, cx.soon()).await;
     }
@@ -205,7 +205,8 @@ async fn write(cx: &Cx<'_>, envelope: &Envelope, held: Held, transition: &Transi
     let id = &envelope.execution_id;
     let lease = cx.config.claim_lease;
     let written =
-        retrying_redis(lease / 3, || cx.store.transition(id, Fence::Token(held.token), lease, transition)).await;
+        retrying_redis(lease / 3, || cx.store.executions().transition(id, Fence::Token(held.token), lease, transition))
+            .await;
     match written {
         Ok(true) => Ok(()),
         Ok(false) => {
@@ -225,7 +226,7 @@ async fn write(cx: &Cx<'_>, envelope: &Envelope, held: Held, transition: &Transi
 /// drain acks it). With Redis down, the queue's confirmed copy is what makes it durable, and the
 /// drain stores it once Redis is back.
 pub(crate) async fn publish_dead_letter(cx: &Cx<'_>, id: &str, record: &DeadLetterRecord, kind: &str) -> Settle {
-    let stored = match cx.store.save_dead_letter(id, record, now_ms()).await {
+    let stored = match cx.store.dead_letters().save_dead_letter(id, record, now_ms()).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(dead_letter_id = %id, error = %e, "dead letter not stored in Redis; queued for the drain");

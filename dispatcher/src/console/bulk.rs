@@ -58,7 +58,9 @@ pub(crate) async fn preview_count(
 ) -> Result<Count, fleet_platform::store::StoreError> {
     if counted(search) {
         let reason = search.filter.reason.map(|r| r.as_str());
-        if let Some(n) = state.store.count_dead_letters_by(reason, search.filter.tool_name.as_deref()).await? {
+        if let Some(n) =
+            state.store.dead_letters().count_dead_letters_by(reason, search.filter.tool_name.as_deref()).await?
+        {
             return Ok(Count { n, exact: true });
         }
     }
@@ -122,7 +124,7 @@ pub(crate) async fn redrive(State(state): State<AppState>, Change { op, form }: 
     }
     let job = format!("rd_{}", hex::encode(rand::random::<[u8; 8]>()));
     let fields = progress_fields(0, &Tally::default(), "counting", &search.text(), rate);
-    if let Err(e) = state.store.console_job_put(&job, &fields, JOB_TTL_SECS).await {
+    if let Err(e) = state.store.console().console_job_put(&job, &fields, JOB_TTL_SECS).await {
         return session::unavailable(&e.to_string());
     }
     let (st, actor, id) = (state.clone(), op.actor.clone(), job.clone());
@@ -132,7 +134,7 @@ pub(crate) async fn redrive(State(state): State<AppState>, Change { op, form }: 
             Ok(ids) => run_redrive(st, actor, id, search, ids, rate).await,
             Err(e) => {
                 let failed = progress_fields(0, &Tally::default(), &format!("failed: {e}"), &search.text(), rate);
-                let _ = st.store.console_job_put(&id, &failed, JOB_TTL_SECS).await;
+                let _ = st.store.console().console_job_put(&id, &failed, JOB_TTL_SECS).await;
             }
         }
     });
@@ -179,6 +181,7 @@ async fn run_redrive(state: AppState, actor: String, job: String, search: Search
         if n % 10 == 9 {
             let _ = state
                 .store
+                .console()
                 .console_job_put(
                     &job,
                     &progress_fields(ids.len(), &tally, "running", &search.text(), rate),
@@ -189,6 +192,7 @@ async fn run_redrive(state: AppState, actor: String, job: String, search: Search
     }
     let _ = state
         .store
+        .console()
         .console_job_put(&job, &progress_fields(ids.len(), &tally, status, &search.text(), rate), JOB_TTL_SECS)
         .await;
     let detail = json!({"job": job, "matched": ids.len(), "skipped": tally.skipped, "rate_per_second": rate});
@@ -199,7 +203,7 @@ async fn run_redrive(state: AppState, actor: String, job: String, search: Search
 /// `GET /console/jobs/{id}`: a redrive's progress (the page refreshes itself while it runs).
 pub(crate) async fn job(State(state): State<AppState>, op: Operator, Path(id): Path<String>) -> Response {
     let viewer = op.viewer();
-    let fields = match state.store.console_job(&id).await {
+    let fields = match state.store.console().console_job(&id).await {
         Ok(f) if !f.is_empty() => f,
         Ok(_) => return fail(&viewer, "Redrive", &format!("No redrive {id:?} (it finished more than a day ago?)")),
         Err(e) => return session::unavailable(&e.to_string()),

@@ -142,10 +142,10 @@ pub(crate) async fn scan(
     };
     while s.scanned < budget {
         let want = SCAN_PAGE.min(budget - s.scanned);
-        let entries = state.store.list_dead_letters(cursor.as_ref(), want).await?;
+        let entries = state.store.dead_letters().list_dead_letters(cursor.as_ref(), want).await?;
         let exhausted = entries.len() < want;
         let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
-        let records = state.store.get_dead_letters(&ids).await?;
+        let records = state.store.dead_letters().get_dead_letters(&ids).await?;
         for ((id, at), record) in entries.into_iter().zip(records) {
             s.scanned += 1;
             cursor = Some(ListCursor { at_ms: at, id });
@@ -251,7 +251,7 @@ pub(crate) async fn list(State(state): State<AppState>, op: Operator, Query(p): 
     let body = format!(
         "{}<p class=\"summary\"><b>{}</b> stored in all; {} of the {} looked at match.</p><div class=\"row\">{}{}</div>{}{}{}",
         filter_form(&search),
-        state.store.count_dead_letters().await.unwrap_or(0),
+        state.store.dead_letters().count_dead_letters().await.unwrap_or(0),
         s.matched,
         s.scanned,
         counts("By reason", &s.by_reason),
@@ -331,7 +331,7 @@ fn detail_body(viewer: &Viewer<'_>, r: &DeadLetterRecord, id: &str) -> String {
 /// `GET /console/dead-letters/{id}`.
 pub(crate) async fn detail(State(state): State<AppState>, op: Operator, Path(id): Path<String>) -> Response {
     let viewer = op.viewer();
-    match state.store.get_dead_letter(&id).await {
+    match state.store.dead_letters().get_dead_letter(&id).await {
         Ok(Some(r)) => Html(html::page(&format!("Dead letter {id}"), Some(&viewer), &detail_body(&viewer, &r, &id)))
             .into_response(),
         Ok(None) => fail(&viewer, "Dead letter", &format!("No dead letter {id:?} (retried, deleted or expired).")),
@@ -414,7 +414,7 @@ pub(crate) async fn retry_edited(
     let Ok(Value::Object(params)) = parsed else {
         return fail(&viewer, "Retry with edited parameters", "parameters must be a JSON object");
     };
-    let mut record = match state.store.get_dead_letter(&id).await {
+    let mut record = match state.store.dead_letters().get_dead_letter(&id).await {
         Ok(Some(r)) => r,
         Ok(None) => return fail(&viewer, "Retry with edited parameters", &format!("No dead letter {id:?}.")),
         Err(e) => return session::unavailable(&e.to_string()),
@@ -433,7 +433,7 @@ pub(crate) async fn retry_edited(
     job["parameters"] = Value::Object(params.clone());
     let at =
         fleet_protocol::timefmt::millis_from_rfc3339(&record.dead_lettered_at).unwrap_or_else(fleet_platform::now_ms);
-    if let Err(e) = state.store.save_dead_letter(&id, &record, at).await {
+    if let Err(e) = state.store.dead_letters().save_dead_letter(&id, &record, at).await {
         return session::unavailable(&e.to_string());
     }
     let detail = json!({"parameters_before": redact(&before), "parameters_after": redact(&Value::Object(params))});

@@ -23,7 +23,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 
-use fleet_platform::audit::AuditEvent;
+use fleet_platform::store::AuditEvent;
 
 use crate::AppState;
 

@@ -98,11 +98,12 @@ pub(crate) async fn overview(State(state): State<AppState>, op: Operator) -> Res
     let since = now - 15 * 60_000;
     let mut accepted = vec![];
     for kind in JobKind::ALL {
-        accepted.push(state.store.executions_since(&format!("kind:{}", kind.as_str()), since).await.unwrap_or(0));
+        accepted
+            .push(state.store.console().executions_since(&format!("kind:{}", kind.as_str()), since).await.unwrap_or(0));
     }
-    let activity = state.store.activity(now).await.unwrap_or_default();
-    let dead_recent = state.store.dead_letters_since(now - 5 * 60_000).await.unwrap_or(0);
-    let open = state.store.open_circuits(100).await.unwrap_or_default();
+    let activity = state.store.console().activity(now).await.unwrap_or_default();
+    let dead_recent = state.store.dead_letters().dead_letters_since(now - 5 * 60_000).await.unwrap_or(0);
+    let open = state.store.limits().open_circuits(100).await.unwrap_or_default();
     let circuits: Vec<Vec<String>> =
         open.iter().map(|t| vec![html::link(&format!("/console/tools#{}", url(t)), t)]).collect();
     let grafana = state
@@ -213,7 +214,7 @@ pub(crate) async fn executions(State(state): State<AppState>, op: Operator, Quer
         Ok(f) => f,
         Err(e) => return fail(&viewer, "Executions", &e.message),
     };
-    let (found, next) = match state.store.list_executions(&filter, cursor, limit, 5_000).await {
+    let (found, next) = match state.store.console().list_executions(&filter, cursor, limit, 5_000).await {
         Ok(r) => r,
         Err(e) => return session::unavailable(&e.to_string()),
     };
@@ -253,7 +254,7 @@ pub(crate) async fn executions(State(state): State<AppState>, op: Operator, Quer
 /// `GET /console/executions/{id}`: the record, its attempts, a turn's rounds and usage, cancel.
 pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(id): Path<String>) -> Response {
     let viewer = op.viewer();
-    let view = match state.store.get_execution(&id).await {
+    let view = match state.store.executions().get_execution(&id).await {
         Ok(Some(v)) => v,
         Ok(None) => return fail(&viewer, "Execution", &format!("No execution {id:?}.")),
         Err(e) => return session::unavailable(&e.to_string()),
@@ -360,7 +361,7 @@ fn history_row(tool: &str, e: &CircuitEvent) -> Vec<String> {
 /// `GET /console/tools`: tools (policies, circuit) and their circuits' history.
 pub(crate) async fn tools(State(state): State<AppState>, op: Operator) -> Response {
     let viewer = op.viewer();
-    let tools = match state.store.list_tools(None, 200).await {
+    let tools = match state.store.registry().list_tools(None, 200).await {
         Ok(t) => t,
         Err(e) => return session::unavailable(&e.to_string()),
     };
@@ -368,8 +369,8 @@ pub(crate) async fn tools(State(state): State<AppState>, op: Operator) -> Respon
     let mut history = vec![];
     for v in &tools {
         let t = &v.tool;
-        let health = state.store.tool_health(&t.name).await.unwrap_or_default();
-        let changes = state.store.circuit_history(&t.name, 10).await.unwrap_or_default();
+        let health = state.store.limits().tool_health(&t.name).await.unwrap_or_default();
+        let changes = state.store.limits().circuit_history(&t.name, 10).await.unwrap_or_default();
         history.extend(changes.iter().map(|e| (e.at_ms, history_row(&t.name, e))));
         let policy = json!({"retry": t.retry, "limits": t.limits, "circuit_breaker": t.circuit_breaker});
         let close = if health.open {
@@ -412,7 +413,7 @@ pub(crate) async fn close_circuit(
     Path(name): Path<String>,
     Change { op, .. }: Change,
 ) -> Response {
-    let was_open = match state.store.close_circuit(&name, now_ms(), &op.actor).await {
+    let was_open = match state.store.limits().close_circuit(&name, now_ms(), &op.actor).await {
         Ok(w) => w,
         Err(e) => return session::unavailable(&e.to_string()),
     };
@@ -443,7 +444,7 @@ pub(crate) async fn sessions(State(state): State<AppState>, op: Operator, Query(
     let stored = fleet_protocol::tenant::session_storage_id(tenant, key);
     let id = stored.as_ref();
     let scope = tenant.map(|t| format!("?tenant={}", url(t))).unwrap_or_default();
-    let history = match state.store.history(id).await {
+    let history = match state.store.sessions().history(id).await {
         Ok(h) => h,
         Err(e) => return session::unavailable(&e.to_string()),
     };
@@ -489,7 +490,7 @@ pub(crate) async fn forget(
     }
     let tenant = p.get("tenant").map(String::as_str).filter(|t| fleet_protocol::tenant::is_tenant_name(t));
     let id = fleet_protocol::tenant::session_storage_id(tenant, &key).into_owned();
-    if let Err(e) = state.store.history_delete(&id).await {
+    if let Err(e) = state.store.sessions().history_delete(&id).await {
         return session::unavailable(&e.to_string());
     }
     console::audit(&state, &op.actor, "session.forget", &id, 1, None).await;
@@ -500,8 +501,8 @@ pub(crate) async fn forget(
 /// `GET /console/audit`.
 pub(crate) async fn audit(State(state): State<AppState>, op: Operator, Query(p): Query<Params>) -> Response {
     let viewer = op.viewer();
-    let cursor = p.get("cursor").map(String::as_str).filter(|c| fleet_platform::audit::is_cursor(c));
-    let (entries, next) = match state.store.audit_page(cursor, 100).await {
+    let cursor = p.get("cursor").map(String::as_str).filter(|c| fleet_platform::store::is_cursor(c));
+    let (entries, next) = match state.store.audit().audit_page(cursor, 100).await {
         Ok(r) => r,
         Err(e) => return session::unavailable(&e.to_string()),
     };

@@ -87,13 +87,13 @@ impl FromRequestParts<AppState> for Operator {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let to_login = || Redirect::to("/console/login").into_response();
         let Some(id) = cookie(&parts.headers, COOKIE).filter(|id| id.len() == 64) else { return Err(to_login()) };
-        let fields = state.store.console_session(id).await.map_err(|e| unavailable(&e.to_string()))?;
+        let fields = state.store.console().console_session(id).await.map_err(|e| unavailable(&e.to_string()))?;
         let (Some(actor), Some(csrf)) = (fields.get("actor"), fields.get("csrf")) else { return Err(to_login()) };
         // The session is only as good as its token is now: revoked, bound to a tenant since, or
         // cut to no console scope, it ends; cut to `console:read`, it only looks from then on.
         let access = fields.get("token").and_then(|digest| current_access(state, digest));
         let Some(access) = access else {
-            let _ = state.store.console_session_end(id).await;
+            let _ = state.store.console().console_session_end(id).await;
             return Err(to_login());
         };
         Ok(Operator { actor: actor.clone(), can_change: access == Access::Change, csrf: csrf.clone() })
@@ -210,7 +210,7 @@ pub(crate) async fn login(
     }
     // Counted per peer address: behind a proxy, that is the proxy's (every client shares it).
     let source = peer.ip().to_string();
-    match state.store.console_login_failures(&source).await {
+    match state.store.console().console_login_failures(&source).await {
         Ok(n) if n >= LOGIN_FAILURES_ALLOWED => {
             let message =
                 format!("Too many failed logins from this address: try again in {} minutes.", LOGIN_WINDOW_SECS / 60);
@@ -224,7 +224,7 @@ pub(crate) async fn login(
     let token = form.get("token").map(|t| t.trim()).unwrap_or_default();
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     let Some(known) = state.config.tokens.iter().find(|t| t.digest == digest) else {
-        if let Err(e) = state.store.console_login_failed(&source, LOGIN_WINDOW_SECS).await {
+        if let Err(e) = state.store.console().console_login_failed(&source, LOGIN_WINDOW_SECS).await {
             return unavailable(&e.to_string());
         }
         return login_page(StatusCode::UNAUTHORIZED, Some("That token is not one this fleet knows."), &headers);
@@ -244,7 +244,7 @@ pub(crate) async fn login(
     let id = random_hex();
     let actor = format!("token:{}", &hex::encode(digest)[..12]);
     let fields = [("token", hex::encode(digest)), ("actor", actor), ("csrf", random_hex())];
-    if let Err(e) = state.store.console_session_put(&id, &fields, SESSION_TTL_SECS).await {
+    if let Err(e) = state.store.console().console_session_put(&id, &fields, SESSION_TTL_SECS).await {
         return unavailable(&e.to_string());
     }
     let tls = over_tls(&headers);
@@ -268,7 +268,7 @@ pub(crate) async fn logout(
         return refused("the form's CSRF token is missing or wrong");
     }
     if let Some(id) = cookie(&headers, COOKIE) {
-        let _ = state.store.console_session_end(id).await;
+        let _ = state.store.console().console_session_end(id).await;
     }
     let cookie = session_cookie("", 0, over_tls(&headers));
     (StatusCode::SEE_OTHER, [(header::SET_COOKIE, cookie), (header::LOCATION, "/console/login".to_string())])

@@ -51,7 +51,7 @@ pub(crate) fn per_webhook(failed: &[Failed]) -> BTreeMap<String, u64> {
 
 async fn deliveries(state: &AppState, status: ExecutionStatus) -> Result<Vec<ExecutionSummary>, Response> {
     let filter = ExecutionFilter { kind: Some("webhook".into()), status: Some(status), ..Default::default() };
-    match state.store.list_executions(&filter, None, SHOWN, BUDGET).await {
+    match state.store.console().list_executions(&filter, None, SHOWN, BUDGET).await {
         Ok((found, _)) => Ok(found),
         Err(e) => Err(session::unavailable(&e.to_string())),
     }
@@ -76,7 +76,7 @@ fn dead_row(f: &Failed) -> Vec<String> {
 /// `GET /console/webhooks?webhook_id=…`.
 pub(crate) async fn page(State(state): State<AppState>, op: Operator, Query(p): Query<Params>) -> Response {
     let viewer = op.viewer();
-    let hooks = match state.store.list_webhooks(None, 200).await {
+    let hooks = match state.store.registry().list_webhooks(None, 200).await {
         Ok(h) => h,
         Err(e) => return session::unavailable(&e.to_string()),
     };
@@ -88,7 +88,7 @@ pub(crate) async fn page(State(state): State<AppState>, op: Operator, Query(p): 
         (Err(page), _) | (_, Err(page)) => return page,
     };
     let ids: Vec<String> = dead.iter().map(|e| e.execution_id.clone()).collect();
-    let records = state.store.get_dead_letters(&ids).await.unwrap_or_default();
+    let records = state.store.dead_letters().get_dead_letters(&ids).await.unwrap_or_default();
     let failed: Vec<Failed> =
         dead.into_iter().enumerate().map(|(i, e)| failed(e, records.get(i).and_then(Option::as_ref))).collect();
     let counts = per_webhook(&failed);

@@ -64,7 +64,7 @@ pub(crate) async fn find(state: &AppState, tenancy: &Tenancy, id: &str) -> Resul
     if !agents::is_id("asst_", id) {
         return Ok(None);
     }
-    let found = state.store.read_assistant(id).await?;
+    let found = state.store.registry().read_assistant(id).await?;
     Ok(found.filter(|v| v.record.seen_by(tenancy.bound.as_deref())))
 }
 
@@ -102,7 +102,7 @@ pub(crate) async fn create_assistant(
     // A tenant-bound token's assistant is its tenant's; an unbound token's is shared by all.
     assistant.tenant = tenancy.bound;
     check_with_fleet(&state, &assistant).await?;
-    match state.store.write_assistant(&assistant, None).await? {
+    match state.store.registry().write_assistant(&assistant, None).await? {
         AssistantWrite::Written => Ok((StatusCode::CREATED, Data::json(assistant.to_api()))),
         AssistantWrite::NameTaken(holder) => Err(name_taken(&assistant.name, &holder)),
         AssistantWrite::Changed => Err(busy()),
@@ -122,7 +122,7 @@ pub(crate) async fn list_assistants(
 ) -> Result<Json<Data<AssistantPage>>, ApiError> {
     let req = ListRequest::parse(q.get("limit").map(String::as_str), q.get("cursor").map(String::as_str))
         .map_err(ApiError::invalid)?;
-    let page = state.store.list_assistants(req.after.as_deref(), req.limit).await?;
+    let page = state.store.registry().list_assistants(req.after.as_deref(), req.limit).await?;
     // A tenant-bound token's page holds its tenant's and the operators' (it may so come back short).
     let bound = tenancy.bound;
     let seen = page.entries.iter().filter(|a| a.seen_by(bound.as_deref()));
@@ -186,7 +186,7 @@ pub(crate) async fn update_assistant(
         let current = find_to_change(&state, &tenancy, &id).await?;
         let next = input.clone().apply(&current.record, now_ms()).map_err(ApiError::invalid)?;
         check_with_fleet(&state, &next).await?;
-        match state.store.write_assistant(&next, Some(&current)).await? {
+        match state.store.registry().write_assistant(&next, Some(&current)).await? {
             AssistantWrite::Written => return Ok(Data::json(next.to_api())),
             AssistantWrite::NameTaken(holder) => return Err(name_taken(&next.name, &holder)),
             AssistantWrite::Changed => continue,
@@ -211,7 +211,7 @@ pub(crate) async fn delete_assistant(
     let mut deleted = false;
     for _ in 0..WRITE_ATTEMPTS {
         let current = find_to_change(&state, &tenancy, &id).await?;
-        if state.store.delete_assistant(&current).await? {
+        if state.store.registry().delete_assistant(&current).await? {
             deleted = true;
             break;
         }

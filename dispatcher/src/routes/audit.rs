@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use fleet_platform::audit::{AuditEntry, AuditEvent};
+use fleet_platform::store::{AuditEntry, AuditEvent};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
@@ -25,7 +25,7 @@ pub(crate) fn actor(caller: Option<&Caller>) -> String {
 /// Writes one change to the audit log. The change is made already: a failed write is logged (and
 /// counted as a Redis error), not the change's failure.
 pub(crate) async fn record(state: &AppState, event: AuditEvent<'_>) {
-    if let Err(error) = state.store.audit(&event).await {
+    if let Err(error) = state.store.audit().record(&event).await {
         tracing::error!(action = event.action, target = event.target, %error, "cannot write the audit log");
     }
 }
@@ -101,9 +101,9 @@ pub(crate) async fn list_audit(
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Json<Listed<AuditEntryOut>>, ApiError> {
     let limit = page_limit(q.limit)?;
-    if q.cursor.as_deref().is_some_and(|c| !fleet_platform::audit::is_cursor(c)) {
+    if q.cursor.as_deref().is_some_and(|c| !fleet_platform::store::is_cursor(c)) {
         return Err(ApiError::invalid("cursor is not a cursor this API returned"));
     }
-    let (entries, next) = state.store.audit_page(q.cursor.as_deref(), limit).await?;
+    let (entries, next) = state.store.audit().audit_page(q.cursor.as_deref(), limit).await?;
     Ok(Listed::json(entries.iter().map(AuditEntryOut::from).collect(), next))
 }

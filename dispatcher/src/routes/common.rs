@@ -79,7 +79,7 @@ pub(crate) async fn check_session(state: &AppState, tenancy: &Tenancy, session: 
     if tenancy.bound.is_none() {
         return Ok(());
     }
-    let owner = state.store.session_tenant(session).await?;
+    let owner = state.store.sessions().session_tenant(session).await?;
     if owner.is_none() || !tenancy.sees(owner.as_deref()) {
         return Err(ApiError::not_found(format!("no session {session:?}")));
     }
@@ -94,7 +94,7 @@ pub(crate) async fn claim_session(
     session: &str,
     tenant: &str,
 ) -> Result<(), ApiError> {
-    let holders = state.store.claim_session(session, Some(tenant), None).await?;
+    let holders = state.store.sessions().claim_session(session, Some(tenant), None).await?;
     if !tenancy.sees(holders.tenant.as_deref()) {
         return Err(ApiError::not_found(format!("no session {session:?}")));
     }

@@ -31,6 +31,7 @@ pub(crate) async fn get_dead_letter(
     visible(&state, &tenancy, &id).await?;
     let record = state
         .store
+        .dead_letters()
         .get_dead_letter(&id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no dead letter for {id:?}")))?;
@@ -102,10 +103,10 @@ async fn visible(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<(), Ap
 /// records carried one) its execution's while that record lives.
 async fn owners(state: &AppState, ids: &[&str]) -> Result<Vec<Option<String>>, ApiError> {
     let owned: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
-    let stamped = state.store.get_dead_letters(&owned).await?;
+    let stamped = state.store.dead_letters().get_dead_letters(&owned).await?;
     let mut owners: Vec<Option<String>> = stamped.into_iter().map(|r| r.and_then(|r| r.tenant)).collect();
     let missing: Vec<&str> = ids.iter().zip(&owners).filter(|(_, o)| o.is_none()).map(|(id, _)| *id).collect();
-    let mut looked_up = state.store.execution_tenants(&missing).await?.into_iter();
+    let mut looked_up = state.store.executions().execution_tenants(&missing).await?.into_iter();
     for owner in owners.iter_mut().filter(|o| o.is_none()) {
         *owner = looked_up.next().flatten();
     }
@@ -123,7 +124,7 @@ async fn only_visible(
     }
     let ids: Vec<&str> =
         records.iter().filter(|r| r.tenant.is_none()).map(|r| r.execution_id.as_deref().unwrap_or("")).collect();
-    let mut looked_up = state.store.execution_tenants(&ids).await?.into_iter();
+    let mut looked_up = state.store.executions().execution_tenants(&ids).await?.into_iter();
     let owners: Vec<Option<String>> = records
         .iter()
         .map(|r| if r.tenant.is_some() { r.tenant.clone() } else { looked_up.next().flatten() })

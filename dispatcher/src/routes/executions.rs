@@ -149,7 +149,7 @@ pub(crate) async fn list_executions(
         filter.room_id = Some(crate::routes::common::named_session(&tenancy, room, named.as_deref())?);
     }
     filter.tenant = tenancy.bound.or(named);
-    let (found, next) = state.store.list_executions(&filter, cursor, limit, LIST_SCAN_BUDGET).await?;
+    let (found, next) = state.store.console().list_executions(&filter, cursor, limit, LIST_SCAN_BUDGET).await?;
     Ok(Listed::json(found.iter().map(ExecutionSummaryOut::from).collect(), next.map(|c| c.to_string())))
 }
 
@@ -215,7 +215,7 @@ pub(crate) async fn get_execution(
 ) -> Result<Json<Data<ExecutionOut>>, ApiError> {
     // A turn's record and state come in one read: clients poll this while a turn runs.
     let found = match fleet_protocol::envelope::is_valid_execution_id(&id) {
-        true => state.store.get_execution_and_turn(&id).await?,
+        true => state.store.sessions().get_execution_and_turn(&id).await?,
         false => None,
     };
     let (view, turn) = found.unzip();
@@ -228,7 +228,7 @@ pub(crate) async fn get_execution(
 /// (another's answers 404, as an unknown id does).
 async fn visible_execution(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<ExecutionView, ApiError> {
     let view = match fleet_protocol::envelope::is_valid_execution_id(id) {
-        true => state.store.get_execution(id).await?,
+        true => state.store.executions().get_execution(id).await?,
         false => None,
     };
     only_visible(tenancy, id, view)
@@ -293,7 +293,7 @@ pub(crate) async fn cancel(state: &AppState, id: &str) -> Result<CancelAnswer, A
     if !fleet_protocol::envelope::is_valid_execution_id(&id) {
         return Err(ApiError::not_found(format!("no execution {id:?}")));
     }
-    let answer = match state.store.request_cancel(&id, now_ms()).await? {
+    let answer = match state.store.executions().request_cancel(&id, now_ms()).await? {
         CancelRequest::Missing => return Err(ApiError::not_found(format!("no execution {id:?}"))),
         CancelRequest::Finished(status) => {
             let message = format!("execution {id} already ended ({}); there is nothing to cancel", status.as_str());
@@ -331,7 +331,9 @@ pub(crate) async fn cancel(state: &AppState, id: &str) -> Result<CancelAnswer, A
 /// anyway is only acked by its claim. Best effort: without it the turn stops at its next step all
 /// the same.
 async fn nudge_turn(state: &AppState, id: &str) {
-    let (Ok(Some(turn)), Ok(Some(expected))) = (state.store.load_turn(id).await, state.store.expected(id).await) else {
+    let (Ok(Some(turn)), Ok(Some(expected))) =
+        (state.store.sessions().load_turn(id).await, state.store.executions().expected(id).await)
+    else {
         return;
     };
     let step = Job::Turn(TurnJob { session_id: turn.session_id.clone(), round: expected.step.round });

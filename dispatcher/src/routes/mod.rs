@@ -137,7 +137,7 @@ pub fn router(state: AppState) -> Router {
             if s.broker.current().is_none() {
                 return Err("broker not connected".to_string());
             }
-            s.store.ping().await.map_err(|e| e.to_string())
+            s.store.redis().ping().await.map_err(|e| e.to_string())
         })
     });
     v1.merge(crate::console::router(state.clone()))

@@ -52,7 +52,7 @@ async fn find(state: &AppState, id: &str) -> Result<Option<RoomVersion>, ApiErro
     if !agents::is_id("room_", id) {
         return Ok(None);
     }
-    Ok(state.store.read_room(id).await?)
+    Ok(state.store.registry().read_room(id).await?)
 }
 
 async fn require_room(state: &AppState, id: &str) -> Result<RoomVersion, ApiError> {
@@ -70,7 +70,7 @@ async fn visible_room(state: &AppState, tenancy: &Tenancy, id: &str) -> Result<R
 
 /// The room with its `message_count` and `last_message_at` (from its message log).
 async fn with_counts(state: &AppState, room: &RoomRecord) -> Result<RoomOut, ApiError> {
-    let (count, last) = state.store.log_summary(&room.id).await?;
+    let (count, last) = state.store.sessions().log_summary(&room.id).await?;
     Ok(room.to_api(Some((count, last.as_ref().map(|m| m.created_at.as_str())))))
 }
 
@@ -98,8 +98,8 @@ pub(crate) async fn create_room(
     // The room's session is its creator's tenant's from the start, for as long as the room lives
     // (rooms never expire, so neither does that binding).
     claim_session(&state, &tenancy, &room.id, &tenancy.resolve(None)?).await?;
-    state.store.session_binding_persist(&room.id).await?;
-    if !state.store.write_room(&room, None).await? {
+    state.store.sessions().session_binding_persist(&room.id).await?;
+    if !state.store.registry().write_room(&room, None).await? {
         return Err(busy());
     }
     Ok((StatusCode::CREATED, Data::json(room.to_api(None))))
@@ -122,12 +122,12 @@ pub(crate) async fn list_rooms(
     let arg = |name: &str| q.get(name).map(String::as_str);
     let filter = RoomFilter::parse(arg("namespace"), arg("assistant_id"), arg("status")).map_err(ApiError::invalid)?;
     let req = ListRequest::parse(arg("limit"), arg("cursor")).map_err(ApiError::invalid)?;
-    let listed = state.store.list_rooms(&filter, req.after.as_deref(), req.limit).await?;
+    let listed = state.store.registry().list_rooms(&filter, req.after.as_deref(), req.limit).await?;
     // A tenant-bound token's page holds only its tenant's rooms (it may so come back short).
     let mut entries: Vec<&RoomRecord> = listed.entries.iter().collect();
     if tenancy.bound.is_some() {
         let ids: Vec<&str> = entries.iter().map(|r| r.id.as_str()).collect();
-        let owners = state.store.session_tenants(&ids).await?;
+        let owners = state.store.sessions().session_tenants(&ids).await?;
         entries = entries.into_iter().zip(owners).filter(|(_, o)| tenancy.sees(o.as_deref())).map(|(r, _)| r).collect();
     }
     Ok(Data::json(RoomPage {
@@ -185,12 +185,12 @@ pub(crate) async fn close_room(
 /// Closes room `id` (a closed one stays as it was); `None` if there is none.
 async fn close(state: &AppState, id: &str) -> Result<Option<RoomRecord>, ApiError> {
     for _ in 0..WRITE_ATTEMPTS {
-        let Some(current) = state.store.read_room(id).await? else { return Ok(None) };
+        let Some(current) = state.store.registry().read_room(id).await? else { return Ok(None) };
         if current.record.status == RoomStatus::Closed {
             return Ok(Some(current.record));
         }
         let next = current.record.closed(now_ms());
-        if state.store.write_room(&next, Some(&current)).await? {
+        if state.store.registry().write_room(&next, Some(&current)).await? {
             return Ok(Some(next));
         }
     }
@@ -202,7 +202,7 @@ async fn close(state: &AppState, id: &str) -> Result<Option<RoomRecord>, ApiErro
 pub(crate) async fn close_rooms_of(state: &AppState, assistant_id: &str) -> u64 {
     let mut closed = 0;
     for _ in 0..CLOSE_ROUNDS {
-        let ids = match state.store.active_rooms_of(assistant_id, CLOSE_BATCH).await {
+        let ids = match state.store.registry().active_rooms_of(assistant_id, CLOSE_BATCH).await {
             Ok(ids) if !ids.is_empty() => ids,
             Ok(_) => break,
             Err(e) => {
@@ -254,7 +254,7 @@ pub(crate) async fn send_message(
     if room.status == RoomStatus::Closed {
         return Err(closed(&room.id));
     }
-    let assistant = state.store.get_assistant(&room.assistant_id).await?.ok_or_else(|| {
+    let assistant = state.store.registry().get_assistant(&room.assistant_id).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::CONFLICT,
             "assistant_deleted",
@@ -282,7 +282,7 @@ pub(crate) async fn send_message(
     let mut message = as_sent.into_iter().next().expect("one message sent");
     if job.replayed {
         // The earlier request's message, as it was stored then.
-        let logged = state.store.logged_messages(&room.id).await?;
+        let logged = state.store.sessions().logged_messages(&room.id).await?;
         if let Some(stored) = logged.into_iter().rev().find(|m| m.id == message.id) {
             message = stored;
         }
@@ -313,7 +313,7 @@ pub(crate) async fn list_messages(
     let arg = |name: &str| q.get(name).map(String::as_str);
     let req = PageRequest::parse(arg("limit"), arg("cursor"), arg("order")).map_err(ApiError::invalid)?;
     visible_room(&state, &tenancy, &room_id).await?;
-    let log = state.store.logged_messages(&room_id).await?;
+    let log = state.store.sessions().logged_messages(&room_id).await?;
     Ok(Data::json(MessagePage::of(&log, &req)))
 }
 

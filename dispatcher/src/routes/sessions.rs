@@ -40,7 +40,7 @@ pub(crate) async fn list_messages(
         q.get("order").map(String::as_str),
     )
     .map_err(ApiError::invalid)?;
-    let history = state.store.history(&session_id).await?;
+    let history = state.store.sessions().history(&session_id).await?;
     Ok(Data::json(MessagePage::of(&history, &req)))
 }
 
@@ -77,7 +77,7 @@ pub(crate) async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     let session_id = crate::routes::common::named_session(&tenancy, &session_id, q.get("tenant").map(String::as_str))?;
     crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
-    state.store.history_delete(&session_id).await?;
+    state.store.sessions().history_delete(&session_id).await?;
     crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -144,7 +144,7 @@ pub(crate) async fn submit_job<S: Submission>(
             if let Some(hold) = &hold {
                 // The job is durable: a lost key write only means that a retry with this key
                 // publishes the same execution again once the reservation expires (a no-op).
-                if let Err(e) = state.store.confirm_request(&hold.hold).await {
+                if let Err(e) = state.store.executions().confirm_request(&hold.hold).await {
                     tracing::warn!(error = %e, execution_id, "accepted, but the Idempotency-Key was not recorded");
                 }
             }
@@ -180,7 +180,7 @@ pub(crate) async fn reserve(state: &AppState, key: &str, body_digest: &str, jobs
     let writes = if jobs > 1 { 2 } else { 1 };
     let pending_for = common.publish_timeout + common.redis_timeout * writes;
     let fresh = fleet_protocol::new_execution_id();
-    Ok(match state.store.reserve_request(key, &fresh, body_digest, pending_for).await? {
+    Ok(match state.store.executions().reserve_request(key, &fresh, body_digest, pending_for).await? {
         Reservation::New(hold) => Reserved::Held(Held { hold, republish: false }),
         Reservation::Unconfirmed(hold) => Reserved::Held(Held { hold, republish: true }),
         Reservation::Existing(previous) => Reserved::Replay(previous),
@@ -243,7 +243,7 @@ async fn refuse<S: Submission>(
             // A request that outlived its reservation may find the key taken over by a retry that
             // republishes this execution: then the record is the retry's, and stays.
             let ours = match hold {
-                Some(hold) => state.store.release_request(&hold.hold).await.unwrap_or(false),
+                Some(hold) => state.store.executions().release_request(&hold.hold).await.unwrap_or(false),
                 None => true,
             };
             if ours {
@@ -257,7 +257,7 @@ async fn refuse<S: Submission>(
         }
         FailureOutcome::Unknown => {
             if let Some(hold) = hold {
-                let _ = state.store.abandon_request(&hold.hold).await;
+                let _ = state.store.executions().abandon_request(&hold.hold).await;
             }
             let why = match failure {
                 EnqueueFailure::BeforePublish(e) => e.message,
@@ -365,7 +365,7 @@ async fn accepted(state: &AppState, job: &Accepted) -> Response {
     let (execution_id, replayed) = (job.execution_id.as_str(), job.replayed);
     let status = match replayed {
         false => ExecutionStatus::Queued,
-        true => match state.store.get_execution(execution_id).await {
+        true => match state.store.executions().get_execution(execution_id).await {
             Ok(Some(view)) => view.status,
             _ => ExecutionStatus::Queued,
         },

@@ -58,7 +58,7 @@ pub(crate) async fn submit_batch<S: Submission>(
     let ids: Vec<String> = (0..items.len()).map(|i| fleet_protocol::batch_item_id(&batch_id, i)).collect();
     // A retry after a partial failure skips what the broker already confirmed.
     let confirmed_before = match &hold {
-        Some(hold) if republish => state.store.batch_confirmed(&hold.hold).await.unwrap_or_default(),
+        Some(hold) if republish => state.store.executions().batch_confirmed(&hold.hold).await.unwrap_or_default(),
         _ => HashSet::new(),
     };
     let batch = Batch { items: &items, ids: &ids, republish, hold: hold.as_ref() };
@@ -139,7 +139,7 @@ impl<S: Submission> Batch<'_, S> {
             }
             FailureOutcome::Unknown => {
                 if let Some(hold) = self.hold {
-                    let _ = state.store.abandon_request(&hold.hold).await;
+                    let _ = state.store.executions().abandon_request(&hold.hold).await;
                 }
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -155,7 +155,7 @@ impl<S: Submission> Batch<'_, S> {
     /// removes what this request recorded.
     async fn release_and_undo(&self, state: &AppState, recorded: &[bool]) {
         let ours = match self.hold {
-            Some(hold) => state.store.release_request(&hold.hold).await.unwrap_or(false),
+            Some(hold) => state.store.executions().release_request(&hold.hold).await.unwrap_or(false),
             None => true,
         };
         if ours {
@@ -181,7 +181,7 @@ impl<S: Submission> Batch<'_, S> {
         if accepted.len() == outcomes.len() {
             if let Some(hold) = self.hold {
                 // The jobs are durable: a lost key write only means a retry republishes them (no-ops).
-                if let Err(e) = state.store.confirm_request(&hold.hold).await {
+                if let Err(e) = state.store.executions().confirm_request(&hold.hold).await {
                     tracing::warn!(error = %e, "batch accepted, but the Idempotency-Key was not recorded");
                 }
             }
@@ -194,10 +194,10 @@ impl<S: Submission> Batch<'_, S> {
             futures::stream::iter(undo).buffer_unordered(REDIS_CONCURRENCY).collect::<Vec<()>>().await;
             if let Some(hold) = self.hold {
                 let confirmed: Vec<usize> = accepted.iter().chain(confirmed_before).copied().collect();
-                if let Err(e) = state.store.note_batch_confirmed(&hold.hold, &confirmed).await {
+                if let Err(e) = state.store.executions().note_batch_confirmed(&hold.hold, &confirmed).await {
                     tracing::warn!(error = %e, "a retry of this batch will publish its confirmed jobs again (no-ops)");
                 }
-                let _ = state.store.abandon_request(&hold.hold).await;
+                let _ = state.store.executions().abandon_request(&hold.hold).await;
             }
             tracing::warn!(
                 accepted = accepted.len(),
@@ -304,7 +304,7 @@ fn batch_body(status: StatusCode, calls: Vec<BatchCallResult>, accepted: usize) 
 async fn replayed(state: &AppState, batch_id: &str, len: usize) -> Response {
     let lookups = (0..len).map(|i| async move {
         let id = fleet_protocol::batch_item_id(batch_id, i);
-        let status = match state.store.get_execution(&id).await {
+        let status = match state.store.executions().get_execution(&id).await {
             Ok(Some(view)) => view.status,
             _ => ExecutionStatus::Queued,
         };

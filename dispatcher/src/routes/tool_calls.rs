@@ -110,13 +110,13 @@ async fn labels_seen_by(
     // Any other key a bound caller names is its own tenant's session of that key (it is mapped
     // so), which no other tenant's can be: only a room's id, one session whoever names it, is read.
     if let Some(room) = room.filter(|r| fleet_protocol::agents::is_id("room_", r)) {
-        let owner = state.store.session_tenant(room).await.map_err(|e| ("room_id", e.into()))?;
+        let owner = state.store.sessions().session_tenant(room).await.map_err(|e| ("room_id", e.into()))?;
         if owner.is_some() && !tenancy.sees(owner.as_deref()) {
             return Err(("room_id", ApiError::not_found(format!("room_id: no room or session {room:?}"))));
         }
     }
     if let Some(id) = assistant.filter(|id| fleet_protocol::agents::is_id("asst_", id)) {
-        let found = state.store.read_assistant(id).await.map_err(|e| ("assistant_id", e.into()))?;
+        let found = state.store.registry().read_assistant(id).await.map_err(|e| ("assistant_id", e.into()))?;
         if found.is_some_and(|v| !v.record.seen_by(tenancy.bound.as_deref())) {
             return Err(("assistant_id", ApiError::not_found(format!("assistant_id: no assistant {id:?}"))));
         }
@@ -232,7 +232,8 @@ impl Submission for ToolCallInput {
         let mut due_ms = self.due_ms;
         // A republished execution may already have run: its record is not reset, and it stays due
         // when it was first due.
-        let existing = if recording.republish() { state.store.get_execution(execution_id).await? } else { None };
+        let existing =
+            if recording.republish() { state.store.executions().get_execution(execution_id).await? } else { None };
         match existing {
             Some(view) => due_ms = view.run_at_ms.or(due_ms),
             None => {
@@ -246,7 +247,7 @@ impl Submission for ToolCallInput {
                     now_ms: now,
                     run_at_ms: due_ms,
                 };
-                state.store.create_execution(&record, None).await?;
+                state.store.executions().create_execution(&record, None).await?;
             }
         }
         let job = Job::ToolCall(ToolCallJob {
@@ -268,7 +269,7 @@ impl Submission for ToolCallInput {
     async fn undo(&self, state: &AppState, execution_id: &str, recorded: bool) {
         // A record that failed to be written is not there to remove.
         if recorded {
-            let _ = state.store.delete_execution(execution_id).await;
+            let _ = state.store.executions().delete_execution(execution_id).await;
         }
     }
 }

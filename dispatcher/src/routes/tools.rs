@@ -233,7 +233,7 @@ fn merged(
 /// Refuses (422 `unknown_tool`, naming them) the tools in `names` that are not registered: an
 /// assistant or turn may enable registered tools only. `field` names where they were given.
 pub(crate) async fn require_registered(state: &AppState, field: &str, names: &[String]) -> Result<(), ApiError> {
-    let registered = state.store.tools_registered(names).await?;
+    let registered = state.store.registry().tools_registered(names).await?;
     let missing: Vec<String> =
         names.iter().zip(registered).filter(|(_, known)| !known).map(|(name, _)| format!("{name:?}")).collect();
     if missing.is_empty() {
@@ -262,10 +262,10 @@ fn no_tool(tool: ToolRef<'_>) -> ApiError {
 /// The tool `tool` names, as stored.
 async fn find(state: &AppState, tool: ToolRef<'_>) -> Result<Option<ToolVersion>, ApiError> {
     match tool {
-        ToolRef::Name(name) => Ok(state.store.read_tool(name).await?),
+        ToolRef::Name(name) => Ok(state.store.registry().read_tool(name).await?),
         ToolRef::Id(id) => {
-            let Some(name) = state.store.tool_name_by_id(id).await? else { return Ok(None) };
-            Ok(state.store.read_tool(&name).await?.filter(|v| v.tool.id == id))
+            let Some(name) = state.store.registry().tool_name_by_id(id).await? else { return Ok(None) };
+            Ok(state.store.registry().read_tool(&name).await?.filter(|v| v.tool.id == id))
         }
     }
 }
@@ -303,7 +303,7 @@ async fn save(
         let ciphertext = input.callback_secret.as_ref().map(|s| state.config.secrets_key.encrypt(&owner, s));
         let mut tool = merged(current.as_ref().map(|c| &c.tool), &name, input, ciphertext, now_ms())?;
         tool.signing = tool_signing(state, current.as_ref().map(|c| &c.tool), &owner, input)?;
-        if state.store.write_tool(&tool, current.as_ref()).await? {
+        if state.store.registry().write_tool(&tool, current.as_ref()).await? {
             state.tool_schemas.forget(&name);
             let status = if current.is_none() { StatusCode::CREATED } else { StatusCode::OK };
             return Ok((status, tool));
@@ -399,11 +399,11 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
     }
     let mut tool = version.tool.clone();
     tool.id = new_tool_id();
-    if state.store.write_tool(&tool, Some(&version)).await? {
+    if state.store.registry().write_tool(&tool, Some(&version)).await? {
         return Ok(tool);
     }
     // Another request gave it an id (or changed it) meanwhile: show what is stored now.
-    Ok(state.store.get_tool(&tool.name).await?.unwrap_or(version.tool))
+    Ok(state.store.registry().get_tool(&tool.name).await?.unwrap_or(version.tool))
 }
 
 #[utoipa::path(get, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:read"])),
@@ -418,8 +418,8 @@ pub(crate) async fn get_tool(
     let target = ToolRef::parse(&tool);
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
     let mut data = ToolOut::from(&with_id(&state, version).await?);
-    let health = state.store.tool_health(&data.name).await?;
-    let history = state.store.circuit_history(&data.name, 20).await?;
+    let health = state.store.limits().tool_health(&data.name).await?;
+    let history = state.store.limits().circuit_history(&data.name, 20).await?;
     let health = ToolHealthOut::new(&health, &history);
     data.health = Some(if tenancy.bound.is_some() { health.for_tenants() } else { health });
     Ok(Data::json(data.shown_to(&tenancy)))
@@ -433,7 +433,7 @@ pub(crate) async fn list_tools(
     ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Listed<ToolOut>>, ApiError> {
     let limit = page_limit(page.limit)?;
-    let versions = state.store.list_tools(page.cursor.as_deref(), limit + 1).await?;
+    let versions = state.store.registry().list_tools(page.cursor.as_deref(), limit + 1).await?;
     let next = (versions.len() > limit).then(|| versions[limit - 1].tool.name.clone());
     let mut data = Vec::with_capacity(limit);
     for version in versions.into_iter().take(limit) {
@@ -452,9 +452,9 @@ pub(crate) async fn delete_tool(
 ) -> Result<StatusCode, ApiError> {
     let target = ToolRef::parse(&tool);
     let deleted = match target {
-        ToolRef::Name(name) => state.store.delete_tool(name, None).await?.then(|| name.to_string()),
-        ToolRef::Id(id) => match state.store.tool_name_by_id(id).await? {
-            Some(name) => state.store.delete_tool(&name, Some(id)).await?.then_some(name),
+        ToolRef::Name(name) => state.store.registry().delete_tool(name, None).await?.then(|| name.to_string()),
+        ToolRef::Id(id) => match state.store.registry().tool_name_by_id(id).await? {
+            Some(name) => state.store.registry().delete_tool(&name, Some(id)).await?.then_some(name),
             None => None,
         },
     };
@@ -557,7 +557,7 @@ pub(crate) async fn close_circuit(
     let version = find(&state, target).await?.ok_or_else(|| no_tool(target))?;
     let name = version.tool.name.clone();
     let actor = crate::routes::audit::actor(caller.as_deref());
-    let was_open = state.store.close_circuit(&name, fleet_platform::now_ms(), &actor).await?;
+    let was_open = state.store.limits().close_circuit(&name, fleet_platform::now_ms(), &actor).await?;
     let detail = json!({"was_open": was_open});
     let count = u64::from(was_open);
     crate::routes::audit::record_api(&state, caller.as_deref(), "circuit.close", &name, count, Some(&detail)).await;

@@ -66,7 +66,7 @@ pub(crate) async fn check_turn(
     crate::routes::tools::require_registered(state, tools_field, &input.assistant.enabled_tools).await?;
     // A room is a session: a closed one takes no turn, whichever route sends it.
     if fleet_protocol::agents::is_id("room_", &input.session_id) {
-        let room = state.store.get_room(&input.session_id).await?;
+        let room = state.store.registry().get_room(&input.session_id).await?;
         if room.is_some_and(|r| r.status == fleet_protocol::agents::RoomStatus::Closed) {
             return Err(crate::routes::rooms::closed(&input.session_id));
         }
@@ -111,7 +111,7 @@ impl NewTurn {
         let Some(announce) = &self.announce else { return Ok(()) };
         let event = agent_session::input_message_event(execution_id, &announce.texts, announce.surface.as_ref());
         let event = turn::with_base_fields(event, &self.input.session_id, self.sent_at_ms);
-        let id = state.store.publish_event(&self.input.session_id, &event).await?;
+        let id = state.store.sessions().publish_event(&self.input.session_id, &event).await?;
         let _ = announce.appended.set(id);
         Ok(())
     }
@@ -147,12 +147,12 @@ impl Submission for NewTurn {
         // Under a key the line entry is made before the record (`record_turn`), so a republish that
         // finds the record knows the entry was made: the turn may have taken it (started) since,
         // and it is not put back.
-        if !(recording.republish() && state.store.get_execution(execution_id).await?.is_some()) {
+        if !(recording.republish() && state.store.executions().get_execution(execution_id).await?.is_some()) {
             let turn = TurnState::new(input, turn::model_call_message_id(execution_id, 0));
             // The session's message log shows what was sent when it was sent (once per message).
             let logged = async {
                 for entry in self.sent_entries(execution_id) {
-                    state.store.log_message(&input.session_id, &entry).await?;
+                    state.store.sessions().log_message(&input.session_id, &entry).await?;
                 }
                 Ok::<_, ApiError>(())
             };
@@ -176,14 +176,14 @@ impl Submission for NewTurn {
 
     async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {
         // A line entry without a job would hold up every later turn of the session.
-        let _ = state.store.session_dequeue(&self.input.session_id, execution_id).await;
+        let _ = state.store.sessions().session_dequeue(&self.input.session_id, execution_id).await;
         for entry in self.sent_entries(execution_id) {
-            let _ = state.store.unlog_message(&self.input.session_id, &entry.id).await;
+            let _ = state.store.sessions().unlog_message(&self.input.session_id, &entry.id).await;
         }
         if let Some(id) = self.announce.as_ref().and_then(|a| a.appended.get()) {
-            let _ = state.store.delete_event(&self.input.session_id, id).await;
+            let _ = state.store.sessions().delete_event(&self.input.session_id, id).await;
         }
-        let _ = state.store.delete_execution(execution_id).await;
+        let _ = state.store.executions().delete_execution(execution_id).await;
     }
 }
 
@@ -208,8 +208,8 @@ pub(crate) async fn record_turn(
         now_ms: now_ms(),
         run_at_ms: None,
     };
-    let enter = state.store.session_enqueue(&turn.session_id, execution_id);
-    let create = state.store.create_execution(&record, Some(turn));
+    let enter = state.store.sessions().session_enqueue(&turn.session_id, execution_id);
+    let create = state.store.executions().create_execution(&record, Some(turn));
     if recording == Recording::Once {
         let (entered, created) = tokio::join!(enter, create);
         entered?;
@@ -269,7 +269,7 @@ impl From<fleet_protocol::turn::TurnState> for TurnSummary {
 
 /// The summary of turn `execution_id`, if it has a state.
 pub(crate) async fn turn_summary(state: &AppState, execution_id: &str) -> Result<Option<TurnSummary>, ApiError> {
-    Ok(state.store.load_turn(execution_id).await?.map(TurnSummary::from))
+    Ok(state.store.sessions().load_turn(execution_id).await?.map(TurnSummary::from))
 }
 
 #[cfg(test)]

@@ -112,7 +112,7 @@ pub(crate) async fn get_usage(
     let (since, until) = range(q.since.as_deref(), q.until.as_deref(), fleet_platform::now_ms())?;
     let hours = tenant::hours(since, until, MAX_HOURS)
         .ok_or_else(|| ApiError::invalid("since must not be after until, nor more than 35 days before it"))?;
-    let buckets = state.store.usage_buckets(scope, &hours).await?;
+    let buckets = state.store.limits().usage_buckets(scope, &hours).await?;
     let (since, until) = (rfc3339_from_millis(since), rfc3339_from_millis(until));
     let total = UsageTotal::of(&buckets);
     Ok(Data::json(UsageOut { tenant, assistant, session, since, until, buckets, total }))
@@ -124,7 +124,7 @@ async fn hidden_assistant(state: &AppState, bound: &str, assistant: &str) -> Res
     if !fleet_protocol::agents::is_id("asst_", assistant) {
         return Ok(());
     }
-    match state.store.get_assistant(assistant).await? {
+    match state.store.registry().get_assistant(assistant).await? {
         Some(a) if !a.seen_by(Some(bound)) => Err(ApiError::not_found(format!("no usage of assistant {assistant:?}"))),
         _ => Ok(()),
     }

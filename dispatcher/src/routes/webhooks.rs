@@ -105,7 +105,7 @@ pub(crate) async fn put_webhook(
     validate::retry(&input.retry)?;
     let owner = format!("webhook:{id}");
     let now = now_ms();
-    let existing = state.store.get_webhook(&id).await?;
+    let existing = state.store.registry().get_webhook(&id).await?;
     let signing = webhook_signing(&state, existing.as_ref(), &owner, &input)?;
     let hook = match existing {
         Some(old) => StoredWebhook {
@@ -135,7 +135,7 @@ pub(crate) async fn put_webhook(
             retry: retry_spec::updated(&input.retry, None),
         },
     };
-    let created = state.store.put_webhook(&hook).await?;
+    let created = state.store.registry().put_webhook(&hook).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Data::json(WebhookOut::from(&hook))))
 }
@@ -166,7 +166,12 @@ pub(crate) async fn get_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Data<WebhookOut>>, ApiError> {
-    let hook = state.store.get_webhook(&id).await?.ok_or_else(|| ApiError::not_found(format!("no webhook {id:?}")))?;
+    let hook = state
+        .store
+        .registry()
+        .get_webhook(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no webhook {id:?}")))?;
     Ok(Data::json(WebhookOut::from(&hook)))
 }
 
@@ -177,7 +182,7 @@ pub(crate) async fn list_webhooks(
     ApiQuery(page): ApiQuery<Page>,
 ) -> Result<Json<Listed<WebhookOut>>, ApiError> {
     let limit = page_limit(page.limit)?;
-    let hooks = state.store.list_webhooks(page.cursor.as_deref(), limit + 1).await?;
+    let hooks = state.store.registry().list_webhooks(page.cursor.as_deref(), limit + 1).await?;
     let next = (hooks.len() > limit).then(|| hooks[limit - 1].id.clone());
     Ok(Listed::json(hooks.iter().take(limit).map(WebhookOut::from).collect(), next))
 }
@@ -190,7 +195,7 @@ pub(crate) async fn delete_webhook(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.store.delete_webhook(&id).await? {
+    if state.store.registry().delete_webhook(&id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("no webhook {id:?}")))

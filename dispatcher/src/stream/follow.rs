@@ -139,7 +139,7 @@ impl Follow {
             return true;
         }
         let Some(steering) = &self.awaited.steered_from else { return false };
-        match self.store.get_execution(steering).await {
+        match self.store.executions().get_execution(steering).await {
             Ok(Some(view)) => view.result.as_ref().is_some_and(|r| r["steered_into"] == turn),
             _ => false,
         }

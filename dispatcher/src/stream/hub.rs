@@ -108,7 +108,7 @@ impl StreamHub {
         // is announced to a registered feed and wakes its reader.
         feed.started
             .get_or_try_init(|| async {
-                let cursor = self.store.last_event_id(session_id).await?;
+                let cursor = self.store.sessions().last_event_id(session_id).await?;
                 let cursor = StreamId::parse(&cursor).unwrap_or(StreamId::ZERO);
                 self.tasks.spawn(read_feed(self.store.clone(), feed.clone(), cursor));
                 Ok::<_, StoreError>(())
@@ -156,7 +156,7 @@ impl StreamHub {
 
 /// One `read_events` call, rendered: an event whose data is not JSON is skipped.
 async fn read_batch(store: &Store, session_id: &str, after: StreamId, count: usize) -> Result<Vec<Event>, StoreError> {
-    let raw = store.read_events(session_id, &after.to_string(), count).await?;
+    let raw = store.sessions().read_events(session_id, &after.to_string(), count).await?;
     Ok(raw
         .into_iter()
         .filter_map(|(id, data)| {
@@ -209,7 +209,7 @@ async fn listen_for_announcements(hub: Arc<StreamHub>) {
     loop {
         let subscribed = tokio::select! {
             _ = hub.cancel.cancelled() => return,
-            s = hub.store.subscribe_session_events() => s,
+            s = hub.store.sessions().subscribe_session_events() => s,
         };
         match subscribed {
             Ok(mut subscription) => {

@@ -60,7 +60,9 @@ pub(crate) async fn serve(
     let after = match wanted.start {
         Start::After(id) => id,
         Start::Beginning => StreamId::ZERO,
-        Start::Now => StreamId::parse(&state.store.last_event_id(&session_id).await?).unwrap_or(StreamId::ZERO),
+        Start::Now => {
+            StreamId::parse(&state.store.sessions().last_event_id(&session_id).await?).unwrap_or(StreamId::ZERO)
+        }
     };
     let listener = Listener::new(state.streams.clone(), session_id, subscription, after, wanted.until_done);
     Ok((

@@ -229,7 +229,7 @@ async fn a_key_reused_with_a_different_body_is_refused() {
     assert_eq!(again["data"]["execution_id"], first["data"]["execution_id"]);
 }
 
-/// Issue 10, defect 9: `POST /v1/turns` ignored `Idempotency-Key`. The same key and body give the
+/// `POST /v1/turns` honours `Idempotency-Key` as tool calls do. The same key and body give the
 /// same execution (one model call, the replay marked), another body is refused with 422, and the
 /// session's line is left free for the next turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,8 +283,8 @@ async fn turns_honour_the_idempotency_key_like_tool_calls() {
     assert_eq!(llm.requests().len(), 2, "{observed}");
 }
 
-/// Issue 10, defect 9 (the uncertain case): a turn whose publish is never confirmed keeps its
-/// record and its place in the session's line; the job that did reach the broker runs once, a
+/// `Idempotency-Key` on a turn, the uncertain case: a turn whose publish is never confirmed keeps
+/// its record and its place in the session's line; the job that did reach the broker runs once, a
 /// retry with the key names that execution, and the session's next turn is not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unconfirmed_turn_keeps_its_execution_and_its_line() {

@@ -1,7 +1,7 @@
-//! `POST /v1/executions/{id}/cancel` (issue 11): a queued tool call or turn never runs; a turn
-//! waiting on a slow tool ends at once (`error` `cancelled`, then `done`; no further model call;
-//! its session's next turn runs); a tool call already sent is not unsent (409 `already_sent`);
-//! an unknown id is 404.
+//! `POST /v1/executions/{id}/cancel`: a queued tool call or turn never runs; a turn waiting on a
+//! slow tool ends at once (`error` `cancelled`, then `done`; no further model call; its session's
+//! next turn runs); a tool call already sent is not unsent (409 `already_sent`); an unknown id is
+//! 404.
 
 use std::time::Duration;
 

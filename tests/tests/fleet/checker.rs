@@ -1,7 +1,7 @@
-//! The exactly-once checker (issue 21): a steady load of tool calls (the default schedule, a
-//! tool's own, receivers failing then succeeding, 202s polled from the broker, a tool that fails
-//! for good) and agent turns (two rounds of two parallel tool calls, steers, a webhook subscriber)
-//! while a tap re-publishes random copies of random jobs at random moments. In the soak
+//! The exactly-once checker: a steady load of tool calls (the default schedule, a tool's own,
+//! receivers failing then succeeding, 202s polled from the broker, a tool that fails for good) and
+//! agent turns (two rounds of two parallel tool calls, steers, a webhook subscriber) while a tap
+//! re-publishes random copies of random jobs at random moments. In the soak
 //! (`FLEET_CHECKER_SCALE`, `make soak`) workers are also SIGKILLed and restarted.
 //!
 //! It counts POSTs per execution at the receivers (each schedule fixes how many there must be),

@@ -1,7 +1,8 @@
-//! Each effect once, whatever copies arrive (issue 21): a copy of a job arriving at any moment of
-//! its life (waiting for a retry, polled, dead-lettered, running) is only acked, a turn's tool
-//! calls are its own whatever ids the model gives, a turn's writes sit behind its step's fence,
-//! and the defects found by reading, each with the cross-process test that showed it.
+//! Each effect once, whatever copies arrive: a copy of a job arriving at any moment of its life
+//! (waiting for a retry, polled, dead-lettered, running) is only acked, a turn's tool calls are its
+//! own whatever ids the model gives, and a turn's writes sit behind its step's fence. Beside them,
+//! one test each: a record kept as long as it is needed and final before `done`, a stream backlog
+//! and a model's error body bounded, errors sanitised, metric labels bounded.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,9 +50,10 @@ async fn execution(fleet: &Fleet, id: &str) -> Value {
     body["data"].clone()
 }
 
-/// Defect 1: a model that gives its tool calls no ids (the fleet names them `call_0`, … per
-/// completion) calls `echo` in two rounds. Before: the second round's call was taken for the
-/// first's (one POST) and the model read alpha's result twice.
+/// Tool calls without ids run once in each round. A model that gives its tool calls no ids (the
+/// fleet names them `call_0`, … per completion) calls `echo` in two rounds. The second round's
+/// call is not taken for the first's: each is POSTed once, and the model reads each round's own
+/// result, not alpha's twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_without_ids_run_once_in_each_round() {
     let llm = MockLlm::start(|body, _| {
@@ -86,9 +88,9 @@ async fn tool_calls_without_ids_run_once_in_each_round() {
     assert_ne!(ids[0], ids[1], "the model can tell the two results apart");
 }
 
-/// Defect 2, a retry wait: a tool with its own schedule (20 s between attempts) whose receiver
-/// answers 500. Before: one copy of its first job, published while the call was `retrying`, made
-/// the tool owner receive a second POST within a second.
+/// A copy during a retry wait sends nothing. A tool has its own schedule (20 s between attempts)
+/// and its receiver answers 500. A copy of the call's first job arrives while the call is
+/// `retrying`: the tool owner gets no second POST, and the record is unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_during_a_retry_wait_sends_nothing() {
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(500)).await;
@@ -107,8 +109,9 @@ async fn a_copy_during_a_retry_wait_sends_nothing() {
     assert_eq!(view["attempts"].as_array().unwrap().len(), 1, "the record is unchanged: {view}");
 }
 
-/// Defect 2, a 202 being polled: a copy of the original job (a POST, not a poll) arriving while
-/// the broker holds the poll. Before: the claim was `polling`, so the copy POSTed again.
+/// A copy during a poll sends nothing. A copy of the original job (a POST, not a poll) arrives
+/// while the broker holds the poll of a 202. The claim says `polling`; the copy must not POST
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_during_a_poll_sends_nothing() {
     let receiver = Receiver::start(SECRET, |r, _| match r.path.as_str() {
@@ -137,8 +140,9 @@ async fn a_copy_during_a_poll_sends_nothing() {
     assert_eq!(posts(), 1, "the copy sent nothing");
 }
 
-/// Defect 2, a dead letter: a copy of a dead-lettered call's job. Before: the claim was
-/// `dead_lettered`, so the copy ran the call again with no operator asking.
+/// A copy after the dead letter revives nothing. A copy of a dead-lettered call's job arrives. The
+/// claim says `dead_lettered`; the call must not run again unless an operator asks, and the dead
+/// letter stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_after_the_dead_letter_revives_nothing() {
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(400)).await;
@@ -158,10 +162,10 @@ async fn a_copy_after_the_dead_letter_revives_nothing() {
     assert_eq!(code, 200, "the dead letter stays: {dead}");
 }
 
-/// Defect 3: a turn whose model call fails for good is dead-lettered; a late copy of its step
-/// arrives; the operator fixes the model and retries the dead letter; a follow-up turn is posted.
-/// Before: the copy marked the step done, the retry was swallowed as a duplicate, and the turn
-/// blocked its session for ever.
+/// A replayed turn is not swallowed by a late copy of its step. A turn whose model call fails for
+/// good is dead-lettered; a late copy of its step arrives; the operator fixes the model and retries
+/// the dead letter; a follow-up turn is posted. The copy must not mark the step done, the retry is
+/// not taken for a duplicate, and both turns succeed: the session is not blocked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_turn_is_not_swallowed_by_a_late_copy_of_its_step() {
     let fixed = Arc::new(AtomicBool::new(false));
@@ -193,10 +197,11 @@ async fn a_replayed_turn_is_not_swallowed_by_a_late_copy_of_its_step() {
     fleet.wait_status(&follow_up, "succeeded", Duration::from_secs(30)).await;
 }
 
-/// Defect 4: the worker's own retry publish is refused (the tool-call delay queues are gone, so it
-/// comes back unroutable). Before: the delivery was requeued, the attempt re-sent at once, again
-/// and again, until the delivery limit dead-lettered the call: 10 POSTs in 6 s where the schedule
-/// allows 3. The call must keep its schedule while the broker refuses, and go on when it accepts.
+/// A refused retry publish keeps the schedule. The worker's own retry publish is refused (the
+/// tool-call delay queues are gone, so it comes back unroutable). Requeuing the delivery would
+/// re-send the attempt at once, again and again, until the delivery limit dead-lettered the call
+/// (10 POSTs in 6 s where the schedule allows 3). The call must keep its schedule while the broker
+/// refuses, and go on when it accepts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_retry_publish_keeps_the_schedule() {
     let receiver =
@@ -266,9 +271,9 @@ async fn frames_until(at: Api, session: &str, dones: usize) -> Vec<(Instant, Val
     frames
 }
 
-/// Defect 5: two turns back to back on one session. Before: the first turn's finish freed the
-/// session but never woke the second, which waited for its parked copy (the first retry delay,
-/// here 5 s). The second turn must start as soon as the first is done.
+/// The next turn starts as soon as the first is done. Two turns run back to back on one session.
+/// The first turn's finish frees the session and wakes the second: the second does not wait for
+/// its parked copy (the first retry delay, here 5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_turn_starts_as_soon_as_the_first_is_done() {
     let llm = MockLlm::start(|_, n| match n {
@@ -331,9 +336,10 @@ return 0
     assert!(bumped >= 2, "the claim and the fence of {turn} were not found");
 }
 
-/// Defect 6: while a step's model call is held, a newer claim of the step fences it off; then the
-/// model answers. Before: the stale step still appended its answer to the session's history and
-/// freed the session (both checked only the turn id). It must write nothing.
+/// A fenced-off step neither remembers nor frees the session. While a step's model call is held, a
+/// newer claim of the step fences it off; then the model answers. The stale step must write
+/// nothing: no answer in the session's history, and the session still locked. Checking the turn id
+/// alone would let both writes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_off_step_neither_remembers_nor_frees_the_session() {
     let llm = MockLlm::start(|_, _| LlmReply::text("stale answer").after(Duration::from_secs(2))).await;
@@ -362,9 +368,9 @@ async fn a_fenced_off_step_neither_remembers_nor_frees_the_session() {
     }
 }
 
-/// Defect 7: a worker dies while its model call streams; another worker runs the step again.
-/// Before: the second call streamed under the same message id with no notice, and a client saw
-/// "t0 t1 t2 t0 t1 …". Each model call streams under its own id, and an abandoned one is announced.
+/// A step run again streams under a new message id. A worker dies while its model call streams;
+/// another worker runs the step again. Each model call streams under its own id, and an abandoned
+/// one is announced, so a client never sees "t0 t1 t2 t0 t1 …" under one id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_run_again_streams_under_a_new_message_id() {
     let text: String = (0..16).map(|i| format!("t{i} ")).collect();
@@ -404,9 +410,10 @@ async fn a_step_run_again_streams_under_a_new_message_id() {
     assert!(announced.is_some_and(|at| at < first_final), "the abandoned call is announced before the new one streams");
 }
 
-/// Defect 8: the claim key is lost (a Redis failover drops a write) while the record keeps its
-/// fence. Before: the next attempt's claim restarted at token 1, was fenced off by the record, and
-/// acked without running: nothing ran, nothing was dead-lettered, the call stayed `retrying`.
+/// A lost claim key does not stall the call. The claim key is lost (a Redis failover drops a
+/// write) while the record keeps its fence. A claim restarting at token 1 would be fenced off by
+/// the record and acked without running, leaving the call `retrying` for ever. The call goes on and
+/// succeeds at its third attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_claim_key_does_not_stall_the_call() {
     let receiver =
@@ -429,8 +436,9 @@ async fn a_lost_claim_key_does_not_stall_the_call() {
     assert_eq!(receiver.received_for(&id).len(), 3);
 }
 
-/// Defect 9: a call scheduled 30 days ahead (allowed) kept a record that lived 7 days: from day 7
-/// GET and cancel answered 404. The record lives at least until the job is due plus 7 days.
+/// A call due in 30 days keeps its record until then. A call may be scheduled 30 days ahead. Its
+/// record lives at least until the job is due plus 7 days, so GET and cancel still find it (a
+/// record of 7 days would answer 404 from day 7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_due_in_thirty_days_keeps_its_record_until_then() {
     let receiver = Receiver::echo(SECRET).await;
@@ -478,8 +486,9 @@ async fn a_finished_call_keeps_its_claim_record_and_attempts_seven_days() {
     }
 }
 
-/// Defect 10: a provider's error body (credentials in a URL, a query-string key, a stack trace)
-/// reached the `retry` event and the worker's log raw. Every emitted error is sanitised.
+/// A provider's error is sanitised in the stream and the log. Its body holds credentials in a URL,
+/// a query-string key and a stack trace: none of them reaches the `retry` event or the worker's
+/// log. The error still says where it came from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_providers_error_is_sanitised_in_the_stream_and_the_log() {
     let raw = "upstream https://admin:hunter2@llm.internal/v1/x?api_key=sk-live-123 failed\n    at Object.<anonymous> (/srv/app/secret-path.js:1:1)";
@@ -504,9 +513,10 @@ async fn a_providers_error_is_sanitised_in_the_stream_and_the_log() {
     assert!(retry.contains("llm.internal"), "the error still says where: {retry}");
 }
 
-/// Defect 11: a steer is taken by the running turn's next step, and the step's save fails (Redis
-/// cut off right after the take). Before: the steer list had been emptied by the take, so the
-/// steer was lost and the steering turn stayed `queued` for ever. A steer reaches a model call.
+/// A steer is not lost when the step that took it fails. The running turn's next step takes a
+/// steer, and the step's save fails (Redis cut off right after the take). The take has emptied the
+/// steer list, yet the steer reaches a model call and the steering turn succeeds: it does not stay
+/// `queued` for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steer_is_not_lost_when_the_step_that_took_it_fails() {
     let proxy = Proxy::start("127.0.0.1:6379".parse().unwrap()).await;
@@ -556,8 +566,9 @@ async fn a_steer_is_not_lost_when_the_step_that_took_it_fails() {
     );
 }
 
-/// Defect 12: a steered turn never left the waiting set, so the oldest-job-age gauge grew for
-/// ever after a single steer (and its alert fired). After the work ends, the gauge is 0.
+/// The oldest-job age returns to 0 after a steer. A steered turn leaves the waiting set; were it
+/// left there, the oldest-job-age gauge would grow for ever after a single steer (and its alert
+/// fire). After the work ends, the gauge is 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_job_age_returns_to_zero_after_a_steer() {
     let llm = MockLlm::start(|_, n| match n {
@@ -583,9 +594,9 @@ async fn the_oldest_job_age_returns_to_zero_after_a_steer() {
     .await;
 }
 
-/// Defect 13, the model's error body: a provider answering 500 with a body that never ends was read
-/// whole (only successes were bounded), holding the attempt until the model timeout. An error body
-/// is read up to a bound, and the attempt fails at once.
+/// An endless error body from the model is cut at its bound. A provider answers 500 with a body
+/// that never ends. Bounding only successes would hold the attempt until the model timeout: an
+/// error body is read up to a bound too, and the attempt fails at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endless_error_body_from_the_model_is_cut_at_its_bound() {
     let llm = MockLlm::start(|_, _| LlmReply::EndlessError(500)).await;
@@ -601,11 +612,11 @@ async fn an_endless_error_body_from_the_model_is_cut_at_its_bound() {
     assert!(llm.error_bytes_sent() < 16 << 20, "the worker read {} bytes of one error", llm.error_bytes_sent());
 }
 
-/// Defect 13, the stream backlog: `since=start` loaded the whole retained stream (up to 1,000 events
-/// of up to 1 MiB) into memory for every connection. A backlog is sent in pages: 12 clients that
-/// stop reading a 48 MiB backlog cost the dispatcher about a page each, not the backlog each. (A
-/// first page of 16 events, 16 MiB of these, came to 320–359 MiB in all, over the test's bound of
-/// then, 320 MiB, in 3 runs of 4; a first page of 4 events: 107–124 MiB.)
+/// A stream backlog is sent in pages. `since=start` must not load the whole retained stream (up to
+/// 1,000 events of up to 1 MiB) into memory for every connection: 12 clients that stop reading a
+/// 48 MiB backlog cost the dispatcher about a page each, not the backlog each. (A first page of 16
+/// events, 16 MiB of these, came to 320–359 MiB in all, over the test's bound of then, 320 MiB, in
+/// 3 runs of 4; a first page of 4 events: 107–124 MiB.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_backlog_is_sent_in_pages() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -666,11 +677,11 @@ async fn success_write_held(timeout_secs: &str) -> (Proxy, MockLlm, fleet_tests:
     (proxy, llm, fleet)
 }
 
-/// Defect 14: the `done` event was streamed before the execution was marked `succeeded`, so a
-/// client reading the execution right after `done` could see `running`. Here the worker's record
-/// write is held for a moment: the record must still be final before `done` reaches the client.
-/// The hold stays well inside the worker's Redis timeout (10 s here): this test is about order; a
-/// hold past the timeout is defect 16's (below).
+/// The record is final before `done` is streamed, so a client reading the execution right after
+/// `done` never sees `running`. Here the worker's record write is held for a moment: the record
+/// must still be final before `done` reaches the client. The hold stays well inside the worker's
+/// Redis timeout (10 s here): this test is about order. A hold past the timeout is the next test's
+/// (`a_final_write_that_timed_out_but_landed_is_announced_at_once`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_is_final_before_done_is_streamed() {
     let (proxy, _llm, fleet) = success_write_held("10").await;
@@ -682,11 +693,11 @@ async fn the_record_is_final_before_done_is_streamed() {
     assert!(proxy.fired());
 }
 
-/// Defect 16: a turn's `succeeded` write that the worker gave up on (its Redis timeout passed)
-/// though Redis applied it. Before: the step took it for failed and parked; its parked delivery
-/// found the record owing the announcement under the step's own lease and waited that out (60 s)
-/// before `done` was streamed. The write is held 1.5 s past a 1 s timeout: `done` must follow
-/// within seconds, once.
+/// A final write that timed out but landed is announced at once. The worker gives up on a turn's
+/// `succeeded` write (its Redis timeout passed), though Redis applied it. Were the step to take it
+/// for failed and park, its parked delivery would find the record owing the announcement under the
+/// step's own lease and wait that out (60 s) before streaming `done`. The write is held 1.5 s past
+/// a 1 s timeout: `done` must follow within seconds, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_write_that_timed_out_but_landed_is_announced_at_once() {
     let (proxy, _llm, fleet) = success_write_held("1").await;
@@ -715,8 +726,8 @@ async fn a_final_write_that_timed_out_but_landed_is_announced_at_once() {
     assert_eq!((kind("done"), kind("message_complete")), (1, 1), "{entries:?}");
 }
 
-/// Defect 15: the `model` label took any string a client sent (one series per made-up model). It is
-/// the configured model, else `other`.
+/// The `model` label is bounded: it is the configured model, else `other`. It never takes the
+/// string a client sent, which would make one series per made-up model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_label_is_bounded() {
     let llm = MockLlm::start(|_, _| LlmReply::text("hi")).await;

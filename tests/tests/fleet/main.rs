@@ -24,6 +24,7 @@ mod faults;
 mod hostile;
 mod image;
 mod isolation;
+mod layers;
 mod llm_budget;
 mod observability;
 mod outbound;

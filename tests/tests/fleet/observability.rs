@@ -257,9 +257,9 @@ async fn live_scrapes_pass_promtool_check_metrics() {
     }
 }
 
-/// Defect 15 of issue 21: the OTLP exporter built its own HTTP client, which ignored
-/// `FLEET_TLS_CA_FILE`: a collector behind HTTPS with the fleet's private CA got no span. It uses
-/// the fleet's `ClientTls` like every other connection.
+/// Spans reach an HTTPS collector that the fleet's CA vouches for. The OTLP exporter uses the
+/// fleet's `ClientTls` like every other connection, so it honours `FLEET_TLS_CA_FILE`. A client of
+/// its own would ignore it, and a collector behind HTTPS with the fleet's private CA get no span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_https_collector_that_the_fleets_ca_vouches_for() {
     use fleet_tests::tls::{path, TestCa, TlsFront};

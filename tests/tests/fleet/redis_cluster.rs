@@ -106,8 +106,9 @@ async fn the_callback_pipeline_runs_on_redis_cluster() {
     assert_eq!(send().await, send().await);
 }
 
-/// Issue 10, defect 7: a session id with `{` or `}` once put its keys in different slots (its Lua
-/// scripts failed with CROSSSLOT and its turns were parked forever). Every turn must finish.
+/// A session id with braces runs on Redis Cluster. A session id with `{` or `}` keeps all its keys
+/// in one slot; split across slots, its Lua scripts would fail with CROSSSLOT and its turns be
+/// parked for ever. Every turn must finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_id_with_braces_runs_on_redis_cluster() {
     use fleet_tests::llm::{LlmReply, MockLlm};

@@ -91,13 +91,13 @@ async fn the_quick_start_runs_as_written() {
 
 /// A step's printed answer: its title, its body as JSON (`Null` when empty) and its status.
 #[derive(Debug)]
-struct Step {
+struct StepAnswer {
     title: String,
     body: Value,
     status: u16,
 }
 
-fn steps(lines: &[String]) -> Vec<Step> {
+fn steps(lines: &[String]) -> Vec<StepAnswer> {
     let mut steps = Vec::new();
     let mut title = None;
     let mut body = String::new();
@@ -107,7 +107,11 @@ fn steps(lines: &[String]) -> Vec<Step> {
             body.clear();
         } else if let Some(status) = line.strip_prefix("=> ") {
             let body_json = if body.trim().is_empty() { Value::Null } else { serde_json::from_str(&body).unwrap() };
-            steps.push(Step { title: title.take().expect("a step"), body: body_json, status: status.parse().unwrap() });
+            steps.push(StepAnswer {
+                title: title.take().expect("a step"),
+                body: body_json,
+                status: status.parse().unwrap(),
+            });
             body.clear();
         } else {
             body.push_str(line);

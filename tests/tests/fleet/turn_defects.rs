@@ -1,4 +1,5 @@
-//! Turn defects found in review (issue 10): a model tool call too large to travel as a job.
+//! A model's tool call too large to travel as a job: it reaches the model as an error result, and
+//! its turn goes on.
 
 use std::time::Duration;
 
@@ -10,9 +11,10 @@ use fleet_tests::{spawn_fleet, Receiver, Reply};
 
 const SECRET: &str = "whsec_turn_defects_secret_1";
 
-/// Defect 8: a tool call whose arguments make its job larger than the envelope limit was published
-/// anyway, dead-lettered by the worker as poison, and the turn waited for it forever. It must reach
-/// the model as an error result while its sibling call runs normally.
+/// Oversized tool arguments reach the model as an error. A tool call whose arguments make its job
+/// larger than the envelope limit is not published (the worker would dead-letter it as poison and
+/// the turn wait for it for ever): it reaches the model as an error result while its sibling call
+/// runs normally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_tool_arguments_reach_the_model_as_an_error() {
     let huge = "x".repeat(fleet_protocol::envelope::MAX_ENVELOPE_BYTES + 1024);

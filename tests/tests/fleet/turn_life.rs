@@ -1,8 +1,8 @@
-//! A turn's life as one fenced state machine (issue 10, defects 1–6): nothing a turn needs next is
-//! acked away before it is durable; one model request per (turn, round) even when the claim's
-//! lease is shorter than the model call; a replayed dead-lettered turn runs its failed step again;
-//! a job the broker dead-letters after too many deliveries still settles its turn and session; a
-//! session is held as long as its turn lives; a steer outlives the failure of the turn it joined.
+//! A turn's life as one fenced state machine: nothing a turn needs next is acked away before it is
+//! durable; one model request per (turn, round) even when the claim's lease is shorter than the
+//! model call; a replayed dead-lettered turn runs its failed step again; a job the broker
+//! dead-letters after too many deliveries still settles its turn and session; a session is held as
+//! long as its turn lives; a steer outlives the failure of the turn it joined.
 
 use std::time::Duration;
 
@@ -56,9 +56,9 @@ fn search_then_answer() -> impl Fn(&Value, usize) -> LlmReply + Send + Sync + 's
     }
 }
 
-/// Defect 1 (fan-out): the tool job's publish fails (returned unroutable). Before: the step was
-/// marked done and acked, and the turn stayed `running` forever. Now the step comes back and
-/// publishes the call once the broker takes it.
+/// A failed fan-out is retried, not acked away. The tool job's publish fails (returned
+/// unroutable). The step is not marked done and acked, which would leave the turn `running` for
+/// ever: it comes back and publishes the call once the broker takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fan_out_is_retried_not_acked_away() {
     let llm = MockLlm::start(search_then_answer()).await;
@@ -79,9 +79,9 @@ async fn a_failed_fan_out_is_retried_not_acked_away() {
     assert_eq!(llm.requests().len(), 2, "one model request per round");
 }
 
-/// Defect 1 (continuation): the last tool result's publish of the next step fails. Before: the
-/// tool job was acked and the turn stayed `running` forever. Now the tool job is settled only once
-/// the next step is durable.
+/// A failed continuation is retried, not acked away. The last tool result's publish of the next
+/// step fails. Acking the tool job would leave the turn `running` for ever: the tool job is settled
+/// only once the next step is durable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_continuation_is_retried_not_acked_away() {
     let llm = MockLlm::start(search_then_answer()).await;
@@ -106,10 +106,11 @@ async fn a_failed_continuation_is_retried_not_acked_away() {
     assert_eq!(llm.requests().len(), 2, "one model request per round");
 }
 
-/// Defect 2: with a 1 s claim lease and a 3 s model, duplicate copies of each step (as a wake or a
-/// redelivery makes them) arrive after the lease would have lapsed. Before: the claim was not
-/// renewed during the model call, so a second worker claimed the step and called the model again.
-/// Now: exactly one model request per (turn, round), one callback per tool call.
+/// One model request per round, with a claim lease shorter than the model call. With a 1 s claim
+/// lease and a 3 s model, duplicate copies of each step (as a wake or a redelivery makes them)
+/// arrive after the lease would have lapsed. The claim is renewed during the model call, so no
+/// second worker claims the step: exactly one model request per (turn, round), one callback per
+/// tool call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_model_request_per_round_with_a_lease_shorter_than_the_model() {
     let llm = MockLlm::start(|body, _| search_then_answer()(body, 0).after(Duration::from_secs(3))).await;
@@ -140,9 +141,10 @@ async fn one_model_request_per_round_with_a_lease_shorter_than_the_model() {
     assert_eq!(search.received().len(), 1, "one callback for the one call");
 }
 
-/// Defect 3: a turn dead-lettered by a permanent model error, retried from the dead-letter queue
-/// after the model is fixed. Before: 202, then the execution read `queued` forever (the step's
-/// claim stayed `done`). Now the failed step runs again and the turn succeeds.
+/// A replayed dead-lettered turn runs its failed step again. A turn dead-lettered by a permanent
+/// model error is retried from the dead-letter queue after the model is fixed. The step's claim
+/// does not stay `done` (the execution would read `queued` for ever): the failed step runs again
+/// and the turn succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_dead_lettered_turn_runs_its_failed_step_again() {
     let llm = MockLlm::start(|_, n| if n == 0 { LlmReply::Status(400) } else { LlmReply::text("second chance") }).await;
@@ -164,10 +166,10 @@ async fn a_replayed_dead_lettered_turn_runs_its_failed_step_again() {
     expect_status(&fleet, &next, "succeeded", Duration::from_secs(30)).await;
 }
 
-/// Defect 4: a turn's first step dead-lettered by the broker's delivery limit (a consumer that
-/// keeps failing it). Before: the drain stored a record, but the turn read `queued` forever and the
-/// session's next turn never ran (the lost turn stayed first in line). Now the turn is
-/// `dead_lettered`, with its record, and the session moves on.
+/// A turn the broker dead-letters settles and frees its session. A turn's first step is
+/// dead-lettered by the broker's delivery limit (a consumer that keeps failing it). Storing a
+/// record is not enough: the turn reads `dead_lettered`, with its record, and the session's next
+/// turn runs (the lost turn does not stay first in line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_the_broker_dead_letters_settles_and_frees_its_session() {
     let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
@@ -216,9 +218,10 @@ async fn a_turn_the_broker_dead_letters_settles_and_frees_its_session() {
     assert!(llm.requests().iter().all(|r| !mentions(&r.body, "lost")), "the lost turn never ran");
 }
 
-/// Defect 5: the session lock had a lease (`FLEET_SESSION_LEASE`, here 2 s) and expired while a turn
-/// waited 5 s on its tool, letting the session's next turn run at the same time. Now the session
-/// is held as long as its turn lives (the setting is gone and ignored here).
+/// A session stays held while its turn waits on a slow tool. A session lock with a lease
+/// (`FLEET_SESSION_LEASE`, here 2 s) would expire while a turn waits 5 s on its tool, letting the
+/// session's next turn run at the same time. The session is held as long as its turn lives (the
+/// setting is gone and ignored here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_stays_held_while_its_turn_waits_on_a_slow_tool() {
     let llm = MockLlm::start(|body, _| {
@@ -253,9 +256,10 @@ async fn a_session_stays_held_while_its_turn_waits_on_a_slow_tool() {
     assert!(first_done.unwrap() <= second_start.unwrap(), "the second turn called the model while the first still ran");
 }
 
-/// Defect 6: a steer joins a running turn that then fails. Before: the steer was marked
-/// `succeeded` and dropped, and the session stayed locked (its steer list pending). Now the steer's
-/// message runs as a turn of its own, and the session moves on.
+/// A steer survives the failure of the turn it joined. A steer joins a running turn that then
+/// fails. The steer is not marked `succeeded` and dropped, and the session does not stay locked
+/// with its steer list pending: the steer's message runs as a turn of its own, and the session
+/// moves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steer_survives_the_failure_of_the_turn_it_joined() {
     let llm = MockLlm::start(|body, _| {

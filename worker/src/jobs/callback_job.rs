@@ -69,15 +69,15 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
 /// A turn's call whose turn was cancelled is cancelled too, before its claim: the claim then finds
 /// it cancelled and tells the turn (a call already being sent is not unsent).
 async fn follow_a_cancelled_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Parent<'_>) {
-    if let Ok(true) = cx.store.cancel_requested(&parent.turn.turn_execution_id).await {
-        let _ = cx.store.request_cancel(&envelope.execution_id, now_ms()).await;
+    if let Ok(true) = cx.store.executions().cancel_requested(&parent.turn.turn_execution_id).await {
+        let _ = cx.store.executions().request_cancel(&envelope.execution_id, now_ms()).await;
     }
 }
 
 /// The `running` write of a call whose claim only held the record while its limits were checked:
 /// it loses to a cancel that came first.
 async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, held: Held) -> Result<(), Outcome> {
-    match cx.store.begin_attempt(&envelope.execution_id, held.token, envelope.attempt).await {
+    match cx.store.executions().begin_attempt(&envelope.execution_id, held.token, envelope.attempt).await {
         Ok(Begin::Started) => Ok(()),
         Ok(Begin::Fenced) => Err(Outcome::Fenced),
         Ok(Begin::Cancelled) => Err(Box::pin(parent::cancelled(cx, envelope, parent)).await),
@@ -91,8 +91,11 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
 /// Gives the claim back and parks the job: something it needs failed before any side effect.
 async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Outcome {
     let released = Transition::new(ClaimAfter::Release("released"));
-    let _ =
-        cx.store.transition(&envelope.execution_id, Fence::Token(held.token), cx.config.claim_lease, &released).await;
+    let _ = cx
+        .store
+        .executions()
+        .transition(&envelope.execution_id, Fence::Token(held.token), cx.config.claim_lease, &released)
+        .await;
     Outcome::Parked(cx.soon())
 }
 
@@ -167,7 +170,9 @@ async fn succeed(
     let lease = cx.config.claim_lease;
     // Retried while Redis is down (a failover takes seconds): the claim still holds, and giving up
     // would send the callback again.
-    match retrying_redis(lease / 3, || cx.store.transition(id, Fence::Token(held.token), lease, &done)).await {
+    match retrying_redis(lease / 3, || cx.store.executions().transition(id, Fence::Token(held.token), lease, &done))
+        .await
+    {
         Ok(true) => {}
         Ok(false) => return Outcome::Fenced,
         Err(e) => {

@@ -52,7 +52,7 @@ pub(super) async fn admit(cx: &Cx<'_>, envelope: &Envelope) -> Result<Gate, Outc
         // The tool's own interval: a deferral never waits longer than one of its probes.
         fallback = circuit.probe_interval;
     }
-    match cx.store.admit_call(&call.tool_name, &envelope.execution_id, fallback).await {
+    match cx.store.limits().admit_call(&call.tool_name, &envelope.execution_id, fallback).await {
         Ok(Admission::Call) => Ok(Gate::Pass),
         Ok(Admission::Probe) => {
             tracing::info!(tool = %call.tool_name, "circuit open; this call is the probe");
@@ -109,7 +109,7 @@ pub(super) async fn after_attempt(
         Signal::Down => sanitize_error(record.error.as_deref().unwrap_or(report.class)),
         Signal::Up | Signal::Unknown => String::new(),
     };
-    match cx.store.record_signal(&call.tool_name, signal, policy, now_ms(), &error).await {
+    match cx.store.limits().record_signal(&call.tool_name, signal, policy, now_ms(), &error).await {
         Ok(CircuitChange::Opened) => {
             tracing::warn!(tool = %call.tool_name, threshold = policy.failure_threshold, "circuit opened");
             cx.metrics.circuit_events.with_label_values(&["opened"]).inc();
@@ -160,7 +160,9 @@ async fn probe_failed(
     };
     let deferred = Transition::new(ClaimAfter::Release("released")).status(ExecutionStatus::Retrying).attempt(&record);
     let lease = cx.config.claim_lease;
-    if let Ok(false) = cx.store.transition(&envelope.execution_id, Fence::Token(held.token), lease, &deferred).await {
+    if let Ok(false) =
+        cx.store.executions().transition(&envelope.execution_id, Fence::Token(held.token), lease, &deferred).await
+    {
         return Outcome::Fenced;
     }
     // A turn's call comes back soon, to be answered `tool_unavailable` rather than wait.
@@ -176,7 +178,7 @@ async fn probe_failed(
 /// its turn answered `tool_unavailable`. `None`: the call is being sent or has ended elsewhere, so
 /// it is deferred like any other and that copy tells the turn.
 async fn answer_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Parent<'_>) -> Option<Outcome> {
-    match cx.store.request_cancel(&envelope.execution_id, now_ms()).await {
+    match cx.store.executions().request_cancel(&envelope.execution_id, now_ms()).await {
         Ok(CancelRequest::Cancelled { .. }) => {}
         _ => return None,
     }
@@ -195,7 +197,7 @@ async fn answer_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Parent<'_>) -> O
 /// For a turn's fan-out: the error result the model gets at once for a call of `tool` while its
 /// circuit is open (`None`: closed, or Redis could not say, and the call is published).
 pub(crate) async fn unavailable_answer(cx: &Cx<'_>, tool: &str) -> Option<Value> {
-    let health = cx.store.tool_health(tool).await.ok()?;
+    let health = cx.store.limits().tool_health(tool).await.ok()?;
     if !health.open {
         return None;
     }

@@ -38,7 +38,8 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
     for _ in 0..2 {
         let with_turn = matches!(envelope.job, Job::Turn(_));
         let delivery = Delivery { step: envelope.step(), park: envelope.park, with_turn };
-        let claimed = cx.store.admit_delivery(id, &cx.config.worker_id, cx.config.claim_lease, delivery, mode).await;
+        let claimed =
+            cx.store.executions().admit_delivery(id, &cx.config.worker_id, cx.config.claim_lease, delivery, mode).await;
         let DeliveryClaim { claimed, cancel_requested, turn } = match claimed {
             Ok(c) => c,
             Err(e) => {
@@ -84,7 +85,7 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
 /// one that is gone altogether (past its retention) starts over, queued.
 async fn restore_record(cx: &Cx<'_>, envelope: &Envelope) -> Result<(), fleet_platform::store::StoreError> {
     let id = &envelope.execution_id;
-    if cx.store.migrate_legacy(id).await? {
+    if cx.store.executions().migrate_legacy(id).await? {
         return Ok(());
     }
     tracing::warn!("the job's execution record is gone; it starts a new one");
@@ -103,7 +104,7 @@ async fn restore_record(cx: &Cx<'_>, envelope: &Envelope) -> Result<(), fleet_pl
         now_ms: now_ms(),
         run_at_ms: None,
     };
-    cx.store.create_execution(&new, None).await.map(|_| ())
+    cx.store.executions().create_execution(&new, None).await.map(|_| ())
 }
 
 /// Runs `work` while renewing the claim every third of the lease. `None`: a newer claim took the
@@ -117,7 +118,7 @@ pub(crate) async fn renewing<T>(
 ) -> Option<T> {
     let (store, lease) = (cx.store, cx.config.claim_lease);
     let renew = move || async move {
-        let kept = !matches!(store.renew(execution_id, held.token, lease).await, Ok(false));
+        let kept = !matches!(store.executions().renew(execution_id, held.token, lease).await, Ok(false));
         if !kept {
             tracing::warn!("lease lost to another worker during the step");
         }

@@ -93,7 +93,12 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Resul
             );
             let released = Transition::new(ClaimAfter::Release("released"));
             let lease = cx.config.claim_lease;
-            match cx.store.transition(&envelope.execution_id, Fence::Token(held.token), lease, &released).await {
+            match cx
+                .store
+                .executions()
+                .transition(&envelope.execution_id, Fence::Token(held.token), lease, &released)
+                .await
+            {
                 Ok(false) => Err(Outcome::Fenced),
                 // Given back: the park is this claim's, and marks the record once it is published.
                 Ok(true) => Err(Outcome::ParkedStep(wait, held.token)),
@@ -117,6 +122,7 @@ async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Resul
         let holder = holder(execution_id, token);
         match cx
             .store
+            .limits()
             .acquire_slot(Semaphore::Tool(tool), &holder, limit, cx.config.claim_lease)
             .await
             .map_err(unavailable)?
@@ -126,7 +132,7 @@ async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Resul
         }
     }
     if let Some(limit) = &limits.rate_limit {
-        let paced = cx.store.pace_tool(tool, execution_id, limit, early_allowance(limit)).await;
+        let paced = cx.store.limits().pace_tool(tool, execution_id, limit, early_allowance(limit)).await;
         let deferral = match paced {
             Ok(Pace::Now) => return Ok(admission),
             Ok(Pace::Wait(wait)) => (Deferral::RateLimit, wait),
@@ -156,7 +162,7 @@ pub(crate) async fn holding_slot<T>(
 ) -> T {
     let (store, lease) = (cx.store, cx.config.claim_lease);
     let renew = move || async move {
-        if let Ok(false) = store.renew_slot(semaphore, holder, lease).await {
+        if let Ok(false) = store.limits().renew_slot(semaphore, holder, lease).await {
             tracing::warn!(?semaphore, "a concurrency slot ran out while its work ran");
         }
         true
@@ -173,7 +179,7 @@ pub(crate) async fn release(cx: &Cx<'_>, admission: Admission) {
 
 /// Gives `holder`'s slot of `semaphore` back; a Redis error leaves it to its lease.
 pub(crate) async fn give_back(cx: &Cx<'_>, semaphore: Semaphore<'_>, holder: &str) {
-    if let Err(e) = cx.store.release_slot(semaphore, holder).await {
+    if let Err(e) = cx.store.limits().release_slot(semaphore, holder).await {
         tracing::warn!(error = %e, ?semaphore, "cannot give the concurrency slot back; its lease runs out");
     }
 }

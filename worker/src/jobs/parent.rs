@@ -51,7 +51,7 @@ async fn log_result(cx: &Cx<'_>, turn_id: &str, parent: &Parent<'_>, outcome: &C
     let content = turn::tool_message_content(outcome, cx.config.tool_result_max_bytes);
     let created_at = fleet_protocol::timefmt::rfc3339_from_millis(fleet_platform::now_ms());
     let entry = history::result_entry(turn_id, &parent.turn.call_key(), &parent.turn.call_id, &content, &created_at);
-    if let Err(e) = cx.store.log_message(session, &entry).await {
+    if let Err(e) = cx.store.sessions().log_message(session, &entry).await {
         tracing::warn!(error = %e, "the tool result is not in the session's message log");
     }
 }
@@ -67,10 +67,12 @@ pub(crate) async fn tool_call_finished(
     let turn_id = &parent.turn.turn_execution_id;
     let round = parent.turn.round + 1;
     let report =
-        cx.store.record_call_outcome(turn_id, &parent.turn.call_key(), &outcome, round).await.map_err(|e| {
-            tracing::warn!(error = %e, "cannot record a tool result for its turn");
-            Outcome::Parked(cx.soon())
-        })?;
+        cx.store.sessions().record_call_outcome(turn_id, &parent.turn.call_key(), &outcome, round).await.map_err(
+            |e| {
+                tracing::warn!(error = %e, "cannot record a tool result for its turn");
+                Outcome::Parked(cx.soon())
+            },
+        )?;
     let session = parent.session_id.unwrap_or_default();
     if report.first && !session.is_empty() {
         log_result(cx, turn_id, parent, &outcome, session).await;
@@ -92,7 +94,7 @@ pub(crate) async fn tool_call_finished(
     let topology = &cx.config.common.topology;
     publish_holding(cx, call, || cx.publisher.publish_job(topology, &next, trace_headers())).await?;
     let published = [(field::NEXT_PUBLISHED, round.to_string())];
-    if let Err(e) = cx.store.settle_owed(turn_id, &Owed::TurnNext, &published).await {
+    if let Err(e) = cx.store.executions().settle_owed(turn_id, &Owed::TurnNext, &published).await {
         tracing::debug!(error = %e, "the turn's next step is out but not marked so");
     }
     Ok(())

@@ -17,7 +17,7 @@ pub(crate) async fn emit(cx: &Cx<'_>, session_id: &str, event: Value) {
 /// is more than a view: a client tool's `tool_input`, which the client's answer names.
 pub(crate) async fn emit_id(cx: &Cx<'_>, session_id: &str, event: Value) -> Option<String> {
     let event = turn::with_base_fields(event, session_id, now_ms());
-    match cx.store.publish_event(session_id, &event).await {
+    match cx.store.sessions().publish_event(session_id, &event).await {
         Ok(id) => Some(id),
         Err(e) => {
             tracing::warn!(error = %e, "cannot publish a stream event");
@@ -42,7 +42,7 @@ pub(crate) fn batched<'a>(
     let writer = async move {
         let mut events = Vec::new();
         while rx.recv_many(&mut events, BATCH_MAX).await > 0 {
-            if let Err(e) = cx.store.publish_events(session_id, &events).await {
+            if let Err(e) = cx.store.sessions().publish_events(session_id, &events).await {
                 tracing::warn!(error = %e, "cannot publish stream events");
             }
             events.clear();

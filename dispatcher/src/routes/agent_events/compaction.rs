@@ -29,7 +29,7 @@ pub(super) async fn submit(
     tenant: String,
 ) -> Result<Started, ApiError> {
     request.check().map_err(bad_request)?;
-    if state.store.session_busy(session).await? {
+    if state.store.sessions().session_busy(session).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "session_running",
@@ -47,7 +47,7 @@ pub(super) async fn submit(
         done: None,
     };
     let subscription = state.streams.join(session).await?;
-    let before = StreamId::parse(&state.store.last_event_id(session).await?).unwrap_or(StreamId::ZERO);
+    let before = StreamId::parse(&state.store.sessions().last_event_id(session).await?).unwrap_or(StreamId::ZERO);
     let job = NewCompaction { session: session.to_string(), agent: agent.snapshot(), compaction, tenant: Some(tenant) };
     let accepted = submit_job(state, None, headers, job).await?;
     let awaited = Awaited { turns: vec![accepted.execution_id], steered_from: None };
@@ -59,7 +59,7 @@ async fn anchor_turn(state: &AppState, session: &str, event_id: &str) -> Result<
     let unknown =
         || bad_request(format!("compact_up_to_event_id {event_id:?} names no event this session still keeps"));
     let stream_id = stream_id_of(event_id).ok_or_else(unknown)?;
-    let event = state.store.read_event(session, stream_id).await?.ok_or_else(unknown)?;
+    let event = state.store.sessions().read_event(session, stream_id).await?.ok_or_else(unknown)?;
     turn_of(&event).ok_or_else(|| bad_request(format!("compact_up_to_event_id {event_id:?} is not an event of a turn")))
 }
 
@@ -98,7 +98,7 @@ impl Submission for NewCompaction {
     }
 
     async fn undo(&self, state: &AppState, execution_id: &str, _recorded: bool) {
-        let _ = state.store.session_dequeue(&self.session, execution_id).await;
-        let _ = state.store.delete_execution(execution_id).await;
+        let _ = state.store.sessions().session_dequeue(&self.session, execution_id).await;
+        let _ = state.store.executions().delete_execution(execution_id).await;
     }
 }

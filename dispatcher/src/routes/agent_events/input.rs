@@ -29,7 +29,7 @@ pub(super) async fn submit(
 ) -> Result<Started, ApiError> {
     let texts = request.texts().map_err(bad_request)?;
     let since = request.since().map_err(bad_request)?;
-    if request.behavior.is_none() && since.is_none() && state.store.session_busy(session).await? {
+    if request.behavior.is_none() && since.is_none() && state.store.sessions().session_busy(session).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "session_running",

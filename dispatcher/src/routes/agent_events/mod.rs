@@ -114,9 +114,9 @@ pub(crate) struct AgentResponse {
 /// (the tenant's own assistant of that name, else the operators'); another tenant's is none.
 async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<AssistantRecord, ApiError> {
     let found = if fleet_protocol::agents::is_id("asst_", key) {
-        state.store.get_assistant(key).await?
+        state.store.registry().get_assistant(key).await?
     } else {
-        state.store.assistant_by_name(bound, key).await?
+        state.store.registry().assistant_by_name(bound, key).await?
     };
     let found = found.filter(|a| a.seen_by(bound));
     found.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "agent_not_found", format!("no agent {key:?}")))
@@ -139,7 +139,7 @@ async fn own_session(
             format!("session {session:?} is not a session of agent {:?}", agent.name),
         )
     };
-    if let Some(room) = state.store.get_room(session).await? {
+    if let Some(room) = state.store.registry().get_room(session).await? {
         crate::routes::common::check_session(state, tenancy, session).await?;
         if room.assistant_id != agent.id {
             return Err(other());
@@ -149,7 +149,7 @@ async fn own_session(
         }
         return Ok(());
     }
-    let holders = state.store.claim_session(session, tenancy.bound.as_deref(), Some(&agent.id)).await?;
+    let holders = state.store.sessions().claim_session(session, tenancy.bound.as_deref(), Some(&agent.id)).await?;
     if !tenancy.sees(holders.tenant.as_deref()) {
         return Err(ApiError::not_found(format!("no session {session:?}")));
     }

@@ -39,7 +39,7 @@ pub(super) async fn submit(state: &AppState, session: &str, request: &ToolOutput
     let mut first_event: Option<StreamId> = None;
     let mut to_publish = Vec::new();
     for (call, outcome) in &calls {
-        let report = state.store.record_call_outcome(&call.turn, &call.key, outcome, call.round + 1).await?;
+        let report = state.store.sessions().record_call_outcome(&call.turn, &call.key, outcome, call.round + 1).await?;
         if report.first {
             let id = announce(state, session, call, outcome, &report.message_id).await?;
             first_event = first_event.or(StreamId::parse(&id));
@@ -58,7 +58,7 @@ pub(super) async fn submit(state: &AppState, session: &str, request: &ToolOutput
     }
     let after = match first_event {
         Some(id) => id.before(),
-        None => StreamId::parse(&state.store.last_event_id(session).await?).unwrap_or(StreamId::ZERO),
+        None => StreamId::parse(&state.store.sessions().last_event_id(session).await?).unwrap_or(StreamId::ZERO),
     };
     let turns: BTreeSet<String> = calls.iter().map(|(c, _)| c.turn.clone()).collect();
     let awaited = Awaited { turns: turns.into_iter().collect(), steered_from: None };
@@ -75,7 +75,7 @@ async fn named_calls(
     let mut calls = Vec::with_capacity(request.tool_outputs.len());
     for (i, output) in request.tool_outputs.iter().enumerate() {
         let id = output.event_id();
-        let Some(call) = state.store.client_call(session, id).await? else {
+        let Some(call) = state.store.sessions().client_call(session, id).await? else {
             return Err(bad_request(format!(
                 "tool_outputs[{i}].event_id {id:?} names no client tool call of this session (see the \
                  client_tool_pending event's pending_calls)"
@@ -95,7 +95,7 @@ async fn already_answered(state: &AppState, calls: &[(ClientCall, CallOutcome)])
     let mut answered = Vec::new();
     let turns: BTreeSet<&str> = calls.iter().map(|(c, _)| c.turn.as_str()).collect();
     for turn in turns {
-        let outcomes = state.store.call_outcomes(turn).await?;
+        let outcomes = state.store.sessions().call_outcomes(turn).await?;
         for (i, (call, _)) in calls.iter().enumerate() {
             if call.turn == turn && outcomes.contains_key(&call.key) {
                 answered.push(i);
@@ -118,7 +118,7 @@ async fn announce(
     let content = turn::tool_message_content(outcome, usize::MAX);
     let created_at = rfc3339_from_millis(now_ms());
     let entry = history::result_entry(&call.turn, &call.key, &call.call_id, &content, &created_at);
-    state.store.log_message(session, &entry).await?;
+    state.store.sessions().log_message(session, &entry).await?;
     let event = if outcome.ok {
         turn::tool_result_event(&call.call_id, &call.tool_name, outcome, message_id)
     } else {
@@ -126,7 +126,7 @@ async fn announce(
         turn::error_event("client_tool_error", &error, Some((&call.call_id, &call.tool_name)), message_id)
     };
     let event = turn::with_base_fields(event, session, now_ms());
-    Ok(state.store.publish_event(session, &event).await?)
+    Ok(state.store.sessions().publish_event(session, &event).await?)
 }
 
 /// Publishes the turn's next step (its round's calls all answered) and marks it published.
@@ -142,7 +142,7 @@ async fn next_step(state: &AppState, session: &str, turn_id: &str, round: u32, g
         ),
     })?;
     let published = [(field::NEXT_PUBLISHED, round.to_string())];
-    if let Err(e) = state.store.settle_owed(turn_id, &Owed::TurnNext, &published).await {
+    if let Err(e) = state.store.executions().settle_owed(turn_id, &Owed::TurnNext, &published).await {
         tracing::debug!(error = %e, "the turn's next step is out but not marked so");
     }
     Ok(())

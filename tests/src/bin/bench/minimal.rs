@@ -62,7 +62,8 @@ impl Settings {
     }
 }
 
-struct Shared {
+/// What every consumer of the pipeline shares: its settings, one Redis connection, one HTTP client.
+struct Pipeline {
     settings: Settings,
     redis: redis::aio::MultiplexedConnection,
     http: reqwest::Client,
@@ -73,7 +74,7 @@ pub async fn main() -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let redis = redis::Client::open(fleet_tests::redis_url())?.get_multiplexed_async_connection().await?;
     let http = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(1024).build()?;
-    let shared = Arc::new(Shared { settings: settings.clone(), redis, http });
+    let shared = Arc::new(Pipeline { settings: settings.clone(), redis, http });
     let mut consumers = tokio::task::JoinSet::new();
     for n in 0..settings.consumers {
         consumers.spawn(consume(shared.clone(), n));
@@ -84,7 +85,7 @@ pub async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn consume(shared: Arc<Shared>, n: usize) -> anyhow::Result<()> {
+async fn consume(shared: Arc<Pipeline>, n: usize) -> anyhow::Result<()> {
     let conn = Connection::connect(&fleet_tests::amqp_url(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
     channel.basic_qos(shared.settings.prefetch, BasicQosOptions::default()).await?;
@@ -121,7 +122,7 @@ async fn consume(shared: Arc<Shared>, n: usize) -> anyhow::Result<()> {
 }
 
 /// One job: claim, sign, POST, store the result. (A copy whose claim exists is only acked.)
-async fn job(shared: &Shared, data: &[u8], content_type: Option<&str>) -> anyhow::Result<()> {
+async fn job(shared: &Pipeline, data: &[u8], content_type: Option<&str>) -> anyhow::Result<()> {
     let envelope = Envelope::decode(data, content_type).map_err(|e| anyhow::anyhow!("poison: {e}"))?;
     let Job::ToolCall(call) = &envelope.job else { anyhow::bail!("not a tool call") };
     let id = envelope.execution_id.as_str();

@@ -91,7 +91,7 @@ async fn ask(
     let id = reservation_id(step);
     let (tenant, weight) = tenant_of(&step.cx, state);
     let waiter = Waiter { id: &id, tenant, weight, priority: state.priority };
-    step.cx.store.budget_reserve(provider, buckets, waiter, tokens, EARLY_RETURN_TOLERANCE, false).await
+    step.cx.store.limits().budget_reserve(provider, buckets, waiter, tokens, EARLY_RETURN_TOLERANCE, false).await
 }
 
 /// Spends `tokens` of the provider's budget for the step's call now, or parks the step until its
@@ -143,7 +143,7 @@ pub(super) async fn try_now(cx: &Cx<'_>, first: &Reserved, id: &str, provider: &
     let buckets = buckets(cx, provider, model);
     let tenant = first.tenant.clone();
     let waiter = Waiter { id, tenant: &tenant, weight: 1, priority: Priority::Normal };
-    match cx.store.budget_reserve(provider, &buckets, waiter, first.tokens, Duration::ZERO, true).await {
+    match cx.store.limits().budget_reserve(provider, &buckets, waiter, first.tokens, Duration::ZERO, true).await {
         Ok(Spend::Now { reserved }) => {
             Some(Reserved { provider: provider.to_string(), buckets, tokens: reserved, tenant })
         }
@@ -166,13 +166,15 @@ pub(super) async fn settle(cx: &Cx<'_>, reserved: &Reserved, used: Option<u64>, 
     let told = limits.remaining_requests.is_some() || limits.remaining_tokens.is_some();
     if !reserved.buckets.is_empty() && (used.is_some() || told) {
         let used = used.unwrap_or(reserved.tokens);
-        if let Err(e) = cx.store.budget_settle(provider, &reserved.buckets, reserved.tokens, used, limits).await {
+        if let Err(e) =
+            cx.store.limits().budget_settle(provider, &reserved.buckets, reserved.tokens, used, limits).await
+        {
             log_unsettled(&e);
         }
     }
     // A provider with nothing left until its reset is paused like one that answered 429.
     if let Some(pause) = limits.exhausted_for() {
-        if let Err(e) = cx.store.budget_pause(provider, &reserved.buckets, pause).await {
+        if let Err(e) = cx.store.limits().budget_pause(provider, &reserved.buckets, pause).await {
             log_unsettled(&e);
         }
     }
@@ -188,7 +190,7 @@ pub(super) async fn rate_limited(
 ) -> Duration {
     let pause = pause_after_429(retry_after, limits);
     tracing::warn!(provider = %reserved.provider, pause_ms = pause.as_millis() as u64, "the provider answered 429; paused fleet-wide");
-    let lasts = match cx.store.budget_pause(&reserved.provider, &reserved.buckets, pause).await {
+    let lasts = match cx.store.limits().budget_pause(&reserved.provider, &reserved.buckets, pause).await {
         Ok(lasts) => lasts.max(pause),
         Err(e) => {
             log_unsettled(&e);
@@ -221,7 +223,7 @@ pub(super) async fn take_turn_slot(step: &Step<'_>, state: &TurnState) -> Result
     let turn = step.envelope.execution_id.as_str();
     let holder = limits::holder(turn, step.held.token);
     let lease = cx.config.claim_lease;
-    match cx.store.acquire_turn_slot(tenant, &holder, turn, limit, lease, TURN_SLOT_RECHECK).await {
+    match cx.store.limits().acquire_turn_slot(tenant, &holder, turn, limit, lease, TURN_SLOT_RECHECK).await {
         Ok(Pace::Now) => Ok(Some(TurnSlot { tenant: tenant.to_string(), holder })),
         Ok(Pace::Wait(wait)) => {
             cx.metrics.tenant_turns_parked.with_label_values(&[label, "concurrency"]).inc();
@@ -254,7 +256,7 @@ pub(super) async fn within_tenant_cap(step: &Step<'_>, tenant: Option<&str>) -> 
     let Some((tenant, cap)) = tenant.and_then(|t| cx.config.tenant_daily_tokens.get(t).map(|cap| (t, *cap))) else {
         return Ok(());
     };
-    let used = match cx.store.usage_today(tenant, fleet_platform::now_ms()).await {
+    let used = match cx.store.limits().usage_today(tenant, fleet_platform::now_ms()).await {
         Ok(used) => used,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the tenant's usage (Redis unavailable); parked");
@@ -283,7 +285,7 @@ pub(super) async fn count_usage(
     completion: u64,
 ) {
     let Some(call) = call else { return };
-    if let Err(e) = cx.store.usage_record(call, fleet_platform::now_ms(), prompt, completion).await {
+    if let Err(e) = cx.store.limits().usage_record(call, fleet_platform::now_ms(), prompt, completion).await {
         tracing::warn!(error = %e, "cannot count the model call's usage");
     }
 }

@@ -29,7 +29,9 @@ pub(super) async fn compact(step: &Step<'_>, state: &mut TurnState) -> Outcome {
 async fn summarise(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Outcome> {
     let cx = &step.cx;
     let asked: Compaction = state.compaction.clone().unwrap_or_default();
-    let Ok(history) = cx.store.history(&state.session_id).await else { return Err(step.release_and_park().await) };
+    let Ok(history) = cx.store.sessions().history(&state.session_id).await else {
+        return Err(step.release_and_park().await);
+    };
     let summary_key = compaction::summary_key(step.turn_id());
     let plan = compaction::plan(&history, asked.up_to_turn.as_deref(), asked.keep_recent);
     let mut record = None;
@@ -85,13 +87,13 @@ pub(super) async fn complete(
     };
     if let (Some(up_to), Some(text)) = (done.up_to_seq, &done.report.summary_text) {
         let summary = compaction::summary_entry(turn_id, text, &rfc3339_from_millis(now_ms()));
-        match cx.store.session_compact(session, turn_id, lock_fence, up_to, &summary).await {
+        match cx.store.sessions().session_compact(session, turn_id, lock_fence, up_to, &summary).await {
             Ok(CompactHistory::Done) => {}
             Ok(CompactHistory::NotHolder) => return Err(Outcome::Fenced),
             Err(_) => return Err(Outcome::Parked(cx.soon())),
         }
     }
-    let next = cx.store.session_abandon(session, turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let next = cx.store.sessions().session_abandon(session, turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     if let Some(next) = next {
         wake(cx, envelope, &next, session).await?;
     }

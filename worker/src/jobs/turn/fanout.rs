@@ -81,7 +81,7 @@ pub(super) async fn fan_out(
 async fn log_answer(cx: &Cx<'_>, turn_id: &str, state: &TurnState) {
     let Some(made) = state.conversation.iter().rev().find(|m| !m.tool_calls.is_empty()) else { return };
     let entry = history::answer_entry(turn_id, &state.message_id, made, &rfc3339_from_millis(now_ms()));
-    if let Err(e) = cx.store.log_message(&state.session_id, &entry).await {
+    if let Err(e) = cx.store.sessions().log_message(&state.session_id, &entry).await {
         tracing::warn!(error = %e, "the answer is not in the session's message log");
     }
 }
@@ -128,7 +128,7 @@ async fn plan(
     };
     let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
     let refused = CallOutcome { ok: false, result };
-    if cx.store.record_call_outcome(turn_id, &key, &refused, round + 1).await.is_err() {
+    if cx.store.sessions().record_call_outcome(turn_id, &key, &refused, round + 1).await.is_err() {
         return Err(step.release_and_park().await);
     }
     let event = turn::error_event(code, &error, Some((&call.id, &call.name)), &state.message_id);
@@ -170,7 +170,7 @@ async fn refusal(
 /// the save and the publish.
 pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnState) -> Result<Outcome, Outcome> {
     let turn_id = &cause.execution_id;
-    let done = cx.store.call_outcomes(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let done = cx.store.sessions().call_outcomes(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     let arguments = round_arguments(state);
     let mut messages = Vec::new();
     let mut client = Vec::new();
@@ -231,7 +231,7 @@ async fn announce_client_calls(
             (pending.event_id.clone(), named)
         })
         .collect();
-    cx.store.put_client_calls(&state.session_id, &refs).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    cx.store.sessions().put_client_calls(&state.session_id, &refs).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     let pending: Vec<PendingClientCall> = calls.iter().map(|(_, p)| p.clone()).collect();
     emit(cx, &state.session_id, agent_session::client_tool_pending_event(&pending, &state.message_id)).await;
     Ok(())
@@ -248,7 +248,7 @@ async fn create_record(cx: &Cx<'_>, state: &TurnState, call: &PendingCall, exec:
         now_ms: now_ms(),
         run_at_ms: None,
     };
-    cx.store.create_execution(&record, None).await.map(|_| ()).map_err(|_| Outcome::Parked(cx.soon()))
+    cx.store.executions().create_execution(&record, None).await.map(|_| ()).map_err(|_| Outcome::Parked(cx.soon()))
 }
 
 /// Publishes the turn's next step for a round whose calls all ended (or were all answered at
@@ -259,7 +259,7 @@ pub(super) async fn publish_next_step(cx: &Cx<'_>, cause: &Envelope, state: &Tur
     let topology = &cx.config.common.topology;
     publish_holding(cx, cause, || cx.publisher.publish_job(topology, &next, trace_headers())).await?;
     let published = [(field::NEXT_PUBLISHED, state.round.to_string())];
-    if let Err(e) = cx.store.settle_owed(&cause.execution_id, &Owed::TurnNext, &published).await {
+    if let Err(e) = cx.store.executions().settle_owed(&cause.execution_id, &Owed::TurnNext, &published).await {
         tracing::debug!(error = %e, "the turn's next step is out but not marked so");
     }
     Ok(Outcome::Done(Finished::Success))

@@ -79,7 +79,7 @@ pub(super) async fn complete(
         Fence::Owed(_) => u64::MAX,
     };
     let session = &state.session_id;
-    let finished = cx.store.session_finish(session, turn_id, lock_fence, &append_id, &entries).await;
+    let finished = cx.store.sessions().session_finish(session, turn_id, lock_fence, &append_id, &entries).await;
     let next = match finished.map_err(|_| Outcome::Parked(cx.soon()))? {
         SessionFinish::SteerPending => return go_on(cx, envelope, state, fence).await,
         SessionFinish::Stale => return Err(Outcome::Fenced),
@@ -109,7 +109,7 @@ async fn trim_history(cx: &Cx<'_>, session: &str, (messages, bytes): (usize, usi
     if messages <= max_messages && bytes <= max_bytes {
         return;
     }
-    if let Err(e) = cx.store.trim_history(session, max_messages, max_bytes).await {
+    if let Err(e) = cx.store.sessions().trim_history(session, max_messages, max_bytes).await {
         tracing::debug!(error = %e, "the session's history was not trimmed");
     }
 }
@@ -123,7 +123,7 @@ async fn go_on(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState, fence: Fence
     let next = Envelope { gen: envelope.gen, ..Envelope::new(envelope.execution_id.clone(), step, now_ms()) };
     let owed = Owed::Next { envelope: Box::new(next.clone()) };
     let on = Transition::new(ClaimAfter::Release("released")).owe(&owed).turn(&state);
-    match cx.store.transition(&envelope.execution_id, fence, cx.config.claim_lease, &on).await {
+    match cx.store.executions().transition(&envelope.execution_id, fence, cx.config.claim_lease, &on).await {
         Ok(true) => {}
         Ok(false) => return Err(Outcome::Fenced),
         Err(_) => return Err(Outcome::Parked(cx.soon())),
@@ -148,7 +148,7 @@ pub(super) async fn announce(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState
     let now = now_ms();
     let events = [turn::message_complete_event(&message), turn::done_event(&state.message_id)]
         .map(|event| turn::with_base_fields(event, session, now));
-    if let Err(e) = cx.store.log_and_publish(session, &entry, &events).await {
+    if let Err(e) = cx.store.sessions().log_and_publish(session, &entry, &events).await {
         tracing::warn!(error = %e, "the answer is not in the session's message log, nor its last events in the stream");
     }
     retire(cx, envelope, &Owed::Announce).await;
@@ -189,14 +189,15 @@ pub(super) async fn cancel(step: &Step<'_>, _state: &TurnState) -> Outcome {
 /// says it was told), and its session moves on to the next turn in line.
 async fn end_turn(cx: &Cx<'_>, envelope: &Envelope, session_id: &str, code: &str, error: &str) -> Result<(), Outcome> {
     let turn_id = &envelope.execution_id;
-    let state = cx.store.load_turn(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let state = cx.store.sessions().load_turn(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     if let Some(mut state) = state.filter(|s| !s.dead_lettered) {
         emit(cx, session_id, turn::error_event(code, error, None, &state.message_id)).await;
         emit(cx, session_id, turn::done_event(&state.message_id)).await;
         state.dead_lettered = true;
-        cx.store.save_turn(turn_id, &state).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+        cx.store.sessions().save_turn(turn_id, &state).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     }
-    let next = cx.store.session_abandon(session_id, turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let next =
+        cx.store.sessions().session_abandon(session_id, turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     match next {
         Some(next) => wake(cx, envelope, &next, session_id).await,
         None => Ok(()),

@@ -26,7 +26,7 @@ pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Open
         state.insert_history(history.iter().map(HistoryEntry::to_message).collect());
     }
     if !state.pending.is_empty() {
-        let Ok(outcomes) = cx.store.call_outcomes(step.turn_id()).await else {
+        let Ok(outcomes) = cx.store.sessions().call_outcomes(step.turn_id()).await else {
             return Err(step.release_and_park().await);
         };
         for call in std::mem::take(&mut state.pending) {
@@ -66,7 +66,8 @@ pub(super) async fn begin(
             .await;
     }
     if !taken.is_empty() {
-        let trimmed = cx.store.session_trim_steers(&state.session_id, step.turn_id(), step.held.token, &taken).await;
+        let trimmed =
+            cx.store.sessions().session_trim_steers(&state.session_id, step.turn_id(), step.held.token, &taken).await;
         if let Err(e) = trimmed {
             tracing::debug!(error = %e, "taken steers stay listed; the turn skips them next time");
         }
@@ -110,7 +111,7 @@ async fn answer_steers(step: &Step<'_>, waiting: &[String]) -> Vec<String> {
     let result = json!({"steered": true, "steered_into": step.turn_id()});
     let mut unanswered = Vec::new();
     for from in waiting {
-        if step.cx.store.answer_steer(from, &result).await.is_err() {
+        if step.cx.store.executions().answer_steer(from, &result).await.is_err() {
             unanswered.push(from.clone());
         }
     }

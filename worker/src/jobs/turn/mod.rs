@@ -48,7 +48,13 @@ impl Step<'_> {
     /// newer claim, or parked (Redis unavailable, the claim given back).
     async fn write(&self, transition: &Transition<'_>) -> Result<(), Outcome> {
         let lease = self.cx.config.claim_lease;
-        match self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, transition).await {
+        match self
+            .cx
+            .store
+            .executions()
+            .transition(self.turn_id(), Fence::Token(self.held.token), lease, transition)
+            .await
+        {
             Ok(true) => Ok(()),
             Ok(false) => Err(Outcome::Fenced),
             Err(e) => {
@@ -81,7 +87,11 @@ impl Step<'_> {
         let released = Transition::new(ClaimAfter::Release("released"));
         let lease = self.cx.config.claim_lease;
         matches!(
-            self.cx.store.transition(self.turn_id(), Fence::Token(self.held.token), lease, &released).await,
+            self.cx
+                .store
+                .executions()
+                .transition(self.turn_id(), Fence::Token(self.held.token), lease, &released)
+                .await,
             Ok(true)
         )
     }
@@ -189,7 +199,7 @@ async fn beside<A: Future, B: Future>(first: A, mut second: Pin<&mut B>) -> (A::
 /// The turn's state when its claim did not read it (one saved where states were kept before, or
 /// one that does not parse: reported here); a turn whose state is gone has nothing left to run.
 async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
-    match step.cx.store.load_turn(step.turn_id()).await {
+    match step.cx.store.sessions().load_turn(step.turn_id()).await {
         Ok(Some(state)) => Ok(state),
         Ok(None) => {
             tracing::warn!("the turn's state is gone; the step does nothing");
@@ -205,7 +215,7 @@ async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
 /// What a turn's record owes, carried out by a copy of an earlier step.
 pub(super) async fn carry(cx: &Cx<'_>, envelope: &Envelope, owed: &Owed) -> Outcome {
     let turn_id = &envelope.execution_id;
-    let state = match cx.store.load_turn(turn_id).await {
+    let state = match cx.store.sessions().load_turn(turn_id).await {
         Ok(Some(state)) => state,
         Ok(None) => return Outcome::Copy,
         Err(_) => return Outcome::Parked(cx.soon()),
@@ -233,14 +243,14 @@ pub(super) async fn succeed(
     let succeeded = Transition::new(ClaimAfter::Complete(result))
         .status(ExecutionStatus::Succeeded)
         .owe(&Owed::Announce)
-        .field("owed_until", owed_until);
-    match cx.store.transition(turn_id, fence, cx.config.claim_lease, &succeeded).await {
+        .field(fleet_protocol::execution::field::OWED_UNTIL, owed_until);
+    match cx.store.executions().transition(turn_id, fence, cx.config.claim_lease, &succeeded).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(Outcome::Fenced),
         // A write whose answer timed out may have landed: then the announcement it owes is this
         // step's to make now (a copy would wait out the lease the write gave it).
         Err(e) => {
-            let landed = || cx.store.wrote_owing(turn_id, ExecutionStatus::Succeeded, owed_until);
+            let landed = || cx.store.executions().wrote_owing(turn_id, ExecutionStatus::Succeeded, owed_until);
             match retrying_redis(cx.config.claim_lease / 3, landed).await {
                 Ok(true) => Ok(()),
                 _ => {
@@ -254,7 +264,7 @@ pub(super) async fn succeed(
 
 /// Before a model call is retried: the client drops the abandoned attempt's tokens.
 pub(super) async fn announce_retry(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob, error: &str) {
-    let Ok(Some(state)) = cx.store.load_turn(&envelope.execution_id).await else { return };
+    let Ok(Some(state)) = cx.store.sessions().load_turn(&envelope.execution_id).await else { return };
     let event = turn::retry_event(&state.message_id, envelope.attempt, "llm_retry", error);
     emit(cx, &job.session_id, event).await;
 }

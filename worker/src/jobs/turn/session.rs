@@ -17,7 +17,7 @@ use crate::publish::{publish_holding, trace_headers};
 pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<Opened, Outcome> {
     let cx = &step.cx;
     let with_history = step.job.round == 0 && !state.history_read;
-    match cx.store.session_acquire(&state.session_id, step.turn_id(), step.held.token, with_history).await {
+    match cx.store.sessions().session_acquire(&state.session_id, step.turn_id(), step.held.token, with_history).await {
         Ok(SessionSlot::Acquired(opened)) => Ok(opened),
         Ok(SessionSlot::Stale) => Err(Outcome::Fenced),
         Ok(SessionSlot::Wait) if step.job.round == 0 && state.behavior == turn::Behavior::Steer => {
@@ -39,7 +39,7 @@ async fn steer(step: &Step<'_>, state: &TurnState) -> Outcome {
         .map(|m| serde_json::to_string(&Steer { from: turn_id.to_string(), message: m.clone() }))
         .filter_map(Result::ok)
         .collect();
-    match step.cx.store.session_steer(&state.session_id, turn_id, &steers).await {
+    match step.cx.store.sessions().session_steer(&state.session_id, turn_id, &steers).await {
         Ok(true) => match step.write(&Transition::new(ClaimAfter::Release("steered"))).await {
             Ok(()) => Outcome::Done(Finished::Steered),
             Err(stop) => stop,
@@ -52,7 +52,7 @@ async fn steer(step: &Step<'_>, state: &TurnState) -> Outcome {
 /// read from its record), holding the delivery until the broker takes it: a turn that had steered
 /// into one that failed has no other job to wake it.
 pub(super) async fn wake(cx: &Cx<'_>, cause: &Envelope, next: &str, session_id: &str) -> Result<(), Outcome> {
-    let expected = match cx.store.expected(next).await {
+    let expected = match cx.store.executions().expected(next).await {
         Ok(Some(expected)) if !expected.status.is_final() => expected,
         Ok(_) => return Ok(()),
         Err(_) => return Err(Outcome::Parked(cx.soon())),

@@ -1,0 +1,23 @@
+//! Dead letters: the records, their index by time and reason, locks while a replay runs, and the retention.
+
+mod letters;
+
+use fleet_protocol::deadletter::Retention;
+
+use crate::store::client::Redis;
+use crate::store::Executions;
+
+#[derive(Clone)]
+pub struct DeadLetters {
+    pub(crate) redis: Redis,
+    /// A dead letter is stamped with its execution's tenant.
+    pub(crate) executions: Executions,
+    /// How long and how many entries are kept.
+    pub(crate) retention: Retention,
+}
+
+impl DeadLetters {
+    pub(crate) fn new(redis: Redis, executions: Executions) -> Self {
+        DeadLetters { redis, executions, retention: Retention::default() }
+    }
+}

@@ -1,0 +1,20 @@
+//! The registries: tools, webhooks, and seed 000's assistants and rooms.
+
+mod agents;
+mod tools;
+
+pub use agents::{AssistantVersion, AssistantWrite, Listed, RoomVersion};
+pub use tools::{StoredTool, StoredWebhook, ToolVersion};
+
+use crate::store::client::Redis;
+
+#[derive(Clone)]
+pub struct Registry {
+    pub(crate) redis: Redis,
+}
+
+impl Registry {
+    pub(crate) fn new(redis: Redis) -> Self {
+        Registry { redis }
+    }
+}

@@ -1,0 +1,56 @@
+//! Lua scripts are built here: each starts with a prelude that names the execution record's
+//! fields (`F`), statuses (`S`) and job kinds (`K`) from `fleet_protocol`, so a script spells none
+//! of them, and a name that does not exist is an error where it is read, not a silent `nil`.
+
+use std::fmt::Write;
+use std::sync::LazyLock;
+
+use fleet_protocol::envelope::JobKind;
+use fleet_protocol::execution::{field, ExecutionStatus};
+
+/// A script built once per process: `Script::new` hashes its source (SHA-1).
+pub(crate) type Lua = LazyLock<redis::Script>;
+
+static PRELUDE: LazyLock<String> = LazyLock::new(prelude);
+
+/// The tables `F`, `S` and `K`, each failing on a name it lacks.
+fn prelude() -> String {
+    let mut lua = String::new();
+    let table = |lua: &mut String, name: &str, entries: &mut dyn Iterator<Item = (&str, &str)>| {
+        write!(lua, "local {name} = {{").unwrap();
+        for (key, value) in entries {
+            write!(lua, "{key} = '{value}', ").unwrap();
+        }
+        writeln!(lua, "}}").unwrap();
+        writeln!(lua, "setmetatable({name}, {{__index = function(_, k) error('{name} has no ' .. tostring(k)) end}})")
+            .unwrap();
+    };
+    table(&mut lua, "F", &mut field::ALL.iter().copied());
+    table(&mut lua, "S", &mut ExecutionStatus::ALL.iter().map(|s| (s.as_str(), s.as_str())));
+    table(&mut lua, "K", &mut JobKind::ALL.iter().map(|k| (k.as_str(), k.as_str())));
+    lua
+}
+
+/// A script of `parts` (a shared piece first, then the script's own), after the prelude.
+pub(crate) fn load(parts: &[&str]) -> redis::Script {
+    let mut source = PRELUDE.clone();
+    for part in parts {
+        source.push_str(part);
+        source.push('\n');
+    }
+    redis::Script::new(&source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prelude_names_every_field_status_and_kind() {
+        let lua = prelude();
+        assert!(lua.contains("step_round = 's_round'"), "{lua}");
+        assert!(lua.contains("dead_lettered = 'dead_lettered'"), "{lua}");
+        assert!(lua.contains("tool_call = 'tool_call'"), "{lua}");
+        assert_eq!(lua.lines().count(), 6);
+    }
+}
