@@ -9,56 +9,24 @@ pub mod lanes;
 mod routes;
 pub mod scopes;
 mod signing;
+mod state;
 pub mod stats;
 pub mod stream;
+mod tenancy;
 pub mod tool_schemas;
 pub mod validate;
+mod wire;
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
-use fleet_platform::broker::BrokerLink;
 use fleet_platform::metrics::Metrics;
 use fleet_platform::service;
 use fleet_platform::shutdown::Lifetime;
-use fleet_platform::store::Store;
 
 pub use config::DispatcherConfig;
 pub use console::{routes as console_routes, ConsoleAccess, ConsoleRoute};
 pub use routes::{openapi, openapi_text};
-
-/// Everything a request handler needs, behind one `Arc`: axum clones the state for every
-/// extractor and middleware of every request, and a clone of the parts themselves cost a dozen
-/// atomic counts (and a cancellation token's lock) each way, which showed in the dispatcher's profile.
-#[derive(Clone)]
-pub struct AppState(Arc<Shared>);
-
-impl std::ops::Deref for AppState {
-    type Target = Shared;
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
-
-/// What `AppState` shares.
-pub struct Shared {
-    pub config: Arc<DispatcherConfig>,
-    pub broker: BrokerLink,
-    pub store: Store,
-    pub metrics: Metrics,
-    /// Registered tools' compiled schemas (2 s), so enqueueing does not read Redis every time.
-    pub tool_schemas: Arc<tool_schemas::SchemaCache>,
-    /// Session streams: one reader per session, shared by its listeners.
-    pub streams: Arc<stream::StreamHub>,
-    /// The console's background operations (a bulk redrive), awaited at shutdown.
-    pub console_tasks: tokio_util::task::TaskTracker,
-    /// Fires when shutdown begins: a background operation stops early.
-    pub shutdown: CancellationToken,
-    /// Which new jobs skip their kind's work queue (tenants not flooding the fleet), and how many
-    /// of a flooding tenant's submissions are taken in at once.
-    pub lanes: Arc<lanes::LightLanes>,
-}
+pub use state::{AppState, Shared};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatcherError {
@@ -126,7 +94,9 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
     }));
     let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");
-    let served = fleet_platform::ops::serve(listener, routes::router(state), lifetime.intake()).await;
+    let served =
+        fleet_platform::ops::serve(listener, routes::router(state.clone(), console::router(state)), lifetime.intake())
+            .await;
     streams.stopped().await;
     console_tasks.close();
     console_tasks.wait().await;

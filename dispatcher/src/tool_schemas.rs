@@ -11,8 +11,9 @@ use serde_json::{Map, Value};
 use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::tools::ToolExecution;
 
+use fleet_platform::store::Registry;
+
 use crate::error::ApiError;
-use crate::AppState;
 
 /// A registered tool's compiled schema (`None`: its stored schema does not compile, which only a
 /// tool registered before schemas were checked can have; its calls are not checked), and whether
@@ -60,16 +61,16 @@ impl SchemaCache {
 }
 
 /// The schema of the tool named `name`, `None` if there is no such tool.
-async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, ApiError> {
-    if let Some(schema) = state.tool_schemas.fresh(name) {
+async fn schema_of(cache: &SchemaCache, registry: &Registry, name: &str) -> Result<Option<Compiled>, ApiError> {
+    if let Some(schema) = cache.fresh(name) {
         return Ok(Some(schema));
     }
-    let Some(tool) = state.store.registry().get_tool(name).await? else {
-        state.tool_schemas.forget(name);
+    let Some(tool) = registry.get_tool(name).await? else {
+        cache.forget(name);
         return Ok(None);
     };
     let version = (tool.id.clone(), tool.updated_at_ms);
-    let schema = match state.tool_schemas.compiled_from(name, &version) {
+    let schema = match cache.compiled_from(name, &version) {
         Some(schema) => schema,
         None => {
             let schema = ToolSchema::compile(&tool.parameters)
@@ -78,14 +79,19 @@ async fn schema_of(state: &AppState, name: &str) -> Result<Option<Compiled>, Api
             Arc::new((schema, tool.execution == ToolExecution::Client))
         }
     };
-    state.tool_schemas.put(name, version, schema.clone());
+    cache.put(name, version, schema.clone());
     Ok(Some(schema))
 }
 
 /// Refuses a call of an unregistered tool, or one whose parameters fail the tool's schema (422
 /// naming each failing path).
-pub(crate) async fn check_call(state: &AppState, name: &str, parameters: &Map<String, Value>) -> Result<(), ApiError> {
-    let Some(schema) = schema_of(state, name).await? else {
+pub(crate) async fn check_call(
+    cache: &SchemaCache,
+    registry: &Registry,
+    name: &str,
+    parameters: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let Some(schema) = schema_of(cache, registry, name).await? else {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_tool",

@@ -7,7 +7,7 @@ use serde_json::json;
 use fleet_platform::config::CommonConfig;
 use fleet_platform::dead_letters::{self, Action, SweepReport};
 use fleet_platform::store::Store;
-use fleet_protocol::deadletter::DeadLetterFilter;
+use fleet_protocol::dead_letters::DeadLetterFilter;
 
 #[derive(Subcommand)]
 pub(crate) enum DeadLetterAction {

@@ -11,7 +11,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use fleet_protocol::deadletter::{
+use fleet_protocol::dead_letters::{
     record_from_message, DeadLetterFilter, DeadLetterRecord, ListCursor, RECORD_MESSAGE_TYPE,
 };
 use fleet_protocol::envelope::{DeadLetterReason, Envelope, Job, Verdict, CONTENT_TYPE};
@@ -60,7 +60,7 @@ pub struct SweepReport {
 
 /// What happened to one dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum LetterOutcome {
     Done,
     NotFound,
     /// Another operation is acting on it right now.
@@ -94,13 +94,13 @@ pub async fn act_on(
     redrive: Option<&Redrive<'_>>,
     id: &str,
     action: Action,
-) -> Result<Outcome, SweepError> {
+) -> Result<LetterOutcome, SweepError> {
     let holder = fleet_protocol::new_execution_id();
     if !store.dead_letters().lock_dead_letter(id, &holder, LOCK_TTL).await? {
         return Ok(if store.dead_letters().get_dead_letter(id).await?.is_some() {
-            Outcome::Busy
+            LetterOutcome::Busy
         } else {
-            Outcome::NotFound
+            LetterOutcome::NotFound
         });
     }
     let outcome = locked(store, redrive, id, action).await;
@@ -109,17 +109,22 @@ pub async fn act_on(
     outcome
 }
 
-async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: Action) -> Result<Outcome, SweepError> {
+async fn locked(
+    store: &Store,
+    redrive: Option<&Redrive<'_>>,
+    id: &str,
+    action: Action,
+) -> Result<LetterOutcome, SweepError> {
     let Some(record) = store.dead_letters().get_dead_letter(id).await? else {
         store.dead_letters().forget_dead_letters(&[id.to_string()]).await?;
-        return Ok(Outcome::NotFound);
+        return Ok(LetterOutcome::NotFound);
     };
     if action == Action::Delete {
         store.dead_letters().delete_dead_letter(id).await?;
-        return Ok(Outcome::Done);
+        return Ok(LetterOutcome::Done);
     }
     let (Some(envelope), Some(redrive)) = (replayable(&record), redrive) else {
-        return Ok(Outcome::NotReplayable);
+        return Ok(LetterOutcome::NotReplayable);
     };
     let round = match &envelope.job {
         Job::Turn(step) => step.round,
@@ -135,7 +140,7 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
                 if expected.status.is_final() {
                     store.dead_letters().delete_dead_letter(id).await?;
                 }
-                return Ok(Outcome::Superseded(expected.status));
+                return Ok(LetterOutcome::Superseded(expected.status));
             }
             // The record is gone (older than its retention): it starts again as a new one.
             None => {
@@ -151,18 +156,18 @@ async fn locked(store: &Store, redrive: Option<&Redrive<'_>>, id: &str, action: 
         Job::ToolCall(_) | Job::Webhook(_) => true,
     };
     if !reopened {
-        return Ok(Outcome::NotReplayable);
+        return Ok(LetterOutcome::NotReplayable);
     }
     // The operator's request is the trace this publish continues.
     let headers = crate::telemetry::amqp_headers(&tracing::Span::current());
     redrive.publisher.publish_job(redrive.topology, &fresh, headers).await?;
     store.dead_letters().delete_dead_letter(id).await?;
-    Ok(Outcome::Done)
+    Ok(LetterOutcome::Done)
 }
 
 /// A record for a dead letter whose execution's record expired: queued, as it was accepted.
 async fn recreate(store: &Store, id: &str, record: &DeadLetterRecord, envelope: &Envelope) -> Result<(), StoreError> {
-    let kind = envelope.kind().as_str();
+    let kind = envelope.kind();
     let new = crate::store::NewExecution {
         execution_id: id,
         kind,
@@ -240,12 +245,12 @@ pub async fn apply(
 }
 
 impl SweepReport {
-    fn count(&mut self, outcome: Outcome) {
+    fn count(&mut self, outcome: LetterOutcome) {
         match outcome {
-            Outcome::Done => self.done += 1,
-            Outcome::NotReplayable => self.not_replayable += 1,
-            Outcome::Superseded(_) => self.superseded += 1,
-            Outcome::NotFound | Outcome::Busy => {}
+            LetterOutcome::Done => self.done += 1,
+            LetterOutcome::NotReplayable => self.not_replayable += 1,
+            LetterOutcome::Superseded(_) => self.superseded += 1,
+            LetterOutcome::NotFound | LetterOutcome::Busy => {}
         }
     }
 }

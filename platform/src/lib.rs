@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod ops;
 pub mod service;
 pub mod shutdown;
+pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -30,7 +30,9 @@ where
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = crate::tls::startup_check(config.common()).await {
+    if let Err(e) =
+        crate::tls::startup_check(&config.common().amqp_urls, &config.common().redis_url, &config.common().tls).await
+    {
         eprintln!("{name}: {e}");
         return ExitCode::from(2);
     }

@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::config::{ConfigError, Source};
+use crate::source::{ConfigError, Source};
 
 pub const CA_FILE: &str = "FLEET_TLS_CA_FILE";
 pub const NATIVE_ROOTS: &str = "FLEET_TLS_NATIVE_ROOTS";
@@ -217,13 +217,13 @@ pub fn untrusted_hint(error: &str) -> Option<&'static str> {
 /// node): a certificate either side refuses stops the process with one line naming the setting,
 /// instead of a process that stays unready retrying a handshake that cannot succeed. An endpoint
 /// that is only unreachable or slow is no error: the process starts and keeps trying, as without TLS.
-pub async fn startup_check(common: &crate::config::CommonConfig) -> Result<(), ConfigError> {
-    let amqp = common.amqp_urls.iter().filter(|u| u.starts_with("amqps://")).map(|u| ("RabbitMQ", u.as_str(), 5671));
-    let redis = common.redis_url.split(',').map(str::trim).filter(|u| u.starts_with("rediss://"));
+pub async fn startup_check(amqp_urls: &[String], redis_url: &str, tls: &ClientTls) -> Result<(), ConfigError> {
+    let amqp = amqp_urls.iter().filter(|u| u.starts_with("amqps://")).map(|u| ("RabbitMQ", u.as_str(), 5671));
+    let redis = redis_url.split(',').map(str::trim).filter(|u| u.starts_with("rediss://"));
     let endpoints: Vec<_> = amqp.chain(redis.map(|u| ("Redis", u, 6379))).collect();
     let probes = endpoints.iter().map(|(service, url, default_port)| async move {
         let Some((host, port)) = host_and_port(url, *default_port) else { return Ok(()) };
-        match tokio::time::timeout(STARTUP_PROBE, handshake(&host, port, &common.tls)).await {
+        match tokio::time::timeout(STARTUP_PROBE, handshake(&host, port, tls)).await {
             Ok(Some((rejection, detail))) => Err(ConfigError::new(
                 rejection.setting(),
                 format!("{service} at {host}:{port}: {detail}; {}", rejection.advice()),

@@ -36,7 +36,7 @@ impl Fixture {
     async fn record(&self, id: &str) {
         let new = NewExecution {
             execution_id: id,
-            kind: "tool_call",
+            kind: fleet_protocol::envelope::JobKind::ToolCall,
             tool_name: Some("t"),
             room_id: None,
             assistant_id: None,
@@ -133,7 +133,7 @@ async fn a_delivery_runs_only_at_the_step_the_record_expects() {
         assert_eq!(f.admit(id, step).await, Claimed::Done { result: result.clone() }, "{step:?}");
     }
     let view = f.store.executions().get_execution(id).await.unwrap().unwrap();
-    assert_eq!((view.status, view.attempts.len()), (ExecutionStatus::Succeeded, 1));
+    assert_eq!((view.record.status, view.attempts.len()), (ExecutionStatus::Succeeded, 1));
     f.cleanup().await;
 }
 

@@ -31,11 +31,7 @@ pub fn new_room_id() -> String {
     format!("room_{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Whether `s` has the shape of an id with `prefix` (`asst_`, `room_`) that this module hands out.
-pub fn is_id(prefix: &str, s: &str) -> bool {
-    s.strip_prefix(prefix)
-        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-}
+pub use crate::ids::is_id;
 
 /// An assistant as stored. `model_config` has the fleet's defaults filled in when it was created,
 /// so what it shows is what its turns run with. `version` starts at 1 and grows with each update.

@@ -27,6 +27,7 @@ pub fn request_fits_a_job(request_bytes: usize) -> bool {
 
 /// What kind of work a job is; each kind has its own work queue and delay queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobKind {
     ToolCall,
@@ -36,6 +37,11 @@ pub enum JobKind {
 
 impl JobKind {
     pub const ALL: [JobKind; 3] = [JobKind::ToolCall, JobKind::Webhook, JobKind::Turn];
+
+    /// The kind `text` names (`as_str`'s inverse).
+    pub fn parse(text: &str) -> Option<JobKind> {
+        JobKind::ALL.into_iter().find(|k| k.as_str() == text)
+    }
 
     /// Routing key on the jobs exchange, and the `kind` metric label.
     pub fn as_str(self) -> &'static str {
@@ -229,16 +235,6 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl Envelope {
-    /// Which step of its execution's life this delivery stands for.
-    pub fn step(&self) -> crate::life::Step {
-        let round = match &self.job {
-            Job::Turn(step) => step.round,
-            Job::ToolCall(_) | Job::Webhook(_) => 0,
-        };
-        let poll = self.poll.as_ref().map_or(0, |p| p.seq.max(1));
-        crate::life::Step { gen: self.gen, round, attempt: self.attempt, poll }
-    }
-
     /// This job as a fresh first attempt (what a dead letter keeps for replay).
     pub fn as_first_attempt(&self) -> Envelope {
         Envelope {

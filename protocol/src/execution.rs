@@ -1,7 +1,11 @@
 //! The execution record: the status of one job and its attempt history, as workers write it to
 //! Redis and the dispatcher serves it at `GET /v1/executions/{id}`.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
+
+use crate::envelope::JobKind;
 
 /// Hash fields of the execution record (`Keys::execution`).
 pub mod field {
@@ -168,6 +172,94 @@ pub struct AttemptRecord {
     pub completion_tokens: Option<u64>,
 }
 
+/// An execution's record: the one shape of the hash `keys::execution` names, read and written
+/// here only. A listing shows it as it is; an execution's view adds its result and attempts
+/// (kept beside it); the API's answers are derived from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionRecord {
+    pub execution_id: String,
+    pub kind: JobKind,
+    pub status: ExecutionStatus,
+    pub tool_name: Option<String>,
+    /// The room (session) a turn or its tool call belongs to, as stored.
+    pub room_id: Option<String>,
+    pub assistant_id: Option<String>,
+    /// Whose work it is (`tenant::resolve`); `None` for a record from before tenants.
+    pub tenant: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// When a scheduled call is due (ms); `None` for one that ran (or runs) as soon as it could.
+    pub run_at_ms: Option<i64>,
+    /// Attempts made so far.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+impl ExecutionRecord {
+    /// The record in `hash` (its fields as stored); `Err` names the field that cannot be read.
+    pub fn from_fields(execution_id: &str, hash: &HashMap<String, String>) -> Result<Self, &'static str> {
+        let num = |name: &str| hash.get(name).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let text = |name: &str| hash.get(name).cloned();
+        Ok(ExecutionRecord {
+            execution_id: execution_id.to_string(),
+            kind: hash.get(field::KIND).and_then(|k| JobKind::parse(k)).ok_or(field::KIND)?,
+            status: hash.get(field::STATUS).and_then(|s| ExecutionStatus::parse(s)).ok_or(field::STATUS)?,
+            tool_name: text(field::TOOL_NAME),
+            room_id: text(field::ROOM_ID),
+            assistant_id: text(field::ASSISTANT_ID),
+            tenant: text(field::TENANT),
+            created_at_ms: num(field::CREATED_AT_MS),
+            updated_at_ms: num(field::UPDATED_AT_MS),
+            run_at_ms: hash.get(field::RUN_AT_MS).and_then(|v| v.parse().ok()),
+            attempts: num(field::ATTEMPTS).max(0) as u32,
+            last_error: text(field::LAST_ERROR),
+        })
+    }
+}
+
+/// What a new execution record starts with (borrowed: it is written once, on the enqueue path).
+/// Its fields are the record's: `fields` writes them as `ExecutionRecord::from_fields` reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct NewExecution<'a> {
+    pub execution_id: &'a str,
+    pub kind: JobKind,
+    pub tool_name: Option<&'a str>,
+    pub room_id: Option<&'a str>,
+    pub assistant_id: Option<&'a str>,
+    /// Whose work it is.
+    pub tenant: Option<&'a str>,
+    pub now_ms: i64,
+    /// When a scheduled call is due (ms); it counts as waiting only from then.
+    pub run_at_ms: Option<i64>,
+}
+
+impl NewExecution<'_> {
+    /// The record's fields as written: `queued`, no attempt made.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![
+            (field::KIND, self.kind.as_str().to_string()),
+            (field::STATUS, ExecutionStatus::Queued.as_str().to_string()),
+            (field::CREATED_AT_MS, self.now_ms.to_string()),
+            (field::UPDATED_AT_MS, self.now_ms.to_string()),
+            (field::ATTEMPTS, "0".to_string()),
+        ];
+        for (name, value) in [
+            (field::TOOL_NAME, self.tool_name),
+            (field::ROOM_ID, self.room_id),
+            (field::ASSISTANT_ID, self.assistant_id),
+            (field::TENANT, self.tenant),
+        ] {
+            if let Some(v) = value {
+                fields.push((name, v.to_string()));
+            }
+        }
+        if let Some(due) = self.run_at_ms {
+            fields.push((field::RUN_AT_MS, due.to_string()));
+        }
+        fields
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +272,28 @@ mod tests {
         assert_eq!(ExecutionStatus::parse("done"), None);
         assert!(ExecutionStatus::DeadLettered.is_final() && !ExecutionStatus::Retrying.is_final());
         assert!(ExecutionStatus::Cancelled.is_final());
+    }
+
+    #[test]
+    fn a_new_record_reads_back_as_the_record_it_wrote() {
+        let new = NewExecution {
+            execution_id: "exec_1",
+            kind: JobKind::ToolCall,
+            tool_name: Some("search"),
+            room_id: None,
+            assistant_id: None,
+            tenant: Some("acme"),
+            now_ms: 7,
+            run_at_ms: Some(9),
+        };
+        let hash: HashMap<String, String> = new.fields().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let record = ExecutionRecord::from_fields("exec_1", &hash).unwrap();
+        assert_eq!(record.kind, JobKind::ToolCall);
+        assert_eq!(record.status, ExecutionStatus::Queued);
+        assert_eq!((record.tool_name.as_deref(), record.tenant.as_deref()), (Some("search"), Some("acme")));
+        assert_eq!((record.created_at_ms, record.run_at_ms, record.attempts), (7, Some(9), 0));
+        let mut unknown = hash.clone();
+        unknown.insert(field::KIND.into(), "notification".into());
+        assert_eq!(ExecutionRecord::from_fields("exec_1", &unknown), Err(field::KIND));
     }
 }

@@ -5,7 +5,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::turn::{Message, ToolCall};
+use crate::chat::{Message, ToolCall};
 
 /// Messages a session keeps at most (`FLEET_SESSION_HISTORY_MAX_MESSAGES`).
 pub const DEFAULT_MAX_MESSAGES: usize = 100;

@@ -116,6 +116,18 @@ pub enum Claimed {
     Missing,
 }
 
+impl Envelope {
+    /// Which step of its execution's life this delivery stands for.
+    pub fn step(&self) -> Step {
+        let round = match &self.job {
+            crate::envelope::Job::Turn(step) => step.round,
+            crate::envelope::Job::ToolCall(_) | crate::envelope::Job::Webhook(_) => 0,
+        };
+        let poll = self.poll.as_ref().map_or(0, |p| p.seq.max(1));
+        Step { gen: self.gen, round, attempt: self.attempt, poll }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-type HmacSha256 = Hmac<Sha256>;
+pub(crate) type HmacSha256 = Hmac<Sha256>;
 
 /// The `X-Interactor-Signature` value for `body` under `secret`.
 pub fn signature_header(secret: &[u8], body: &[u8]) -> String {

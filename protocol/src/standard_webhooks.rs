@@ -9,10 +9,9 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use hmac::Mac;
 
-type HmacSha256 = Hmac<Sha256>;
+use crate::signing::HmacSha256;
 
 pub const ID_HEADER: &str = "webhook-id";
 pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
@@ -75,7 +74,7 @@ fn mac(key: &[u8], id: &str, timestamp_secs: i64, body: &[u8]) -> [u8; 32] {
 
 /// Why a Standard Webhooks request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
+pub enum StandardVerifyError {
     #[error("webhook-timestamp is not a number of seconds")]
     BadTimestamp,
     #[error("webhook-timestamp is {0}s too old")]
@@ -96,13 +95,13 @@ pub fn verify(
     signatures: &str,
     body: &[u8],
     now_secs: i64,
-) -> Result<(), VerifyError> {
-    let signed_at: i64 = timestamp.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
+) -> Result<(), StandardVerifyError> {
+    let signed_at: i64 = timestamp.trim().parse().map_err(|_| StandardVerifyError::BadTimestamp)?;
     if now_secs - signed_at > TOLERANCE_SECS {
-        return Err(VerifyError::TooOld(now_secs - signed_at));
+        return Err(StandardVerifyError::TooOld(now_secs - signed_at));
     }
     if signed_at - now_secs > TOLERANCE_SECS {
-        return Err(VerifyError::TooNew(signed_at - now_secs));
+        return Err(StandardVerifyError::TooNew(signed_at - now_secs));
     }
     let matches = signatures
         .split(' ')
@@ -115,7 +114,7 @@ pub fn verify(
             mac.update(body);
             mac.verify_slice(&raw).is_ok()
         });
-    matches.then_some(()).ok_or(VerifyError::Mismatch)
+    matches.then_some(()).ok_or(StandardVerifyError::Mismatch)
 }
 
 #[cfg(test)]
@@ -163,21 +162,21 @@ mod tests {
         let bogus = "v1,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc=";
         let v2 = "v2,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc=";
         assert_eq!(check(&format!("{bogus} {v2} {JS_SIGNATURE} {bogus}")), Ok(()));
-        assert_eq!(check(&format!("{bogus} {v2}")), Err(VerifyError::Mismatch));
+        assert_eq!(check(&format!("{bogus} {v2}")), Err(StandardVerifyError::Mismatch));
         // "invalid signature" and "partial signature".
-        assert_eq!(check("v1,dawfeoifkpqwoekfpqoekf"), Err(VerifyError::Mismatch));
-        assert_eq!(check(&JS_SIGNATURE[..8]), Err(VerifyError::Mismatch));
-        assert_eq!(check("v1,"), Err(VerifyError::Mismatch));
-        assert_eq!(check(""), Err(VerifyError::Mismatch));
+        assert_eq!(check("v1,dawfeoifkpqwoekfpqoekf"), Err(StandardVerifyError::Mismatch));
+        assert_eq!(check(&JS_SIGNATURE[..8]), Err(StandardVerifyError::Mismatch));
+        assert_eq!(check("v1,"), Err(StandardVerifyError::Mismatch));
+        assert_eq!(check(""), Err(StandardVerifyError::Mismatch));
         // "invalid timestamp", "old timestamp fails", "new timestamp fails".
-        assert_eq!(verify(&key, JS_ID, "hello", JS_SIGNATURE, JS_BODY, now), Err(VerifyError::BadTimestamp));
+        assert_eq!(verify(&key, JS_ID, "hello", JS_SIGNATURE, JS_BODY, now), Err(StandardVerifyError::BadTimestamp));
         let late = JS_TIMESTAMP + TOLERANCE_SECS + 1;
-        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, JS_BODY, late), Err(VerifyError::TooOld(301)));
+        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, JS_BODY, late), Err(StandardVerifyError::TooOld(301)));
         let early = JS_TIMESTAMP - TOLERANCE_SECS - 1;
-        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, JS_BODY, early), Err(VerifyError::TooNew(301)));
+        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, JS_BODY, early), Err(StandardVerifyError::TooNew(301)));
         // The id and the body are signed.
-        assert_eq!(verify(&key, "msg_other", &ts, JS_SIGNATURE, JS_BODY, now), Err(VerifyError::Mismatch));
-        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, b"{}", now), Err(VerifyError::Mismatch));
+        assert_eq!(verify(&key, "msg_other", &ts, JS_SIGNATURE, JS_BODY, now), Err(StandardVerifyError::Mismatch));
+        assert_eq!(verify(&key, JS_ID, &ts, JS_SIGNATURE, b"{}", now), Err(StandardVerifyError::Mismatch));
     }
 
     #[test]
@@ -191,7 +190,10 @@ mod tests {
         for key in [&new, &old] {
             assert_eq!(verify(key, JS_ID, &ts, &header, JS_BODY, JS_TIMESTAMP), Ok(()));
         }
-        assert_eq!(verify(b"third key", JS_ID, &ts, &header, JS_BODY, JS_TIMESTAMP), Err(VerifyError::Mismatch));
+        assert_eq!(
+            verify(b"third key", JS_ID, &ts, &header, JS_BODY, JS_TIMESTAMP),
+            Err(StandardVerifyError::Mismatch)
+        );
     }
 }
 
@@ -214,7 +216,7 @@ mod properties {
                 tampered[flip.index(body.len())] ^= 0x01;
                 prop_assert_eq!(
                     verify(&key, "exec_1", "1700000000", &header, &tampered, 1_700_000_000),
-                    Err(VerifyError::Mismatch)
+                    Err(StandardVerifyError::Mismatch)
                 );
             }
         }

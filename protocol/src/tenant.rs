@@ -43,7 +43,7 @@ pub const SESSION_SCOPE_SEPARATOR: char = '\u{1f}';
 /// a room's (`room_…`, made by the fleet, unguessable), are the key itself.
 pub fn session_storage_id<'a>(bound: Option<&str>, key: &'a str) -> std::borrow::Cow<'a, str> {
     match bound {
-        Some(tenant) if !crate::agents::is_id("room_", key) => {
+        Some(tenant) if !crate::ids::is_id("room_", key) => {
             std::borrow::Cow::Owned(format!("{tenant}{SESSION_SCOPE_SEPARATOR}{key}"))
         }
         _ => std::borrow::Cow::Borrowed(key),
@@ -71,22 +71,22 @@ const MEASURES: [&str; 3] = ["p", "c", "r"];
 /// What a usage query or write is about: a tenant, an assistant, one tenant's assistant, or a
 /// session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope<'a> {
+pub enum UsageScope<'a> {
     Tenant(&'a str),
     Assistant(&'a str),
     TenantAssistant(&'a str, &'a str),
     Session(&'a str),
 }
 
-impl Scope<'_> {
+impl UsageScope<'_> {
     /// The hash field of `measure` (`p`, `c`, `r`) in `hour` for this scope. The name comes last,
     /// so an assistant's id may hold any character.
     fn field(&self, hour: i64, measure: &str) -> String {
         match self {
-            Scope::Tenant(t) => format!("t|{hour}|{measure}|{t}"),
-            Scope::Assistant(a) => format!("a|{hour}|{measure}|{a}"),
-            Scope::TenantAssistant(t, a) => format!("ta|{hour}|{measure}|{t}|{a}"),
-            Scope::Session(s) => format!("s|{hour}|{measure}|{s}"),
+            UsageScope::Tenant(t) => format!("t|{hour}|{measure}|{t}"),
+            UsageScope::Assistant(a) => format!("a|{hour}|{measure}|{a}"),
+            UsageScope::TenantAssistant(t, a) => format!("ta|{hour}|{measure}|{t}|{a}"),
+            UsageScope::Session(s) => format!("s|{hour}|{measure}|{s}"),
         }
     }
 
@@ -115,10 +115,10 @@ pub fn increments(call: Call<'_>, at_ms: i64, prompt: u64, completion: u64) -> V
     let hour = hour_of(at_ms);
     let mut out = Vec::with_capacity(13);
     for scope in [
-        Scope::Tenant(tenant),
-        Scope::Assistant(assistant),
-        Scope::TenantAssistant(tenant, assistant),
-        Scope::Session(session),
+        UsageScope::Tenant(tenant),
+        UsageScope::Assistant(assistant),
+        UsageScope::TenantAssistant(tenant, assistant),
+        UsageScope::Session(session),
     ] {
         let [p, c, r] = scope.fields(hour);
         out.extend([(p, prompt), (c, completion), (r, 1)]);
@@ -270,7 +270,7 @@ mod tests {
         assert!(inc.contains(&(format!("s|{h}|p|s|1"), 10)));
         assert!(inc.contains(&("d|acme".to_string(), 15)));
         assert_eq!(inc.len(), 13);
-        assert_eq!(Scope::Session("s1").fields(h), [0, 1, 2].map(|i| format!("s|{h}|{}|s1", MEASURES[i])));
+        assert_eq!(UsageScope::Session("s1").fields(h), [0, 1, 2].map(|i| format!("s|{h}|{}|s1", MEASURES[i])));
         assert_eq!(day_of(at), 3);
     }
 

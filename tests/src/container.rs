@@ -59,7 +59,7 @@ pub fn test_image() -> String {
 }
 
 fn build_test_image() -> String {
-    let dispatcher = crate::fleet::binary("dispatcher");
+    let dispatcher = crate::binaries::binary("dispatcher");
     let bin_dir = dispatcher.parent().expect("binary directory");
     // One tag per target directory, so checkouts building side by side do not swap images.
     let digest = sha2::Sha256::digest(bin_dir.as_os_str().as_encoded_bytes());

@@ -89,14 +89,7 @@ pub struct Fleet {
     containers: Vec<String>,
 }
 
-/// The path of one of the workspace's binaries (`dispatcher`, `worker`), built beside the tests.
-pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
-    let path = dir.join(name);
-    assert!(path.exists(), "{} is missing: build the binaries first (cargo build --workspace --bins)", path.display());
-    path
-}
+pub use crate::binaries::binary;
 
 /// Starts a fleet and waits until every process reports ready.
 pub async fn spawn_fleet(options: FleetOptions) -> Fleet {

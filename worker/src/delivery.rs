@@ -12,7 +12,7 @@ use fleet_platform::acks::BatchAcks;
 use fleet_platform::broker::Publisher;
 use fleet_platform::now_ms;
 use fleet_platform::telemetry;
-use fleet_protocol::deadletter::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord};
+use fleet_protocol::dead_letters::{excerpt_raw_body, DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{self, is_valid_execution_id, Envelope, Job, PoisonReason};
 use fleet_protocol::retry::remaining_hold;
 use fleet_protocol::sanitize::sanitize_error;

@@ -8,7 +8,7 @@ use serde_json::Value;
 use fleet_platform::broker::Outgoing;
 use fleet_platform::now_ms;
 use fleet_platform::store::NewExecution;
-use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, Job, JobKind, WebhookJob};
 use fleet_protocol::events;
 
@@ -33,7 +33,7 @@ pub(crate) async fn notify(cx: &Cx<'_>, source: &str, event: &str, payload: Valu
         let envelope = Envelope::new(id.clone(), job, now_ms());
         let record = NewExecution {
             execution_id: &id,
-            kind: JobKind::Webhook.as_str(),
+            kind: JobKind::Webhook,
             tool_name: None,
             room_id: None,
             assistant_id: None,

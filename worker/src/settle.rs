@@ -13,7 +13,7 @@ use lapin::BasicProperties;
 use fleet_platform::dead_letters;
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, Fence, Transition};
-use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
+use fleet_protocol::dead_letters::{DeadLetterReason, DeadLetterRecord, RECORD_MESSAGE_TYPE};
 use fleet_protocol::envelope::{Envelope, PollState, Verdict, CONTENT_TYPE};
 use fleet_protocol::execution::{AttemptOutcome, ExecutionStatus};
 use fleet_protocol::life::Owed;

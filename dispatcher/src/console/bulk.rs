@@ -6,8 +6,8 @@ use axum::extract::{Path, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde_json::json;
 
-use fleet_platform::dead_letters::{self, Action, Outcome};
-use fleet_protocol::deadletter::DeadLetterFilter;
+use fleet_platform::dead_letters::{self, Action, LetterOutcome};
+use fleet_protocol::dead_letters::DeadLetterFilter;
 
 use crate::console::dead_letters::{scan, Search};
 use crate::console::html::{self, esc, url};
@@ -123,7 +123,7 @@ pub(crate) async fn redrive(State(state): State<AppState>, Change { op, form }: 
         return fail(&op.viewer(), "Redrive", "the rate must be between 0 and 10000 per second");
     }
     let job = format!("rd_{}", hex::encode(rand::random::<[u8; 8]>()));
-    let fields = progress_fields(0, &Tally::default(), "counting", &search.text(), rate);
+    let fields = progress_fields(0, &BulkTally::default(), "counting", &search.text(), rate);
     if let Err(e) = state.store.console().console_job_put(&job, &fields, JOB_TTL_SECS).await {
         return session::unavailable(&e.to_string());
     }
@@ -133,7 +133,7 @@ pub(crate) async fn redrive(State(state): State<AppState>, Change { op, form }: 
         match matching_ids(&st, &search).await {
             Ok(ids) => run_redrive(st, actor, id, search, ids, rate).await,
             Err(e) => {
-                let failed = progress_fields(0, &Tally::default(), &format!("failed: {e}"), &search.text(), rate);
+                let failed = progress_fields(0, &BulkTally::default(), &format!("failed: {e}"), &search.text(), rate);
                 let _ = st.store.console().console_job_put(&id, &failed, JOB_TTL_SECS).await;
             }
         }
@@ -142,12 +142,12 @@ pub(crate) async fn redrive(State(state): State<AppState>, Change { op, form }: 
 }
 
 #[derive(Default)]
-struct Tally {
+struct BulkTally {
     done: u64,
     skipped: u64,
 }
 
-fn progress_fields(total: usize, t: &Tally, status: &str, target: &str, rate: f64) -> Vec<(&'static str, String)> {
+fn progress_fields(total: usize, t: &BulkTally, status: &str, target: &str, rate: f64) -> Vec<(&'static str, String)> {
     vec![
         ("total", total.to_string()),
         ("done", t.done.to_string()),
@@ -162,7 +162,7 @@ fn progress_fields(total: usize, t: &Tally, status: &str, target: &str, rate: f6
 /// is left stays dead-lettered, to be redriven again).
 async fn run_redrive(state: AppState, actor: String, job: String, search: Search, ids: Vec<String>, rate: f64) {
     let pause = std::time::Duration::from_secs_f64(1.0 / rate);
-    let mut tally = Tally::default();
+    let mut tally = BulkTally::default();
     let mut status = "finished";
     let publisher = state.broker.publisher().ok();
     let redrive = publisher
@@ -175,7 +175,7 @@ async fn run_redrive(state: AppState, actor: String, job: String, search: Search
             _ = state.shutdown.cancelled() => { status = "stopped (shutdown)"; break; }
         }
         match dead_letters::act_on(&state.store, redrive.as_ref(), id, Action::Retry).await {
-            Ok(Outcome::Done) => tally.done += 1,
+            Ok(LetterOutcome::Done) => tally.done += 1,
             _ => tally.skipped += 1,
         }
         if n % 10 == 9 {

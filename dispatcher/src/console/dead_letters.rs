@@ -9,8 +9,8 @@ use axum::extract::{Path, Query, State};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::{json, Value};
 
-use fleet_platform::dead_letters::{self, Action, Outcome};
-use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, DeadLetterRecord, ListCursor};
+use fleet_platform::dead_letters::{self, Action, LetterOutcome};
+use fleet_protocol::dead_letters::{DeadLetterFilter, DeadLetterReason, DeadLetterRecord, ListCursor};
 
 use crate::console::html::{self, esc, url, Viewer};
 use crate::console::session::{self, Change, Operator};
@@ -324,7 +324,7 @@ fn detail_body(viewer: &Viewer<'_>, r: &DeadLetterRecord, id: &str) -> String {
     };
     format!(
         "<dl>{dl}</dl><div class=\"actions\">{actions}</div><h2>Attempts</h2>{}{job}{raw}{edit}",
-        html::table(&["#", "Started", "HTTP status", "Outcome", "Error", "Duration (ms)"], &attempts)
+        html::table(&["#", "Started", "HTTP status", "LetterOutcome", "Error", "Duration (ms)"], &attempts)
     )
 }
 
@@ -340,14 +340,16 @@ pub(crate) async fn detail(State(state): State<AppState>, op: Operator, Path(id)
 }
 
 /// What an outcome of a retry or delete says to the operator.
-fn outcome_text(id: &str, action: Action, outcome: &Outcome) -> (String, bool) {
+fn outcome_text(id: &str, action: Action, outcome: &LetterOutcome) -> (String, bool) {
     match (action, outcome) {
-        (Action::Retry, Outcome::Done) => (format!("{id} is back on the work queue."), true),
-        (Action::Delete, Outcome::Done) => (format!("{id} is deleted."), true),
-        (_, Outcome::NotReplayable) => (format!("{id} is a poison message: there is no job to retry."), false),
-        (_, Outcome::Superseded(s)) => (format!("{id}'s execution is {} now; nothing was retried.", s.as_str()), false),
-        (_, Outcome::Busy) => (format!("{id} is being acted on by another request; try again."), false),
-        (_, Outcome::NotFound) => (format!("No dead letter {id:?}."), false),
+        (Action::Retry, LetterOutcome::Done) => (format!("{id} is back on the work queue."), true),
+        (Action::Delete, LetterOutcome::Done) => (format!("{id} is deleted."), true),
+        (_, LetterOutcome::NotReplayable) => (format!("{id} is a poison message: there is no job to retry."), false),
+        (_, LetterOutcome::Superseded(s)) => {
+            (format!("{id}'s execution is {} now; nothing was retried.", s.as_str()), false)
+        }
+        (_, LetterOutcome::Busy) => (format!("{id} is being acted on by another request; try again."), false),
+        (_, LetterOutcome::NotFound) => (format!("No dead letter {id:?}."), false),
     }
 }
 
@@ -367,7 +369,7 @@ pub(crate) async fn act(state: &AppState, op: &Operator, id: &str, action: Actio
         Ok(o) => o,
         Err(e) => return fail(&viewer, "Dead letter", &format!("the operation failed: {e}")),
     };
-    if matches!(outcome, Outcome::Done) {
+    if matches!(outcome, LetterOutcome::Done) {
         let name = match (action, detail.is_some()) {
             (Action::Retry, false) => "dead_letter.retry",
             (Action::Retry, true) => "dead_letter.retry_edited",
@@ -422,7 +424,7 @@ pub(crate) async fn retry_edited(
     let (Some(job), Some(tool)) = (record.job.as_mut(), record.tool_name.clone()) else {
         return fail(&viewer, "Retry with edited parameters", "this dead letter has no tool call to edit");
     };
-    if let Err(e) = crate::tool_schemas::check_call(&state, &tool, &params).await {
+    if let Err(e) = crate::tool_schemas::check_call(&state.tool_schemas, state.store.registry(), &tool, &params).await {
         return fail(
             &viewer,
             "Retry with edited parameters",

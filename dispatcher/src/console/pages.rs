@@ -223,7 +223,7 @@ pub(crate) async fn executions(State(state): State<AppState>, op: Operator, Quer
         .map(|e| {
             vec![
                 html::link(&format!("/console/executions/{}", url(&e.execution_id)), &e.execution_id),
-                esc(&e.kind),
+                esc(e.kind.as_str()),
                 format!("<span class=\"status {0}\">{0}</span>", esc(e.status.as_str())),
                 html::opt(e.tool_name.as_deref()),
                 html::opt(e.room_id.as_deref().map(session_label).as_deref()),
@@ -260,12 +260,12 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
         Err(e) => return session::unavailable(&e.to_string()),
     };
     let fields = [
-        ("Kind", Some(view.kind.clone())),
-        ("Status", Some(view.status.as_str().to_string())),
-        ("Tool", view.tool_name.clone()),
-        ("Room", view.room_id.as_deref().map(session_label)),
-        ("Assistant", view.assistant_id.clone()),
-        ("Last error", view.last_error.clone()),
+        ("Kind", Some(view.record.kind.as_str().to_string())),
+        ("Status", Some(view.record.status.as_str().to_string())),
+        ("Tool", view.record.tool_name.clone()),
+        ("Room", view.record.room_id.as_deref().map(session_label)),
+        ("Assistant", view.record.assistant_id.clone()),
+        ("Last error", view.record.last_error.clone()),
     ];
     let mut dl: String = fields
         .iter()
@@ -279,8 +279,8 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
         .collect();
     dl.push_str(&format!(
         "<dt>Created</dt><dd>{}</dd><dt>Updated</dt><dd>{}</dd>",
-        time(Some(view.created_at_ms)),
-        time(Some(view.updated_at_ms))
+        time(Some(view.record.created_at_ms)),
+        time(Some(view.record.updated_at_ms))
     ));
     let attempts: Vec<Vec<String>> = view
         .attempts
@@ -297,7 +297,7 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
                 .collect()
         })
         .collect();
-    let turn = if view.kind == "turn" {
+    let turn = if view.record.kind == fleet_protocol::envelope::JobKind::Turn {
         match crate::routes::turns::turn_summary(&state, &id).await {
             Ok(Some(t)) => format!(
                 "<h2>Turn: rounds, tool calls, usage</h2>{}",
@@ -313,7 +313,7 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
         .as_ref()
         .map(|r| format!("<h2>Result</h2>{}", html::json_block(&crate::console::dead_letters::redact(r))))
         .unwrap_or_default();
-    let cancel = if view.status.is_final() {
+    let cancel = if view.record.status.is_final() {
         String::new()
     } else {
         html::button(&viewer, &format!("/console/executions/{}/cancel", url(&id)), "Cancel", "danger")
@@ -460,7 +460,7 @@ pub(crate) async fn sessions(State(state): State<AppState>, op: Operator, Query(
             ]
         })
         .collect();
-    let token = crate::stream::stream_token_for(&state, id);
+    let token = crate::routes::stream::stream_token_for(&state, id);
     let stream = format!("/v1/sessions/{}/stream?since=start&token={}", url(key), url(&token.token));
     let forget = html::button(
         &viewer,

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use axum::extract::{Query, State};
 use axum::response::{Html, IntoResponse, Response};
 
-use fleet_platform::store::{ExecutionFilter, ExecutionSummary};
-use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_platform::store::ExecutionFilter;
+use fleet_protocol::dead_letters::DeadLetterRecord;
+use fleet_protocol::execution::ExecutionRecord;
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
@@ -27,12 +28,12 @@ const BUDGET: usize = 5_000;
 /// A failed delivery as the page shows it: the subscription and event come from its dead letter.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Failed {
-    pub execution: ExecutionSummary,
+    pub execution: ExecutionRecord,
     pub webhook_id: Option<String>,
     pub event: Option<String>,
 }
 
-pub(crate) fn failed(execution: ExecutionSummary, dead: Option<&DeadLetterRecord>) -> Failed {
+pub(crate) fn failed(execution: ExecutionRecord, dead: Option<&DeadLetterRecord>) -> Failed {
     let job = dead.and_then(|d| d.job.as_ref());
     let text = |k: &str| job.and_then(|j| j[k].as_str()).map(str::to_string);
     Failed { webhook_id: text("webhook_id"), event: text("event"), execution }
@@ -49,8 +50,12 @@ pub(crate) fn per_webhook(failed: &[Failed]) -> BTreeMap<String, u64> {
     out
 }
 
-async fn deliveries(state: &AppState, status: ExecutionStatus) -> Result<Vec<ExecutionSummary>, Response> {
-    let filter = ExecutionFilter { kind: Some("webhook".into()), status: Some(status), ..Default::default() };
+async fn deliveries(state: &AppState, status: ExecutionStatus) -> Result<Vec<ExecutionRecord>, Response> {
+    let filter = ExecutionFilter {
+        kind: Some(fleet_protocol::envelope::JobKind::Webhook),
+        status: Some(status),
+        ..Default::default()
+    };
     match state.store.console().list_executions(&filter, None, SHOWN, BUDGET).await {
         Ok((found, _)) => Ok(found),
         Err(e) => Err(session::unavailable(&e.to_string())),
@@ -145,10 +150,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn summary(id: &str) -> ExecutionSummary {
-        ExecutionSummary {
+    fn summary(id: &str) -> ExecutionRecord {
+        ExecutionRecord {
             execution_id: id.into(),
-            kind: "webhook".into(),
+            kind: fleet_protocol::envelope::JobKind::Webhook,
+            run_at_ms: None,
             status: ExecutionStatus::DeadLettered,
             tool_name: None,
             room_id: None,

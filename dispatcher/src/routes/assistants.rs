@@ -17,7 +17,7 @@ use fleet_protocol::agents::{self, AssistantInput, AssistantOut, AssistantRecord
 
 use crate::error::ApiError;
 use crate::routes::common::{ApiQuery, JsonInput, Tenancy};
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::AppState;
 
 /// Conditional writes tried before a request gives up on an assistant that keeps changing under it.
@@ -219,6 +219,6 @@ pub(crate) async fn delete_assistant(
     if !deleted {
         return Err(busy());
     }
-    let rooms_closed = crate::routes::rooms::close_rooms_of(&state, &id).await;
+    let rooms_closed = crate::routes::closing::close_rooms_of(&state, &id).await;
     Ok(Data::json(AssistantDeleted { id, deleted: true, rooms_closed }))
 }

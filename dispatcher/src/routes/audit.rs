@@ -11,7 +11,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
 use crate::routes::common::{page_limit, ApiQuery, Caller};
-use crate::routes::wire::Listed;
+use crate::wire::Listed;
 use crate::AppState;
 
 /// Who a request's token is, as the audit log names it (a digest prefix, never the token).

@@ -1,11 +1,14 @@
 //! Request helpers every route shares: bearer-token auth and scopes, the raw body with a JSON 413, the
 //! Content-Type check, paging, and the callback host's DNS check.
 
-use axum::extract::{FromRequest, MatchedPath, Request, State};
+use axum::extract::{FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::RequestPartsExt;
 use bytes::Bytes;
+use fleet_platform::now_ms;
+use fleet_protocol::stream_token;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -17,45 +20,7 @@ use crate::AppState;
 #[derive(Clone)]
 pub(crate) struct Caller(pub(crate) String);
 
-/// Whose work a request may create or see: the tenant its token is bound to, if any, and the
-/// token's name (`token-` and the first 8 hex digits of its digest), the tenant of an unbound
-/// token's work when the request names none. A request admitted by a stream token has none.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Tenancy {
-    pub(crate) bound: Option<String>,
-    pub(crate) name: String,
-}
-
-impl Tenancy {
-    /// The tenant of new work that names `requested` (`tenant::resolve`); 422 when refused.
-    pub(crate) fn resolve(&self, requested: Option<&str>) -> Result<String, ApiError> {
-        fleet_protocol::tenant::resolve(self.bound.as_deref(), requested, &self.name).map_err(ApiError::invalid)
-    }
-}
-
-impl Tenancy {
-    /// The stored id of the session the caller calls `key`: a bound caller's is its tenant's own
-    /// (`tenant::session_storage_id`), so no other tenant's key can name it.
-    pub(crate) fn session(&self, key: &str) -> String {
-        fleet_protocol::tenant::session_storage_id(self.bound.as_deref(), key).into_owned()
-    }
-
-    /// Whether the caller may see work of `owner`: an unbound token sees every tenant's.
-    pub(crate) fn sees(&self, owner: Option<&str>) -> bool {
-        self.bound.is_none() || self.bound.as_deref() == owner
-    }
-}
-
-/// The caller's tenancy as the authentication layer decided it. A handler takes `Tenancy` itself:
-/// a request that reached it with no decision (a route outside that layer) is refused, never
-/// treated as seeing every tenant.
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenancy {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, ApiError> {
-        parts.extensions.get::<Tenancy>().cloned().ok_or_else(ApiError::unauthorized)
-    }
-}
+pub(crate) use crate::tenancy::Tenancy;
 
 /// The stored id of the session a request names by `key`, under the caller's tenancy. An operator
 /// (an unbound token) names a tenant's session with `tenant` (`?tenant=`); a bound caller may name
@@ -114,7 +79,7 @@ pub(crate) async fn require_token(State(state): State<AppState>, mut request: Re
         .and_then(bearer_credential);
     let Some(token) = token else {
         // Only a session stream accepts a (stream) token in its query string instead.
-        return match crate::stream::admit_by_stream_token(&state, request).await {
+        return match admit_by_stream_token(&state, request).await {
             Ok(request) => next.run(request).await,
             Err(refused) => refused.into_response(),
         };
@@ -286,4 +251,31 @@ mod tests {
             assert_eq!(bearer_credential(header), None, "{header:?}");
         }
     }
+}
+
+/// The routes a stream token opens, as the router names them: a session's stream, and a room's
+/// (a room is a session: its id is the session's).
+const STREAM_ROUTES: [&str; 2] = ["/v1/sessions/{id}/stream", "/v1/agents/rooms/{room_id}/stream"];
+/// What the stream-token key is derived for from `FLEET_SECRETS_KEY`.
+pub(crate) const TOKEN_KEY_PURPOSE: &str = "stream-token";
+
+/// Authenticates a request that has no `Authorization` header by its `?token=`: only a stream
+/// request, only with a valid, unexpired token for that request's session.
+pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) -> Result<Request, ApiError> {
+    let on_stream_route =
+        request.extensions().get::<MatchedPath>().is_some_and(|p| STREAM_ROUTES.contains(&p.as_str()));
+    let token = request.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
+    });
+    let (Some(token), true) = (token, on_stream_route) else { return Err(ApiError::unauthorized()) };
+    let (mut parts, body) = request.into_parts();
+    let Path(session_id) = parts.extract::<Path<String>>().await.map_err(|e| ApiError::malformed(e.body_text()))?;
+    let key = state.config.secrets_key.subkey(TOKEN_KEY_PURPOSE);
+    let tenant = stream_token::verify(&key, &token, &session_id, now_ms())
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string()))?;
+    // The token was made for this one session, for a caller who could read it then: it decides
+    // the tenancy of this request (whose session of that key), which reads nothing else.
+    let name = "stream-token".to_string();
+    parts.extensions.insert(Tenancy { bound: tenant, name });
+    Ok(Request::from_parts(parts, body))
 }

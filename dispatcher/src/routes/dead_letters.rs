@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use fleet_platform::dead_letters;
-use fleet_protocol::deadletter::{DeadLetterFilter, DeadLetterReason, DeadLetterRecord, ListCursor};
+use fleet_protocol::dead_letters::{DeadLetterFilter, DeadLetterReason, DeadLetterRecord, ListCursor};
 use fleet_protocol::execution::ExecutionStatus;
 
 use crate::error::ApiError;
 use crate::routes::audit;
 use crate::routes::common::{page_limit, ApiQuery, Body, Caller, Tenancy};
 use crate::routes::submit::AcceptedJob;
-use crate::routes::wire::{Data, Listed};
+use crate::wire::{Data, Listed};
 use crate::{validate, AppState};
 
 #[utoipa::path(get, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
@@ -197,7 +197,11 @@ async fn apply(
         .map_err(dead_letter_error)
 }
 
-async fn act_on(state: &AppState, id: &str, action: dead_letters::Action) -> Result<dead_letters::Outcome, ApiError> {
+async fn act_on(
+    state: &AppState,
+    id: &str,
+    action: dead_letters::Action,
+) -> Result<dead_letters::LetterOutcome, ApiError> {
     let publisher = match action {
         dead_letters::Action::Retry => Some(state.broker.publisher()?),
         dead_letters::Action::Delete => None,
@@ -230,22 +234,22 @@ pub(crate) async fn retry_dead_letter(
 ) -> Result<(StatusCode, Json<Data<AcceptedJob>>), ApiError> {
     visible(&state, &tenancy, &id).await?;
     let outcome = act_on(&state, &id, dead_letters::Action::Retry).await?;
-    if matches!(outcome, dead_letters::Outcome::Done)
-        || matches!(outcome, dead_letters::Outcome::Superseded(s) if s.is_final())
+    if matches!(outcome, dead_letters::LetterOutcome::Done)
+        || matches!(outcome, dead_letters::LetterOutcome::Superseded(s) if s.is_final())
     {
-        let stale = json!({"stale": !matches!(outcome, dead_letters::Outcome::Done)});
+        let stale = json!({"stale": !matches!(outcome, dead_letters::LetterOutcome::Done)});
         audit::record_api(&state, caller.as_deref(), "dead_letter.retry", &id, 1, Some(&stale)).await;
     }
     match outcome {
-        dead_letters::Outcome::Done => {
+        dead_letters::LetterOutcome::Done => {
             Ok((StatusCode::ACCEPTED, Data::json(AcceptedJob::new(id, ExecutionStatus::Queued))))
         }
-        dead_letters::Outcome::NotReplayable => Err(ApiError::new(
+        dead_letters::LetterOutcome::NotReplayable => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_replayable",
             format!("dead letter {id:?} is a poison message: there is no job to retry"),
         )),
-        dead_letters::Outcome::Superseded(status) if status.is_final() => Ok((
+        dead_letters::LetterOutcome::Superseded(status) if status.is_final() => Ok((
             StatusCode::OK,
             Data::json(AcceptedJob {
                 note: Some(
@@ -254,13 +258,13 @@ pub(crate) async fn retry_dead_letter(
                 ..AcceptedJob::new(id, status)
             }),
         )),
-        dead_letters::Outcome::Superseded(status) => Err(ApiError::new(
+        dead_letters::LetterOutcome::Superseded(status) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "execution_live",
             format!("execution {id:?} is {} again (replayed already): it is not retried twice", status.as_str()),
         )),
-        dead_letters::Outcome::Busy => Err(busy(&id)),
-        dead_letters::Outcome::NotFound => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
+        dead_letters::LetterOutcome::Busy => Err(busy(&id)),
+        dead_letters::LetterOutcome::NotFound => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
     }
 }
 
@@ -277,11 +281,11 @@ pub(crate) async fn delete_dead_letter(
 ) -> Result<StatusCode, ApiError> {
     visible(&state, &tenancy, &id).await?;
     match act_on(&state, &id, dead_letters::Action::Delete).await? {
-        dead_letters::Outcome::Done => {
+        dead_letters::LetterOutcome::Done => {
             audit::record_api(&state, caller.as_deref(), "dead_letter.delete", &id, 1, None).await;
             Ok(StatusCode::NO_CONTENT)
         }
-        dead_letters::Outcome::Busy => Err(busy(&id)),
+        dead_letters::LetterOutcome::Busy => Err(busy(&id)),
         _ => Err(ApiError::not_found(format!("no dead letter for {id:?}"))),
     }
 }

@@ -10,15 +10,17 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{CancelRequest, ExecutionFilter, ExecutionSummary, ExecutionView};
-use fleet_protocol::deadletter::ListCursor;
+use fleet_platform::store::{CancelRequest, ExecutionFilter, ExecutionView};
+use fleet_protocol::dead_letters::ListCursor;
+use fleet_protocol::envelope::JobKind;
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
+use fleet_protocol::execution::ExecutionRecord;
 use fleet_protocol::execution::{AttemptRecord, ExecutionStatus};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
 use crate::routes::common::{page_limit, ApiQuery, Tenancy};
-use crate::routes::wire::{Data, Listed};
+use crate::wire::{Data, Listed};
 use crate::AppState;
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -30,7 +32,7 @@ pub(crate) struct ExecutionQuery {
     limit: Option<usize>,
     #[param(value_type = Option<fleet_protocol::execution::ExecutionStatus>)]
     status: Option<String>,
-    /// `tool_call`, `turn` or `webhook`.
+    #[param(value_type = Option<JobKind>)]
     kind: Option<String>,
     tool_name: Option<String>,
     /// A room's (session's) turns and their tool calls.
@@ -60,6 +62,13 @@ pub(crate) fn execution_filter(q: ExecutionQuery) -> Result<(ExecutionFilter, Op
         })?),
         None => None,
     };
+    let kind = match q.kind.as_deref().filter(|k| !k.is_empty()) {
+        Some(k) => Some(
+            JobKind::parse(k)
+                .ok_or_else(|| ApiError::invalid(format!("kind must be one of tool_call, webhook, turn; got {k:?}")))?,
+        ),
+        None => None,
+    };
     let time = |name: &str, v: Option<String>| -> Result<Option<i64>, ApiError> {
         v.map(|t| {
             fleet_protocol::timefmt::millis_from_rfc3339(&t)
@@ -78,7 +87,7 @@ pub(crate) fn execution_filter(q: ExecutionQuery) -> Result<(ExecutionFilter, Op
     };
     let filter = ExecutionFilter {
         status,
-        kind: q.kind.filter(|k| !k.is_empty()),
+        kind,
         tool_name: q.tool_name.filter(|t| !t.is_empty()),
         room_id: q.room_id.or(q.session_id).filter(|r| !r.is_empty()),
         assistant_id: q.assistant_id.filter(|a| !a.is_empty()),
@@ -94,8 +103,7 @@ pub(crate) fn execution_filter(q: ExecutionQuery) -> Result<(ExecutionFilter, Op
 #[schema(as = ExecutionSummary)]
 pub(crate) struct ExecutionSummaryOut {
     execution_id: String,
-    /// `tool_call`, `turn` or `webhook`.
-    kind: String,
+    kind: JobKind,
     status: ExecutionStatus,
     tool_name: Option<String>,
     /// The room (session) a turn or its tool call belongs to.
@@ -110,11 +118,11 @@ pub(crate) struct ExecutionSummaryOut {
     last_error: Option<String>,
 }
 
-impl From<&ExecutionSummary> for ExecutionSummaryOut {
-    fn from(e: &ExecutionSummary) -> Self {
+impl From<&ExecutionRecord> for ExecutionSummaryOut {
+    fn from(e: &ExecutionRecord) -> Self {
         Self {
             execution_id: e.execution_id.clone(),
-            kind: e.kind.clone(),
+            kind: e.kind,
             status: e.status,
             tool_name: e.tool_name.clone(),
             room_id: e.room_id.as_deref().map(|r| fleet_protocol::tenant::session_key_shown(r).to_string()),
@@ -158,8 +166,7 @@ pub(crate) async fn list_executions(
 #[schema(as = Execution)]
 pub(crate) struct ExecutionOut {
     execution_id: String,
-    /// `tool_call`, `turn` or `webhook`.
-    kind: String,
+    kind: JobKind,
     status: ExecutionStatus,
     tool_name: Option<String>,
     room_id: Option<String>,
@@ -186,19 +193,19 @@ pub(crate) struct ExecutionOut {
 impl From<ExecutionView> for ExecutionOut {
     fn from(v: ExecutionView) -> Self {
         Self {
-            execution_id: v.execution_id,
-            kind: v.kind,
-            status: v.status,
-            tool_name: v.tool_name,
-            room_id: v.room_id.map(|r| fleet_protocol::tenant::session_key_shown(&r).to_string()),
-            assistant_id: v.assistant_id,
-            tenant: v.tenant,
-            created_at: rfc3339_from_millis(v.created_at_ms),
-            updated_at: rfc3339_from_millis(v.updated_at_ms),
-            run_at: v.run_at_ms.map(rfc3339_from_millis),
+            execution_id: v.record.execution_id,
+            kind: v.record.kind,
+            status: v.record.status,
+            tool_name: v.record.tool_name,
+            room_id: v.record.room_id.map(|r| fleet_protocol::tenant::session_key_shown(&r).to_string()),
+            assistant_id: v.record.assistant_id,
+            tenant: v.record.tenant,
+            created_at: rfc3339_from_millis(v.record.created_at_ms),
+            updated_at: rfc3339_from_millis(v.record.updated_at_ms),
+            run_at: v.record.run_at_ms.map(rfc3339_from_millis),
             attempts: v.attempts,
             result: v.result,
-            last_error: v.last_error,
+            last_error: v.record.last_error,
             turn: None,
         }
     }
@@ -236,7 +243,7 @@ async fn visible_execution(state: &AppState, tenancy: &Tenancy, id: &str) -> Res
 
 /// The record found for `id`, if there is one and the caller may see it; else 404.
 fn only_visible(tenancy: &Tenancy, id: &str, view: Option<ExecutionView>) -> Result<ExecutionView, ApiError> {
-    view.filter(|v| tenancy.sees(v.tenant.as_deref()))
+    view.filter(|v| tenancy.sees(v.record.tenant.as_deref()))
         .ok_or_else(|| ApiError::not_found(format!("no execution {id:?}")))
 }
 

@@ -4,6 +4,7 @@
 pub(crate) mod agent_events;
 pub(crate) mod assistants;
 pub(crate) mod audit;
+pub(crate) mod closing;
 pub(crate) mod common;
 pub(crate) mod dead_letters;
 pub(crate) mod docs;
@@ -18,9 +19,7 @@ pub(crate) mod tools;
 pub(crate) mod turns;
 pub(crate) mod usage;
 pub(crate) mod webhooks;
-pub(crate) mod wire;
-
-use std::sync::Arc;
+pub(crate) use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -118,7 +117,9 @@ async fn openapi_json() -> Response {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], text).into_response()
 }
 
-pub fn router(state: AppState) -> Router {
+/// The API's router, with `pages` (the console, which sits above the routes and is handed in
+/// here) behind the same body limit and metrics.
+pub fn router(state: AppState, pages: Router) -> Router {
     // Read now, so a route declared wrongly stops the dispatcher at its start, not at a request.
     route_rules();
     let (authenticated, _) = documented().split_for_parts();
@@ -140,7 +141,7 @@ pub fn router(state: AppState) -> Router {
             s.store.redis().ping().await.map_err(|e| e.to_string())
         })
     });
-    v1.merge(crate::console::router(state.clone()))
+    v1.merge(pages)
         .merge(fleet_platform::ops::router(state.metrics.clone(), readiness, None))
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state, record_metrics))

@@ -23,28 +23,19 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{InputMessage, TurnInput};
 
 use crate::error::ApiError;
+use crate::routes::closing::{busy, closed};
 use crate::routes::common::{
     check_session, claim_session, require_json, ApiQuery, Body, JsonInput, RequestKey, Tenancy,
 };
 use crate::routes::sessions::MessagePage;
+use crate::routes::stream::StreamToken;
 use crate::routes::submit::{mark_replayed, submit_job};
 use crate::routes::turns::{check_turn, digest, NewTurn};
-use crate::routes::wire::Data;
-use crate::stream::StreamToken;
+use crate::wire::Data;
 use crate::{validate, AppState};
-
-/// Conditional writes tried before a request gives up on a room that keeps changing under it.
-const WRITE_ATTEMPTS: usize = 5;
-/// Rooms closed per round when an assistant is deleted, and rounds at most.
-const CLOSE_BATCH: usize = 100;
-const CLOSE_ROUNDS: usize = 1_000;
 
 fn no_room(id: &str) -> ApiError {
     ApiError::not_found(format!("no room with id {:?}", id.chars().take(80).collect::<String>()))
-}
-
-fn busy() -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "room_busy", "the room kept changing while this request wrote it; try again")
 }
 
 /// The room `id` names, as stored (an id of the wrong shape names none).
@@ -178,53 +169,8 @@ pub(crate) async fn close_room(
         return Err(no_room(&id));
     }
     visible_room(&state, &tenancy, &id).await?;
-    let room = close(&state, &id).await?.ok_or_else(|| no_room(&id))?;
+    let room = crate::routes::closing::close(&state, &id).await?.ok_or_else(|| no_room(&id))?;
     Ok(Data::json(with_counts(&state, &room).await?))
-}
-
-/// Closes room `id` (a closed one stays as it was); `None` if there is none.
-async fn close(state: &AppState, id: &str) -> Result<Option<RoomRecord>, ApiError> {
-    for _ in 0..WRITE_ATTEMPTS {
-        let Some(current) = state.store.registry().read_room(id).await? else { return Ok(None) };
-        if current.record.status == RoomStatus::Closed {
-            return Ok(Some(current.record));
-        }
-        let next = current.record.closed(now_ms());
-        if state.store.registry().write_room(&next, Some(&current)).await? {
-            return Ok(Some(next));
-        }
-    }
-    Err(busy())
-}
-
-/// Closes the active rooms of a deleted assistant; how many it closed. A room it could not
-/// close refuses messages all the same (its assistant is gone).
-pub(crate) async fn close_rooms_of(state: &AppState, assistant_id: &str) -> u64 {
-    let mut closed = 0;
-    for _ in 0..CLOSE_ROUNDS {
-        let ids = match state.store.registry().active_rooms_of(assistant_id, CLOSE_BATCH).await {
-            Ok(ids) if !ids.is_empty() => ids,
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, assistant_id, "could not list a deleted assistant's rooms");
-                break;
-            }
-        };
-        let before = closed;
-        for id in ids {
-            match close(state, &id).await {
-                Ok(Some(_)) => closed += 1,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e.message, room_id = id, "could not close a deleted assistant's room")
-                }
-            }
-        }
-        if closed == before {
-            break;
-        }
-    }
-    closed
 }
 
 /// Sends a user message (the seed's "Send a Message"): answers the stored message at once (201,
@@ -337,7 +283,7 @@ pub(crate) async fn stream_room(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     visible_room(&state, &tenancy, &room_id).await?;
-    crate::stream::serve(&state, room_id, &headers, &query).await
+    crate::routes::stream::serve(&state, room_id, &headers, &query).await
 }
 
 /// A token that opens this room's stream (and nothing else) for 60 seconds, for a browser's
@@ -353,7 +299,7 @@ pub(crate) async fn create_stream_token(
     Path(room_id): Path<String>,
 ) -> Result<Json<RoomStreamTokenOut>, ApiError> {
     visible_room(&state, &tenancy, &room_id).await?;
-    let token = crate::stream::stream_token_for(&state, &room_id);
+    let token = crate::routes::stream::stream_token_for(&state, &room_id);
     Ok(Json(RoomStreamTokenOut {
         streaming_token: token.token.clone(),
         expires_in: token.expires_in,
@@ -381,13 +327,4 @@ pub(crate) struct RoomStreamToken {
     /// The same token, under the seed's name.
     streaming_token: String,
     room_id: String,
-}
-
-/// A closed room's refusal of new input (a message, a turn, a seed 001 input).
-pub(crate) fn closed(room_id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "room_closed",
-        format!("room {room_id} is closed: it takes no new messages (its messages stay readable)"),
-    )
 }

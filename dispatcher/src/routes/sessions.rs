@@ -13,7 +13,7 @@ use fleet_protocol::history::{page, HistoryEntry, MessageOut, PageRequest};
 
 use crate::error::ApiError;
 use crate::routes::common::ApiQuery;
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::AppState;
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
@@ -28,7 +28,7 @@ use crate::AppState;
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_messages(
     State(state): State<AppState>,
-    tenancy: crate::routes::common::Tenancy,
+    tenancy: crate::tenancy::Tenancy,
     Path(session_id): Path<String>,
     ApiQuery(q): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<Data<MessagePage>>, ApiError> {
@@ -71,7 +71,7 @@ impl MessagePage {
 pub(crate) async fn delete_session(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::routes::common::Caller>>,
-    tenancy: crate::routes::common::Tenancy,
+    tenancy: crate::tenancy::Tenancy,
     Path(session_id): Path<String>,
     crate::routes::common::ApiQuery(q): crate::routes::common::ApiQuery<HashMap<String, String>>,
 ) -> Result<StatusCode, ApiError> {

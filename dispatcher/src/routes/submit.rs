@@ -19,7 +19,7 @@ use fleet_protocol::topology::light_key;
 
 use crate::error::ApiError;
 use crate::lanes::Admitted;
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::AppState;
 
 /// One kind of job a client submits (`POST /v1/tool-calls`, `POST /v1/turns`): what its
@@ -366,7 +366,7 @@ async fn accepted(state: &AppState, job: &Accepted) -> Response {
     let status = match replayed {
         false => ExecutionStatus::Queued,
         true => match state.store.executions().get_execution(execution_id).await {
-            Ok(Some(view)) => view.status,
+            Ok(Some(view)) => view.record.status,
             _ => ExecutionStatus::Queued,
         },
     };

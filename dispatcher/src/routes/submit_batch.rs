@@ -26,7 +26,7 @@ use crate::routes::submit::{
     admit, failure_outcome, light_lane, publish_in, reserve, EnqueueFailure, FailureOutcome, Held, Recording, Reserved,
     Submission,
 };
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::AppState;
 
 /// How many record writes (and status reads) of one batch are in flight at once.
@@ -61,7 +61,7 @@ pub(crate) async fn submit_batch<S: Submission>(
         Some(hold) if republish => state.store.executions().batch_confirmed(&hold.hold).await.unwrap_or_default(),
         _ => HashSet::new(),
     };
-    let batch = Batch { items: &items, ids: &ids, republish, hold: hold.as_ref() };
+    let batch = BatchSubmission { items: &items, ids: &ids, republish, hold: hold.as_ref() };
     match batch.enqueue(state, &confirmed_before).instrument(span).await {
         Enqueued::NotPublished { failure, recorded } => Err(batch.refuse(state, failure, &recorded).await),
         Enqueued::Published(results) => Ok(batch.answer(state, results, &confirmed_before).await),
@@ -76,14 +76,14 @@ enum Enqueued {
     Published(Vec<Result<(), EnqueueFailure>>),
 }
 
-struct Batch<'a, S> {
+struct BatchSubmission<'a, S> {
     items: &'a [S],
     ids: &'a [String],
     republish: bool,
     hold: Option<&'a Held>,
 }
 
-impl<S: Submission> Batch<'_, S> {
+impl<S: Submission> BatchSubmission<'_, S> {
     fn recording(&self) -> Recording {
         Recording::of(self.hold.map(|h| h.republish))
     }
@@ -305,7 +305,7 @@ async fn replayed(state: &AppState, batch_id: &str, len: usize) -> Response {
     let lookups = (0..len).map(|i| async move {
         let id = fleet_protocol::batch_item_id(batch_id, i);
         let status = match state.store.executions().get_execution(&id).await {
-            Ok(Some(view)) => view.status,
+            Ok(Some(view)) => view.record.status,
             _ => ExecutionStatus::Queued,
         };
         BatchCallResult::accepted(id, status)

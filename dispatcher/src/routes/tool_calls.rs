@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::routes::common::{JsonInput, RequestKey, Tenancy};
 use crate::routes::submit::{submit, AcceptedJob, Recording, Submission};
 use crate::routes::submit_batch::{submit_batch, BatchResult};
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::{validate, AppState};
 
 /// The most calls one batch may hold.
@@ -90,7 +90,9 @@ impl ToolCallInput {
         self.room_id = self.room_id.as_deref().map(|r| tenancy.session(r));
         self.due_ms = schedule::due_at(self.run_at.as_deref(), self.delay_seconds, now_ms())
             .map_err(|e| (e.field(), ApiError::invalid(e.to_string())))?;
-        crate::tool_schemas::check_call(state, &self.tool_name, &self.parameters).await.map_err(|e| ("parameters", e))
+        crate::tool_schemas::check_call(&state.tool_schemas, state.store.registry(), &self.tool_name, &self.parameters)
+            .await
+            .map_err(|e| ("parameters", e))
     }
 }
 
@@ -235,11 +237,11 @@ impl Submission for ToolCallInput {
         let existing =
             if recording.republish() { state.store.executions().get_execution(execution_id).await? } else { None };
         match existing {
-            Some(view) => due_ms = view.run_at_ms.or(due_ms),
+            Some(view) => due_ms = view.record.run_at_ms.or(due_ms),
             None => {
                 let record = NewExecution {
                     execution_id,
-                    kind: "tool_call",
+                    kind: JobKind::ToolCall,
                     tool_name: Some(&self.tool_name),
                     room_id: self.room_id.as_deref(),
                     assistant_id: self.assistant_id.as_deref(),

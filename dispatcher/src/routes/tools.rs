@@ -21,8 +21,8 @@ use fleet_protocol::tools::{is_tool_id, new_tool_id, ToolExecution, ToolRef};
 use crate::circuit::ToolHealthOut;
 use crate::error::ApiError;
 use crate::routes::common::{page_limit, refuse_private_resolution, require_json, ApiQuery, Body, Page, Tenancy};
-use crate::routes::wire::{Data, Listed};
 use crate::validate;
+use crate::wire::{Data, Listed};
 use crate::AppState;
 
 /// Conditional writes tried before a request gives up on a tool that keeps changing under it.

@@ -27,7 +27,7 @@ use crate::AppState;
 #[utoipa::path(post, path = "/v1/turns", tag = "turns", security(("bearer" = ["turns:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; as on POST /v1/tool-calls")),
     request_body = fleet_protocol::turn::TurnInput,
-    responses((status = 202, description = "Accepted: the broker confirmed the turn's first step", body = crate::routes::wire::Data<crate::routes::submit::AcceptedJob>,
+    responses((status = 202, description = "Accepted: the broker confirmed the turn's first step", body = crate::wire::Data<crate::routes::submit::AcceptedJob>,
             headers(("idempotent-replayed" = String, description = "`true` when the answer replays an earlier request's"))),
         (status = 409, description = "A request with this key is still being accepted (`request_in_progress`)", body = crate::routes::docs::ErrorBody),
         crate::routes::docs::CommonErrors))]
@@ -68,7 +68,7 @@ pub(crate) async fn check_turn(
     if fleet_protocol::agents::is_id("room_", &input.session_id) {
         let room = state.store.registry().get_room(&input.session_id).await?;
         if room.is_some_and(|r| r.status == fleet_protocol::agents::RoomStatus::Closed) {
-            return Err(crate::routes::rooms::closed(&input.session_id));
+            return Err(crate::routes::closing::closed(&input.session_id));
         }
     }
     let tenant = input.tenant.as_deref().unwrap_or_default();
@@ -200,7 +200,7 @@ pub(crate) async fn record_turn(
 ) -> Result<(), ApiError> {
     let record = NewExecution {
         execution_id,
-        kind: JobKind::Turn.as_str(),
+        kind: JobKind::Turn,
         tool_name: None,
         room_id: Some(&turn.session_id),
         assistant_id: Some(&turn.assistant.id),

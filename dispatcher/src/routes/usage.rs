@@ -7,12 +7,12 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use fleet_protocol::tenant::{self, Scope, UsageBucket};
+use fleet_protocol::tenant::{self, UsageBucket, UsageScope};
 use fleet_protocol::timefmt::{millis_from_rfc3339, rfc3339_from_millis};
 
 use crate::error::ApiError;
 use crate::routes::common::{check_session, named_session, ApiQuery, Tenancy};
-use crate::routes::wire::Data;
+use crate::wire::Data;
 use crate::AppState;
 
 /// The longest range one request reads: 35 days of hours (as long as usage is kept).
@@ -103,10 +103,10 @@ pub(crate) async fn get_usage(
         hidden_assistant(&state, b, a).await?;
     }
     let scope = match (&tenant, &assistant, &stored) {
-        (_, _, Some(s)) => Scope::Session(s),
-        (Some(t), Some(a), _) => Scope::TenantAssistant(t, a),
-        (Some(t), None, _) => Scope::Tenant(t),
-        (None, Some(a), _) => Scope::Assistant(a),
+        (_, _, Some(s)) => UsageScope::Session(s),
+        (Some(t), Some(a), _) => UsageScope::TenantAssistant(t, a),
+        (Some(t), None, _) => UsageScope::Tenant(t),
+        (None, Some(a), _) => UsageScope::Assistant(a),
         (None, None, None) => return Err(ApiError::invalid("give tenant, assistant (or both), or session")),
     };
     let (since, until) = range(q.since.as_deref(), q.until.as_deref(), fleet_platform::now_ms())?;

@@ -13,7 +13,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 
 use crate::error::ApiError;
 use crate::routes::common::{page_limit, refuse_private_resolution, ApiQuery, JsonInput, Page};
-use crate::routes::wire::{Data, Listed};
+use crate::wire::{Data, Listed};
 use crate::{validate, AppState};
 
 /// On create, all of `url`, `secret` and `events` are required; on update, fields left out keep

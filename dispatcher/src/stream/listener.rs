@@ -25,33 +25,33 @@ pub(crate) struct Listener {
     position: Position,
     /// Catching up from Redis (the backlog, or after falling behind the feed), and how many events
     /// the next page asks for.
-    catching_up: Option<Page>,
+    catching_up: Option<EventPage>,
 }
 
 /// The size of a catch-up page: events are up to 1 MiB each, so a page is sized by the bytes the
 /// last one held, between 1 and 100 events. The first is small because its events' size is not
 /// known yet: a page of 1 MiB events is held whole while its client does not read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Page {
+struct EventPage {
     count: usize,
 }
 
-impl Page {
-    const FIRST: Page = Page { count: 4 };
+impl EventPage {
+    const FIRST: EventPage = EventPage { count: 4 };
     const MAX_COUNT: usize = 100;
     /// What one page aims to hold.
     const TARGET_BYTES: usize = 1 << 20;
 
     /// The next page's size after one that held `events` events of `bytes` bytes in all.
-    fn next(self, events: usize, bytes: usize) -> Page {
-        let count = if bytes > Page::TARGET_BYTES {
+    fn next(self, events: usize, bytes: usize) -> EventPage {
+        let count = if bytes > EventPage::TARGET_BYTES {
             (self.count / 2).max(1)
-        } else if events == self.count && bytes < Page::TARGET_BYTES / 4 {
-            (self.count * 2).min(Page::MAX_COUNT)
+        } else if events == self.count && bytes < EventPage::TARGET_BYTES / 4 {
+            (self.count * 2).min(EventPage::MAX_COUNT)
         } else {
             self.count
         };
-        Page { count }
+        EventPage { count }
     }
 }
 
@@ -91,7 +91,7 @@ impl Listener {
         until_done: bool,
     ) -> Self {
         let position = Position { last: after, until_done, finished: false };
-        Listener { hub, session_id, subscription, position, catching_up: Some(Page::FIRST) }
+        Listener { hub, session_id, subscription, position, catching_up: Some(EventPage::FIRST) }
     }
 
     /// The response body: the opening comment, then the backlog page by page, then live events.
@@ -106,7 +106,7 @@ impl Listener {
 
     /// The next page of a catch-up; `None` ends the stream (Redis failed: the client reconnects with
     /// `Last-Event-ID` and misses nothing).
-    async fn catch_up(&mut self, page: Page) -> Option<Vec<u8>> {
+    async fn catch_up(&mut self, page: EventPage) -> Option<Vec<u8>> {
         let events = self.hub.read_page(&self.session_id, self.position.last, page.count).await.ok()?;
         let bytes: usize = events.iter().map(|e| e.frame.len()).sum();
         self.catching_up = (events.len() == page.count).then(|| page.next(events.len(), bytes));
@@ -139,7 +139,7 @@ impl Listener {
             match received {
                 Ok(batch) => self.position.render(&batch, &mut out),
                 // Fell behind the feed: what was dropped is still in Redis, read page by page.
-                Err(RecvError::Lagged(_)) => self.catching_up = Some(Page::FIRST),
+                Err(RecvError::Lagged(_)) => self.catching_up = Some(EventPage::FIRST),
                 Err(RecvError::Closed) => return None,
             }
             if !out.is_empty() {
@@ -177,12 +177,12 @@ mod tests {
 
     #[test]
     fn catch_up_pages_follow_the_bytes_they_hold() {
-        let page = Page::FIRST;
+        let page = EventPage::FIRST;
         assert_eq!(page.next(4, 4 * 300).count, 8, "small events: bigger pages");
         assert_eq!(page.next(4, 4 << 20).count, 2, "1 MiB events: smaller pages");
-        assert_eq!(Page { count: 1 }.next(1, 1 << 20).count, 1, "never below one");
-        assert_eq!(Page { count: 64 }.next(64, 64 * 300).count, 100, "never above a hundred");
-        assert_eq!(Page { count: 100 }.next(100, 100).count, 100);
+        assert_eq!(EventPage { count: 1 }.next(1, 1 << 20).count, 1, "never below one");
+        assert_eq!(EventPage { count: 64 }.next(64, 64 * 300).count, 100, "never above a hundred");
+        assert_eq!(EventPage { count: 100 }.next(100, 100).count, 100);
         assert_eq!(page.next(3, 900).count, 4, "a short page ends the catch-up anyway");
     }
 

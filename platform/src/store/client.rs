@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
 
-use fleet_protocol::deadletter::ListCursor;
+use fleet_protocol::dead_letters::ListCursor;
 use fleet_protocol::keys::Keys;
 
 use crate::metrics::Metrics;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use fleet_protocol::deadletter::Retention;
+use fleet_protocol::dead_letters::Retention;
 use fleet_protocol::keys::Keys;
 
 use crate::metrics::Metrics;
@@ -28,18 +28,18 @@ mod sessions;
 pub use audit::{is_cursor, Audit, AuditEntry, AuditEvent, AUDIT_MAX_ENTRIES};
 pub(crate) use client::sends_at_once;
 pub use client::Redis;
-pub use console::{default_index_retention, ActivityReport, ConsoleIndex, ExecutionFilter, ExecutionSummary};
+pub use console::{default_index_retention, ActivityReport, ConsoleIndex, ExecutionFilter};
 pub use dead_letters::DeadLetters;
 pub use executions::{
     record_ttl_secs, AdmitMode, Begin, CancelRequest, ClaimAfter, Created, Delivery, DeliveryClaim, ExecutionView,
     Executions, Expected, Fence, NewExecution, RequestHold, Reservation, Transition, PARK_SLACK,
 };
 pub use limits::{
-    Admission, CircuitChange, CircuitEvent, Limits, Pace, Semaphore, SlotGrant, Spend, ToolHealth, Waiter,
+    CircuitAdmission, CircuitChange, CircuitEvent, Limits, Pace, Semaphore, SlotGrant, Spend, ToolHealth, Waiter,
     CIRCUIT_HISTORY_MAX,
 };
 pub use registry::{
-    AssistantVersion, AssistantWrite, Listed, Registry, RoomVersion, StoredTool, StoredWebhook, ToolVersion,
+    AssistantVersion, AssistantWrite, Registry, RegistryPage, RoomVersion, StoredTool, StoredWebhook, ToolVersion,
 };
 pub use sessions::{
     CompactHistory, Opened, RoundReport, RoundState, SessionEventSubscription, SessionFinish, SessionHolders,

@@ -3,12 +3,12 @@
 
 use std::future::Future;
 
-use fleet_protocol::deadletter::ListCursor;
+use fleet_protocol::dead_letters::ListCursor;
 
 use super::StoreError;
 
 /// One index page as read: each entry's cursor and, when the listing's filter keeps it, its value.
-pub(crate) type Page<T> = Vec<(ListCursor, Option<T>)>;
+pub(crate) type ScanPage<T> = Vec<(ListCursor, Option<T>)>;
 
 /// Reads pages of at most `page` entries after `cursor` (`read(cursor, n)`) until `limit` values
 /// are kept, `budget` entries were looked at, or the index ends. The cursor returned continues the
@@ -22,7 +22,7 @@ pub(crate) async fn newest_first<T, F, Fut>(
 ) -> Result<(Vec<T>, Option<ListCursor>), StoreError>
 where
     F: FnMut(Option<ListCursor>, usize) -> Fut,
-    Fut: Future<Output = Result<Page<T>, StoreError>>,
+    Fut: Future<Output = Result<ScanPage<T>, StoreError>>,
 {
     let mut found = Vec::new();
     let mut scanned = 0;
@@ -55,7 +55,7 @@ mod tests {
     async fn list(n: i64, after: Option<ListCursor>, limit: usize, budget: usize) -> (Vec<i64>, Option<ListCursor>) {
         let read = |cursor: Option<ListCursor>, want: usize| async move {
             let start = cursor.map_or(n - 1, |c| c.at_ms - 1);
-            let page: Page<i64> = (0..=start)
+            let page: ScanPage<i64> = (0..=start)
                 .rev()
                 .take(want)
                 .map(|i| (ListCursor { at_ms: i, id: format!("e{i}") }, (i % 2 == 0).then_some(i)))

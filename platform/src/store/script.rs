@@ -53,4 +53,41 @@ mod tests {
         assert!(lua.contains("tool_call = 'tool_call'"), "{lua}");
         assert_eq!(lua.lines().count(), 6);
     }
+
+    /// Every `.lua` file under `src/store`, with its text.
+    fn scripts() -> Vec<(std::path::PathBuf, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "lua") {
+                    out.push((path.clone(), std::fs::read_to_string(&path).unwrap()));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store"), &mut out);
+        out
+    }
+
+    #[test]
+    fn no_script_spells_a_status_or_a_record_field() {
+        let found = scripts();
+        assert!(found.len() > 40, "{} scripts", found.len());
+        let names: Vec<&str> = field::ALL
+            .iter()
+            .map(|(_, v)| *v)
+            .chain(ExecutionStatus::ALL.iter().map(|s| s.as_str()))
+            .chain(JobKind::ALL.iter().map(|k| k.as_str()))
+            .collect();
+        for (path, text) in found {
+            for name in &names {
+                let quoted = format!("'{name}'");
+                // A script's answer may start with a tag that happens to share a name.
+                let spelled = text.match_indices(&quoted).any(|(at, _)| !text[..at].ends_with("return {"));
+                assert!(!spelled, "{} spells {quoted}: read it from the prelude's F, S or K", path.display());
+            }
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{Admission, CancelRequest, CircuitChange, ClaimAfter, Fence, Transition};
+use fleet_platform::store::{CancelRequest, CircuitAdmission, CircuitChange, ClaimAfter, Fence, Transition};
 use fleet_protocol::circuit::{defer_wait, endpoint_signal, unavailable_result, Signal, MIN_DEFER};
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
@@ -53,13 +53,13 @@ pub(super) async fn admit(cx: &Cx<'_>, envelope: &Envelope) -> Result<Gate, Outc
         fallback = circuit.probe_interval;
     }
     match cx.store.limits().admit_call(&call.tool_name, &envelope.execution_id, fallback).await {
-        Ok(Admission::Call) => Ok(Gate::Pass),
-        Ok(Admission::Probe) => {
+        Ok(CircuitAdmission::Call) => Ok(Gate::Pass),
+        Ok(CircuitAdmission::Probe) => {
             tracing::info!(tool = %call.tool_name, "circuit open; this call is the probe");
             cx.metrics.circuit_events.with_label_values(&["probe"]).inc();
             Ok(Gate::Probe)
         }
-        Ok(Admission::Wait { probe_free_in }) => {
+        Ok(CircuitAdmission::Wait { probe_free_in }) => {
             let wait = defer_wait(probe_free_in, fallback);
             if let Some(turn) = &call.parent {
                 let parent = Parent { turn, tool_name: &call.tool_name, session_id: call.room_id.as_deref() };

@@ -96,7 +96,7 @@ async fn restore_record(cx: &Cx<'_>, envelope: &Envelope) -> Result<(), fleet_pl
     };
     let new = NewExecution {
         execution_id: id,
-        kind: envelope.kind().as_str(),
+        kind: envelope.kind(),
         tool_name,
         room_id,
         assistant_id,

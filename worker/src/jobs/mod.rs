@@ -13,7 +13,7 @@ mod tool_call;
 mod turn;
 mod webhook;
 
-use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, Job, Verdict};
 
 use crate::context::Cx;

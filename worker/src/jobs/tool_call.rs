@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use fleet_protocol::deadletter::DeadLetterRecord;
+use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, ToolCallJob};
 use fleet_protocol::turn::CallOutcome;
 

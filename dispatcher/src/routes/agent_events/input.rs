@@ -25,7 +25,7 @@ pub(super) async fn submit(
     session: &str,
     request: &InputRequest,
     headers: &HeaderMap,
-    tenancy: &crate::routes::common::Tenancy,
+    tenancy: &crate::tenancy::Tenancy,
 ) -> Result<Started, ApiError> {
     let texts = request.texts().map_err(bad_request)?;
     let since = request.since().map_err(bad_request)?;

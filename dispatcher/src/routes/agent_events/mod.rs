@@ -59,7 +59,7 @@ pub(super) struct Started {
         crate::routes::docs::CommonErrors))]
 pub(crate) async fn create_event(
     State(state): State<AppState>,
-    tenancy: crate::routes::common::Tenancy,
+    tenancy: crate::tenancy::Tenancy,
     Path((agent_key, session_key)): Path<(String, String)>,
     headers: HeaderMap,
     Body(body): Body,
@@ -128,7 +128,7 @@ async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<Assis
 /// write, so a request refused for either binds neither.
 async fn own_session(
     state: &AppState,
-    tenancy: &crate::routes::common::Tenancy,
+    tenancy: &crate::tenancy::Tenancy,
     agent: &AssistantRecord,
     session: &str,
 ) -> Result<(), ApiError> {
@@ -145,7 +145,7 @@ async fn own_session(
             return Err(other());
         }
         if room.status == fleet_protocol::agents::RoomStatus::Closed {
-            return Err(crate::routes::rooms::closed(session));
+            return Err(crate::routes::closing::closed(session));
         }
         return Ok(());
     }

@@ -9,10 +9,9 @@
 use crate::store::script::Lua;
 use std::collections::HashMap;
 
-use serde::Serialize;
-
-use fleet_protocol::deadletter::{ListCursor, Retention};
-use fleet_protocol::execution::{field, ExecutionStatus};
+use fleet_protocol::dead_letters::ListCursor;
+use fleet_protocol::envelope::JobKind;
+use fleet_protocol::execution::{ExecutionRecord, ExecutionStatus};
 
 use super::ConsoleIndex;
 use crate::store::connection::evalsha;
@@ -30,16 +29,13 @@ const TRIM_BATCH: u32 = 100;
 /// Index entries read per round trip while listing.
 const SCAN_PAGE: usize = 200;
 
-/// The default retention of the executions index: as long as a record lives, a million entries.
-pub fn default_index_retention() -> Retention {
-    Retention { max_age_ms: fleet_protocol::IDEMPOTENCY_TTL_SECS as i64 * 1000, max_count: 1_000_000 }
-}
+pub use crate::config::default_index_retention;
 
 /// Which executions a listing shows. Empty fields match all; times are ms, `until` exclusive.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExecutionFilter {
     pub status: Option<ExecutionStatus>,
-    pub kind: Option<String>,
+    pub kind: Option<JobKind>,
     pub tool_name: Option<String>,
     pub room_id: Option<String>,
     pub assistant_id: Option<String>,
@@ -55,19 +51,19 @@ impl ExecutionFilter {
     /// record.
     pub fn index_set(&self) -> (&'static str, &str) {
         let named = [
-            ("room", &self.room_id),
-            ("tenant", &self.tenant),
-            ("assistant", &self.assistant_id),
-            ("tool", &self.tool_name),
-            ("kind", &self.kind),
+            ("room", self.room_id.as_deref()),
+            ("tenant", self.tenant.as_deref()),
+            ("assistant", self.assistant_id.as_deref()),
+            ("tool", self.tool_name.as_deref()),
+            ("kind", self.kind.map(JobKind::as_str)),
         ];
-        named.into_iter().find_map(|(dim, v)| v.as_deref().map(|v| (dim, v))).unwrap_or(("all", ""))
+        named.into_iter().find_map(|(dim, v)| v.map(|v| (dim, v))).unwrap_or(("all", ""))
     }
 
-    pub fn matches(&self, e: &ExecutionSummary) -> bool {
+    pub fn matches(&self, e: &ExecutionRecord) -> bool {
         let same = |want: &Option<String>, have: &Option<String>| want.is_none() || want == have;
         self.status.is_none_or(|s| s == e.status)
-            && self.kind.as_ref().is_none_or(|k| *k == e.kind)
+            && self.kind.is_none_or(|k| k == e.kind)
             && same(&self.tool_name, &e.tool_name)
             && same(&self.room_id, &e.room_id)
             && same(&self.assistant_id, &e.assistant_id)
@@ -79,7 +75,7 @@ impl ExecutionFilter {
 
 /// The sets a new execution is entered in.
 pub fn index_sets(e: &NewExecution<'_>) -> Vec<(&'static str, String)> {
-    let mut sets = vec![("all", String::new()), ("kind", e.kind.to_string())];
+    let mut sets = vec![("all", String::new()), ("kind", e.kind.as_str().to_string())];
     for (dim, value) in
         [("tool", e.tool_name), ("room", e.room_id), ("assistant", e.assistant_id), ("tenant", e.tenant)]
     {
@@ -90,37 +86,9 @@ pub fn index_sets(e: &NewExecution<'_>) -> Vec<(&'static str, String)> {
     sets
 }
 
-/// An execution as a listing shows it (its record without result or attempt history).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ExecutionSummary {
-    pub execution_id: String,
-    pub kind: String,
-    pub status: ExecutionStatus,
-    pub tool_name: Option<String>,
-    pub room_id: Option<String>,
-    pub assistant_id: Option<String>,
-    pub tenant: Option<String>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-    pub attempts: u32,
-    pub last_error: Option<String>,
-}
-
-fn summary(id: &str, hash: &HashMap<String, String>) -> Option<ExecutionSummary> {
-    let num = |name: &str| hash.get(name).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-    Some(ExecutionSummary {
-        execution_id: id.to_string(),
-        kind: hash.get(field::KIND).cloned().unwrap_or_default(),
-        status: ExecutionStatus::parse(hash.get(field::STATUS)?)?,
-        tool_name: hash.get(field::TOOL_NAME).cloned(),
-        room_id: hash.get(field::ROOM_ID).cloned(),
-        assistant_id: hash.get(field::ASSISTANT_ID).cloned(),
-        tenant: hash.get(field::TENANT).cloned(),
-        created_at_ms: num(field::CREATED_AT_MS),
-        updated_at_ms: num(field::UPDATED_AT_MS),
-        attempts: num(field::ATTEMPTS).max(0) as u32,
-        last_error: hash.get(field::LAST_ERROR).cloned(),
-    })
+/// A listing's entry: the record, if it is there and reads.
+fn summary(id: &str, hash: &HashMap<String, String>) -> Option<ExecutionRecord> {
+    ExecutionRecord::from_fields(id, hash).ok()
 }
 
 impl ConsoleIndex {
@@ -150,7 +118,7 @@ impl ConsoleIndex {
         cursor: Option<ListCursor>,
         limit: usize,
         budget: usize,
-    ) -> Result<(Vec<ExecutionSummary>, Option<ListCursor>), StoreError> {
+    ) -> Result<(Vec<ExecutionRecord>, Option<ListCursor>), StoreError> {
         let (dim, value) = filter.index_set();
         let set = &self.redis.keys().executions_index(dim, value);
         crate::store::scan::newest_first(cursor, limit, budget, SCAN_PAGE, |cursor, want| async move {
@@ -211,10 +179,10 @@ impl ConsoleIndex {
 mod tests {
     use super::*;
 
-    fn summary_of(status: ExecutionStatus, tool: Option<&str>, room: Option<&str>, at: i64) -> ExecutionSummary {
-        ExecutionSummary {
+    fn summary_of(status: ExecutionStatus, tool: Option<&str>, room: Option<&str>, at: i64) -> ExecutionRecord {
+        ExecutionRecord {
             execution_id: "exec_1".into(),
-            kind: "tool_call".into(),
+            kind: JobKind::ToolCall,
             status,
             tool_name: tool.map(Into::into),
             room_id: room.map(Into::into),
@@ -222,6 +190,7 @@ mod tests {
             tenant: None,
             created_at_ms: at,
             updated_at_ms: at,
+            run_at_ms: None,
             attempts: 1,
             last_error: None,
         }
@@ -230,7 +199,7 @@ mod tests {
     #[test]
     fn a_listing_reads_the_narrowest_set_the_filter_names() {
         assert_eq!(ExecutionFilter::default().index_set(), ("all", ""));
-        let f = ExecutionFilter { kind: Some("turn".into()), tool_name: Some("search".into()), ..Default::default() };
+        let f = ExecutionFilter { kind: Some(JobKind::Turn), tool_name: Some("search".into()), ..Default::default() };
         assert_eq!(f.index_set(), ("tool", "search"));
         let f = ExecutionFilter { room_id: Some("room_1".into()), ..f };
         assert_eq!(f.index_set(), ("room", "room_1"));
@@ -245,7 +214,7 @@ mod tests {
         assert!(!ExecutionFilter { status: Some(ExecutionStatus::Failed), ..Default::default() }.matches(&e));
         assert!(!ExecutionFilter { tool_name: Some("other".into()), ..Default::default() }.matches(&e));
         assert!(!ExecutionFilter { room_id: Some("room_2".into()), ..Default::default() }.matches(&e));
-        assert!(!ExecutionFilter { kind: Some("turn".into()), ..Default::default() }.matches(&e));
+        assert!(!ExecutionFilter { kind: Some(JobKind::Turn), ..Default::default() }.matches(&e));
         assert!(ExecutionFilter { since_ms: Some(1_000), until_ms: Some(1_001), ..Default::default() }.matches(&e));
         assert!(!ExecutionFilter { until_ms: Some(1_000), ..Default::default() }.matches(&e), "until is exclusive");
     }
@@ -254,7 +223,7 @@ mod tests {
     fn a_new_execution_enters_all_its_kind_and_the_dimensions_it_has() {
         let e = NewExecution {
             execution_id: "exec_1",
-            kind: "turn",
+            kind: JobKind::Turn,
             tool_name: None,
             room_id: Some("room_1"),
             assistant_id: Some("asst_1"),

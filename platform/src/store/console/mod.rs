@@ -5,9 +5,9 @@ mod index;
 mod logins;
 
 pub use activity::ActivityReport;
-pub use index::{default_index_retention, ExecutionFilter, ExecutionSummary};
+pub use index::{default_index_retention, ExecutionFilter};
 
-use fleet_protocol::deadletter::Retention;
+use fleet_protocol::dead_letters::Retention;
 
 use crate::store::client::Redis;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use fleet_protocol::deadletter::{DeadLetterRecord, ListCursor};
+use fleet_protocol::dead_letters::{DeadLetterRecord, ListCursor};
 use fleet_protocol::keys;
 
 use super::DeadLetters;

@@ -2,7 +2,7 @@
 
 mod letters;
 
-use fleet_protocol::deadletter::Retention;
+use fleet_protocol::dead_letters::Retention;
 
 use crate::store::client::Redis;
 use crate::store::Executions;

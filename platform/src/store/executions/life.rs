@@ -415,26 +415,7 @@ impl Executions {
         e: &super::NewExecution<'_>,
         turn: Option<&TurnState>,
     ) -> Result<Created, StoreError> {
-        let mut fields = vec![
-            (field::KIND, e.kind.to_string()),
-            (field::STATUS, ExecutionStatus::Queued.as_str().to_string()),
-            (field::CREATED_AT_MS, e.now_ms.to_string()),
-            (field::UPDATED_AT_MS, e.now_ms.to_string()),
-            (field::ATTEMPTS, "0".to_string()),
-        ];
-        for (name, value) in [
-            (field::TOOL_NAME, e.tool_name),
-            (field::ROOM_ID, e.room_id),
-            (field::ASSISTANT_ID, e.assistant_id),
-            (field::TENANT, e.tenant),
-        ] {
-            if let Some(v) = value {
-                fields.push((name, v.to_string()));
-            }
-        }
-        if let Some(due) = e.run_at_ms {
-            fields.push((field::RUN_AT_MS, due.to_string()));
-        }
+        let fields = e.fields();
         let mut create = evalsha(&CREATE, 2);
         create
             .arg(self.redis.keys.execution(e.execution_id))

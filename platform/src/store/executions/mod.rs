@@ -6,12 +6,13 @@ mod records;
 mod requests;
 
 pub use cancel::CancelRequest;
+pub use fleet_protocol::execution::NewExecution;
 pub use life::{
     record_ttl_secs, AdmitMode, Begin, ClaimAfter, Created, Delivery, DeliveryClaim, Expected, Fence, Transition,
     PARK_SLACK,
 };
 pub(crate) use records::execution_view;
-pub use records::{ExecutionView, NewExecution};
+pub use records::ExecutionView;
 pub use requests::{RequestHold, Reservation};
 
 use crate::store::client::Redis;

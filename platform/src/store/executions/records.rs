@@ -2,32 +2,19 @@
 //! record's fields, the view the API shows, a removal, the newest pickup per kind, and the move of
 //! a record written before records sat beside their claims.
 
-use serde::Serialize;
 use serde_json::Value;
 
-use fleet_protocol::execution::{field, AttemptRecord, ExecutionStatus};
+use fleet_protocol::execution::{field, AttemptRecord, ExecutionRecord};
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use super::Executions;
 use crate::store::StoreError;
 
-/// An execution record as read back.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An execution as read back: its record, with its result and attempts (kept beside it).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExecutionView {
-    pub execution_id: String,
-    pub kind: String,
-    pub status: ExecutionStatus,
-    pub tool_name: Option<String>,
-    pub room_id: Option<String>,
-    pub assistant_id: Option<String>,
-    /// Whose work it is (`tenant::resolve`); `None` for a record from before tenants.
-    pub tenant: Option<String>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-    /// When a scheduled call is due (ms); `None` for one that ran (or runs) as soon as it could.
-    pub run_at_ms: Option<i64>,
+    pub record: ExecutionRecord,
     pub result: Option<Value>,
-    pub last_error: Option<String>,
     pub attempts: Vec<AttemptRecord>,
 }
 
@@ -42,8 +29,7 @@ pub(crate) fn execution_view(
     attempts: &[String],
 ) -> Result<ExecutionView, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("execution {execution_id}: {what}"));
-    let num = |name: &str| hash.get(name).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-    let status = hash.get(field::STATUS).and_then(|s| ExecutionStatus::parse(s)).ok_or_else(|| corrupt("status"))?;
+    let record = ExecutionRecord::from_fields(execution_id, hash).map_err(corrupt)?;
     let result = match hash.get(field::RESULT) {
         Some(raw) => Some(serde_json::from_str(raw).map_err(|_| corrupt("result"))?),
         None => None,
@@ -52,35 +38,7 @@ pub(crate) fn execution_view(
         .iter()
         .map(|a| serde_json::from_str(a).map_err(|_| corrupt("attempt")))
         .collect::<Result<Vec<AttemptRecord>, _>>()?;
-    Ok(ExecutionView {
-        execution_id: execution_id.to_string(),
-        kind: hash.get(field::KIND).cloned().unwrap_or_default(),
-        status,
-        tool_name: hash.get(field::TOOL_NAME).cloned(),
-        room_id: hash.get(field::ROOM_ID).cloned(),
-        assistant_id: hash.get(field::ASSISTANT_ID).cloned(),
-        tenant: hash.get(field::TENANT).cloned(),
-        created_at_ms: num(field::CREATED_AT_MS),
-        updated_at_ms: num(field::UPDATED_AT_MS),
-        run_at_ms: hash.get(field::RUN_AT_MS).and_then(|v| v.parse().ok()),
-        result,
-        last_error: hash.get(field::LAST_ERROR).cloned(),
-        attempts,
-    })
-}
-
-/// The fields a new execution record starts with.
-pub struct NewExecution<'a> {
-    pub execution_id: &'a str,
-    pub kind: &'a str,
-    pub tool_name: Option<&'a str>,
-    pub room_id: Option<&'a str>,
-    pub assistant_id: Option<&'a str>,
-    /// Whose work it is.
-    pub tenant: Option<&'a str>,
-    pub now_ms: i64,
-    /// When a scheduled call is due (ms); it counts as waiting only from then.
-    pub run_at_ms: Option<i64>,
+    Ok(ExecutionView { record, result, attempts })
 }
 
 impl Executions {

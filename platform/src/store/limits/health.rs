@@ -67,7 +67,7 @@ pub struct CircuitEvent {
 
 /// What the circuit lets a call do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub enum CircuitAdmission {
     /// Closed: call as usual.
     Call,
     /// Open, and this call holds the probe slot: call, and its signal decides.
@@ -103,7 +103,7 @@ impl Limits {
         tool: &str,
         execution_id: &str,
         fallback_interval: Duration,
-    ) -> Result<Admission, StoreError> {
+    ) -> Result<CircuitAdmission, StoreError> {
         let r: Result<(String, i64), _> = ADMIT_SCRIPT
             .key(self.redis.keys.tool_health(tool))
             .key(self.redis.keys.tool_probe(tool))
@@ -117,9 +117,9 @@ impl Limits {
             .await;
         let (verdict, ms) = self.redis.count(r)?;
         Ok(match verdict.as_str() {
-            "closed" => Admission::Call,
-            "probe" => Admission::Probe,
-            _ => Admission::Wait { probe_free_in: probe_free_in(ms) },
+            "closed" => CircuitAdmission::Call,
+            "probe" => CircuitAdmission::Probe,
+            _ => CircuitAdmission::Wait { probe_free_in: probe_free_in(ms) },
         })
     }
 

@@ -6,7 +6,7 @@ mod slots;
 mod usage;
 
 pub use budget::{Spend, Waiter};
-pub use health::{Admission, CircuitChange, CircuitEvent, ToolHealth, CIRCUIT_HISTORY_MAX};
+pub use health::{CircuitAdmission, CircuitChange, CircuitEvent, ToolHealth, CIRCUIT_HISTORY_MAX};
 pub use slots::{Pace, Semaphore, SlotGrant};
 
 use crate::store::client::Redis;

@@ -48,7 +48,7 @@ impl Limits {
     /// oldest first.
     pub async fn usage_buckets(
         &self,
-        scope: tenant::Scope<'_>,
+        scope: tenant::UsageScope<'_>,
         hours: &BTreeMap<i64, Vec<i64>>,
     ) -> Result<Vec<UsageBucket>, StoreError> {
         let mut pipe = redis::pipe();

@@ -59,7 +59,7 @@ pub struct RoomVersion {
 
 /// One page of a listing: its entries and, when more may follow, the cursor's order key.
 #[derive(Debug, Clone)]
-pub struct Listed<T> {
+pub struct RegistryPage<T> {
     pub entries: Vec<T>,
     pub next: Option<String>,
 }
@@ -144,7 +144,7 @@ impl Registry {
         &self,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Listed<AssistantRecord>, StoreError> {
+    ) -> Result<RegistryPage<AssistantRecord>, StoreError> {
         let (members, more) = self.index_page(&self.redis.keys.assistants_index(), after, limit).await?;
         let keys: Vec<String> = members.iter().map(|m| self.redis.keys.assistant(member_id(m))).collect();
         let mut entries = Vec::with_capacity(keys.len());
@@ -155,7 +155,7 @@ impl Registry {
                 None => {}
             }
         }
-        Ok(Listed { entries, next: more.then(|| members.last().cloned()).flatten() })
+        Ok(RegistryPage { entries, next: more.then(|| members.last().cloned()).flatten() })
     }
 
     pub async fn read_room(&self, id: &str) -> Result<Option<RoomVersion>, StoreError> {
@@ -217,7 +217,7 @@ impl Registry {
         filter: &RoomFilter,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Listed<RoomRecord>, StoreError> {
+    ) -> Result<RegistryPage<RoomRecord>, StoreError> {
         let status = filter.status.map(RoomStatus::as_str);
         let index = match (&filter.namespace, &filter.assistant_id) {
             (Some(namespace), _) => RoomIndex::Namespace { namespace, status },
@@ -241,17 +241,17 @@ impl Registry {
                     if entries.len() == limit {
                         // One more exists: the page ends with the entry before it.
                         let last = entries.last().map(|r: &RoomRecord| index_member(r.created_at_ms, &r.id));
-                        return Ok(Listed { entries, next: last });
+                        return Ok(RegistryPage { entries, next: last });
                     }
                     entries.push(room);
                 }
                 cursor = Some(member.clone());
             }
             if !more {
-                return Ok(Listed { entries, next: None });
+                return Ok(RegistryPage { entries, next: None });
             }
             if scanned >= ROOM_SCAN_BUDGET {
-                return Ok(Listed { entries, next: cursor });
+                return Ok(RegistryPage { entries, next: cursor });
             }
         }
     }

@@ -3,7 +3,7 @@
 mod agents;
 mod tools;
 
-pub use agents::{AssistantVersion, AssistantWrite, Listed, RoomVersion};
+pub use agents::{AssistantVersion, AssistantWrite, RegistryPage, RoomVersion};
 pub use tools::{StoredTool, StoredWebhook, ToolVersion};
 
 use crate::store::client::Redis;

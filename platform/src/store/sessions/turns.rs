@@ -208,7 +208,7 @@ impl Sessions {
         };
         let turn = match turn {
             Some(raw) => Some(parse_turn(execution_id, &raw)?),
-            None if view.kind == "turn" => self.load_turn(execution_id).await?,
+            None if view.record.kind == fleet_protocol::envelope::JobKind::Turn => self.load_turn(execution_id).await?,
             None => None,
         };
         Ok(Some((view, turn)))

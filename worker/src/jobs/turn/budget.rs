@@ -18,7 +18,7 @@ use super::Step;
 use crate::context::Cx;
 use crate::jobs::limits;
 use crate::outcome::{DeadLetter, Outcome};
-use fleet_protocol::deadletter::DeadLetterReason;
+use fleet_protocol::dead_letters::DeadLetterReason;
 
 /// What a step took from its provider's budget for its call.
 pub(super) struct Reserved {

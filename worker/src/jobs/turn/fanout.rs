@@ -240,7 +240,7 @@ async fn announce_client_calls(
 async fn create_record(cx: &Cx<'_>, state: &TurnState, call: &PendingCall, exec: &str) -> Result<(), Outcome> {
     let record = NewExecution {
         execution_id: exec,
-        kind: JobKind::ToolCall.as_str(),
+        kind: JobKind::ToolCall,
         tool_name: Some(&call.tool_name),
         room_id: Some(&state.session_id),
         assistant_id: Some(&state.assistant.id),

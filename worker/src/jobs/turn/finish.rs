@@ -9,7 +9,7 @@ use serde_json::json;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, Fence, SessionFinish, Transition};
-use fleet_protocol::deadletter::{DeadLetterReason, DeadLetterRecord};
+use fleet_protocol::dead_letters::{DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::events;
 use fleet_protocol::execution::{AttemptRecord, ExecutionStatus};

@@ -17,7 +17,7 @@ use std::pin::Pin;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, Fence, Opened, Transition};
-use fleet_protocol::deadletter::DeadLetterReason;
+use fleet_protocol::dead_letters::DeadLetterReason;
 use fleet_protocol::envelope::{Envelope, TurnJob};
 use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::life::Owed;
