@@ -157,11 +157,22 @@ impl Keys {
         format!("{}llm-budget:{{{}}}:costs", self.prefix, hash_tag_safe(provider))
     }
 
-    /// The budget's fair line (`fleet_protocol::fair`): a hash of the line's virtual time and each
-    /// tenant's finish tag and use; the script keeps each tenant's waiters and places under this
-    /// name with `:w:TENANT` and `:p:TENANT` (same tag, so it works on Redis Cluster).
+    /// The budget's fair line (`fleet_protocol::fair`): a hash of the line's virtual time, each
+    /// tenant's finish tag and use, and each waiting step's entry in `llm_budget_waiters`.
     pub fn llm_budget_fair(&self, provider: &str) -> String {
         format!("{}llm-budget:{{{}}}:fair", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// Each tenant's waiting steps, in the order they are served: a sorted set ordered by name,
+    /// `tenant|order|step` (same tag).
+    pub fn llm_budget_waiters(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:waiters", self.prefix, hash_tag_safe(provider))
+    }
+
+    /// Each tenant's places in the budget's line: a sorted set ordered by name,
+    /// `tenant|start|seq` (same tag).
+    pub fn llm_budget_places(&self, provider: &str) -> String {
+        format!("{}llm-budget:{{{}}}:places", self.prefix, hash_tag_safe(provider))
     }
 
     /// Every tenant's places in the budget's line, by start tag (a sorted set, same tag).

@@ -90,4 +90,40 @@ mod tests {
             }
         }
     }
+
+    /// The arguments of the `redis.call(…)` that starts `call`, split at its top-level commas.
+    fn call_args(call: &str) -> Vec<&str> {
+        let inner = &call["redis.call(".len()..];
+        let (mut depth, mut start, mut args) = (0, 0, Vec::new());
+        for (i, c) in inner.char_indices() {
+            match c {
+                '(' | '{' => depth += 1,
+                ')' | '}' if depth == 0 => {
+                    args.push(inner[start..i].trim());
+                    break;
+                }
+                ')' | '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    args.push(inner[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        args
+    }
+
+    #[test]
+    fn no_script_builds_a_key_name() {
+        assert_eq!(call_args("redis.call('ZADD', KEYS[1], f(x, y), 'a')"), ["'ZADD'", "KEYS[1]", "f(x, y)", "'a'"]);
+        for (path, text) in scripts() {
+            for (at, _) in text.match_indices("redis.call(") {
+                let args = call_args(&text[at..]);
+                // The key a command names comes first: one of KEYS, or a local bound to one.
+                let Some(key) = args.get(1) else { continue };
+                let built = key.contains("..") || key.contains('(');
+                assert!(!built, "{}: {:?} names a key built in the script", path.display(), args);
+            }
+        }
+    }
 }

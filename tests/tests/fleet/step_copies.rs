@@ -180,11 +180,10 @@ async fn assert_finished_once(fleet: &Fleet, id: &str, session: &str, asked: &st
 /// The provider's line keeps nothing of a step that ran: no place, waiter, deadline or cost.
 async fn assert_line_empty(fleet: &Fleet) {
     let keys = Keys::new(fleet.key_prefix.clone());
-    let fair = keys.llm_budget_fair("openai");
     for key in [
         keys.llm_budget_line("openai"),
-        format!("{fair}:w:{TENANT}"),
-        format!("{fair}:p:{TENANT}"),
+        keys.llm_budget_waiters("openai"),
+        keys.llm_budget_places("openai"),
         keys.llm_budget_seen("openai"),
     ] {
         assert_eq!(zcard(fleet, &key).await, 0, "{key} still holds {:?}", members(fleet, &key).await);
@@ -251,6 +250,11 @@ fn asked(body: &Value) -> String {
     body["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap_or("").to_string()
 }
 
+/// The steps waiting in a provider's line (its waiters are named `tenant|order|step`).
+async fn waiting_steps(fleet: &Fleet, waiters: &str) -> Vec<String> {
+    members(fleet, waiters).await.iter().map(|m| m.splitn(3, '|').nth(2).unwrap_or(m).to_string()).collect()
+}
+
 /// A first turn takes the budget's burst; the second's step (`{session}_waiting`, asking
 /// "waiting") waits in the line (`waiters`), and copies of it, injected then, are acked while it
 /// still waits, leaving one waiter. The second turn's id.
@@ -266,7 +270,7 @@ async fn copies_while_second_turn_waits_in_line(
     let waiting = post_turn(fleet, &tenant_turn(&format!("{session}_waiting"), "waiting")).await;
     let mine = format!("{waiting}:0:0:1");
     wait_for("the step waiting in the line", Duration::from_secs(20), || async {
-        members(fleet, waiters).await.contains(&mine).then_some(())
+        waiting_steps(fleet, waiters).await.contains(&mine).then_some(())
     })
     .await;
     wait_marked_parked(fleet, &waiting).await;
@@ -274,7 +278,7 @@ async fn copies_while_second_turn_waits_in_line(
 
     inject(tap, &step).await;
     wait_copies_acked_while_parked(fleet, TURN_DUPLICATES, COPIES, || calls_with(llm, "waiting") == 0).await;
-    assert_eq!(members(fleet, waiters).await, vec![mine], "one waiter for the step and its copies");
+    assert_eq!(waiting_steps(fleet, waiters).await, vec![mine], "one waiter for the step and its copies");
     waiting
 }
 
@@ -294,8 +298,7 @@ async fn copies_of_a_step_waiting_in_the_budgets_line_call_the_model_once() {
     let fleet = spawn_fleet(options).await;
     let tap = JobTap::start(&fleet).await;
     let keys = Keys::new(fleet.key_prefix.clone());
-    let (line, fair) = (keys.llm_budget_line("openai"), keys.llm_budget_fair("openai"));
-    let waiters = format!("{fair}:w:{TENANT}");
+    let (line, waiters) = (keys.llm_budget_line("openai"), keys.llm_budget_waiters("openai"));
 
     let waiting = copies_while_second_turn_waits_in_line(&fleet, &tap, &llm, &waiters, "s_line").await;
     assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
@@ -325,7 +328,7 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     let fleet = spawn_fleet(options).await;
     let tap = JobTap::start(&fleet).await;
     let keys = Keys::new(fleet.key_prefix.clone());
-    let waiters = format!("{}:w:{TENANT}", keys.llm_budget_fair("openai"));
+    let waiters = keys.llm_budget_waiters("openai");
     let semaphore = keys.tenant_turns(TENANT);
 
     let waiting = copies_while_second_turn_waits_in_line(&fleet, &tap, &llm, &waiters, "s_both").await;
@@ -362,15 +365,14 @@ async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once(
     fleet.register_tool("lookup", &receiver.url("/lookup"), SECRET).await;
     let tap = JobTap::start(&fleet).await;
     let keys = Keys::new(fleet.key_prefix.clone());
-    let (line, fair) = (keys.llm_budget_line("openai"), keys.llm_budget_fair("openai"));
-    let waiters = format!("{fair}:w:{TENANT}");
+    let (line, waiters) = (keys.llm_budget_line("openai"), keys.llm_budget_waiters("openai"));
 
     let mut body = tenant_turn("s_line_rounds", "look it up");
     body["assistant"]["enabled_tools"] = json!(["lookup"]);
     let id = post_turn(&fleet, &body).await;
     let mine = format!("{id}:0:1:1");
     wait_for("the second step waiting in the line", Duration::from_secs(20), || async {
-        members(&fleet, &waiters).await.contains(&mine).then_some(())
+        waiting_steps(&fleet, &waiters).await.contains(&mine).then_some(())
     })
     .await;
     wait_marked_parked(&fleet, &id).await;
@@ -381,7 +383,7 @@ async fn copies_of_a_later_step_waiting_in_the_budgets_line_call_the_model_once(
     inject(&tap, &second).await;
     tap.republish(&first).await;
     wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES + 1, || llm.requests().len() == 1).await;
-    assert_eq!(members(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
+    assert_eq!(waiting_steps(&fleet, &waiters).await, vec![mine.clone()], "one waiter for the step and its copies");
     assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
 
     assert_finished_once(&fleet, &id, "s_line_rounds", "look it up", "answer after the tool", 2).await;

@@ -19,7 +19,8 @@ use crate::store::StoreError;
 /// budget's keys live as long as their last score).
 const COMMON_LUA: &str = include_str!("lua/common.lua");
 
-/// KEYS: the budget, its costs, its fair state, its line, the waiters' deadlines. A heavy user's
+/// KEYS: the budget, its costs, its fair state, its line, the waiters' deadlines, each tenant's
+/// waiters, each tenant's places. A heavy user's
 /// step needs room for every place ahead of its own in the line; any other tenant's, for its own
 /// places ahead (`fair::places_ahead`). ARGV: the step's
 /// id, its tokens, early (ms), grace (ms), now-only (1: run only if the budget has room now for
@@ -103,6 +104,8 @@ impl Limits {
             .key(self.redis.keys.llm_budget_fair(provider))
             .key(self.redis.keys.llm_budget_line(provider))
             .key(self.redis.keys.llm_budget_seen(provider))
+            .key(self.redis.keys.llm_budget_waiters(provider))
+            .key(self.redis.keys.llm_budget_places(provider))
             .arg(waiter.id)
             .arg(tokens)
             .arg(early.as_millis() as u64)
