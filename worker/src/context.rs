@@ -9,6 +9,7 @@ use fleet_platform::broker::Publisher;
 use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 use fleet_platform::store::{StoreError, StoredTool, StoredWebhook};
+use fleet_protocol::callback::MAX_RESPONSE_BYTES;
 use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::envelope::JobKind;
 use fleet_protocol::limits::ToolLimits;
@@ -35,6 +36,28 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The worker's parts, built from its configuration around its Redis and metrics.
+    pub(crate) fn new(config: &WorkerConfig, store: Store, metrics: Metrics) -> Self {
+        Shared {
+            client: CallbackClient::new(
+                config.callback_timeout,
+                config.allow_private_callbacks,
+                MAX_RESPONSE_BYTES,
+                &config.common.tls,
+            ),
+            llm: LlmClients::new(config),
+            targets: TargetCache::new(config.registry_cache_ttl),
+            tools: TtlCache::new(config.registry_cache_ttl),
+            subscribers: TtlCache::new(config.registry_cache_ttl),
+            pickups: Pickups::default(),
+            health_writes: Throttle::new(Duration::from_secs(1)),
+            queue_names: QueueNames::new(&config.common.topology),
+            config: config.clone(),
+            store,
+            metrics,
+        }
+    }
+
     /// This delivery's view: the shared parts and the publisher of its connection.
     pub(crate) fn cx<'a>(&'a self, publisher: &'a Publisher) -> Cx<'a> {
         Cx {

@@ -1,0 +1,177 @@
+//! The worker's AMQP intake: consumes every work queue across broker reconnections, runs each
+//! delivery as a job task under the worker's concurrency bound, and once cancelled stops taking
+//! jobs, lets those it holds finish within the grace period and returns the rest to the queue.
+
+mod flight;
+mod subscription;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use fleet_platform::broker::{BrokerLink, Live};
+
+use crate::context::Shared;
+use crate::health::Consumers;
+use flight::JobTasks;
+use subscription::{open_consumers, Deliveries, Lane};
+
+/// Consumes from every work queue across broker reconnections until `cancel`, then drains.
+///
+/// Prefetch is per consumer (quorum queues have no per-channel QoS), so the channel may hold a
+/// delivery of every kind at once; the bound is the worker's own (`JobTasks`).
+pub(crate) async fn consume(
+    shared: Arc<Shared>,
+    mut link: BrokerLink,
+    consumers: Arc<Consumers>,
+    cancel: CancellationToken,
+) {
+    let grace = shared.config.shutdown_grace;
+    let mut intake =
+        Intake { jobs: JobTasks::new(shared.config.concurrency), closers: JoinSet::new(), shared, consumers };
+    while let Some(live) = link.wait_live(&cancel).await {
+        let (lane, deliveries) = match open_consumers(&live, &intake.shared.config, &mut intake.closers).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start consuming; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        };
+        match intake.take_jobs(&mut link, &live, lane, deliveries, &cancel).await {
+            Ended::Cancelled => break,
+            Ended::Lost | Ended::Resubscribed => {}
+        }
+    }
+    intake.jobs.drain(grace).await;
+    // Every job has settled (or was aborted): the retired channels close now, returning whatever
+    // they still hold unacked.
+    while intake.closers.join_next().await.is_some() {}
+}
+
+/// What the intake holds across subscriptions.
+struct Intake {
+    shared: Arc<Shared>,
+    consumers: Arc<Consumers>,
+    jobs: JobTasks,
+    /// Retired channels closing once their jobs settle, and every channel's ack sender.
+    closers: JoinSet<()>,
+}
+
+/// How taking jobs from one subscription ended.
+enum Ended {
+    Cancelled,
+    /// The connection is gone.
+    Lost,
+    Resubscribed,
+}
+
+impl Intake {
+    /// Takes jobs from `lane` while a permit is free, until `cancel`, the connection's loss, or a
+    /// consumer's end or error (then it resubscribes).
+    async fn take_jobs(
+        &mut self,
+        link: &mut BrokerLink,
+        live: &Live,
+        lane: Lane,
+        mut deliveries: Deliveries,
+        cancel: &CancellationToken,
+    ) -> Ended {
+        self.consumers.set(true);
+        let jobs = &mut self.jobs;
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    self.consumers.set(false);
+                    lane.retire(&mut deliveries, &mut self.closers).await;
+                    return Ended::Cancelled;
+                }
+                // The channel is gone with its connection: its jobs' deliveries return to the queue
+                // by themselves, and the claim fences off whichever copy runs second.
+                _ = link.lost(live) => break,
+                Some(_) = self.closers.join_next(), if !self.closers.is_empty() => {}
+                _ = jobs.flight.idle.notified() => {
+                    jobs.reap();
+                    if jobs.idle() {
+                        crate::memory::release_freed_memory();
+                    }
+                }
+                acquired = jobs.permits.clone().acquire_owned(), if jobs.permit.is_none() => jobs.permit = acquired.ok(),
+                delivery = deliveries.next(), if jobs.permit.is_some() => match next_step(delivery) {
+                    Step::Run(delivery) => {
+                        lane.acks.delivered(delivery.delivery_tag);
+                        let job = crate::delivery::handle(self.shared.clone(), delivery, live.publisher.clone(), lane.acks.clone());
+                        jobs.spawn(job, lane.hold());
+                    }
+                    Step::Resubscribe(why) => {
+                        tracing::warn!(why, "resubscribing; running jobs finish on the retired channel");
+                        self.consumers.set(false);
+                        lane.retire(&mut deliveries, &mut self.closers).await;
+                        return Ended::Resubscribed;
+                    }
+                },
+            }
+        }
+        self.consumers.set(false);
+        Ended::Lost
+    }
+}
+
+/// Writes the newest pickup per job kind to Redis once a second (the oldest-job-age gauge reads it
+/// beside the work queue's depth), until `cancel`.
+pub(crate) async fn write_pickups(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = cancel.cancelled() => return,
+        }
+        for (kind, entered_ms) in shared.pickups.take_unwritten() {
+            if let Err(e) = shared.store.note_pickup(kind, entered_ms).await {
+                tracing::debug!(error = %e, "pickup time not written");
+            }
+        }
+    }
+}
+
+/// What one item of the merged consumer stream asks for.
+#[derive(Debug, PartialEq)]
+enum Step<T> {
+    Run(T),
+    /// A consumer errored or was cancelled by the broker (its queue deleted, a node lost).
+    Resubscribe(&'static str),
+}
+
+fn next_step<T, E: std::fmt::Display>(item: Option<Option<Result<T, E>>>) -> Step<T> {
+    match item {
+        Some(Some(Ok(delivery))) => Step::Run(delivery),
+        Some(Some(Err(e))) => {
+            tracing::warn!(error = %e, "consumer error");
+            Step::Resubscribe("consumer error")
+        }
+        Some(None) | None => Step::Resubscribe("a consumer was cancelled by the broker"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_runs_and_a_consumer_end_or_error_resubscribes() {
+        assert_eq!(next_step::<u32, String>(Some(Some(Ok(7)))), Step::Run(7));
+        assert_eq!(
+            next_step::<u32, String>(Some(Some(Err("channel closed".into())))),
+            Step::Resubscribe("consumer error")
+        );
+        let cancelled = Step::Resubscribe("a consumer was cancelled by the broker");
+        assert_eq!(next_step::<u32, String>(Some(None)), cancelled);
+        assert_eq!(next_step::<u32, String>(None), cancelled);
+    }
+}
