@@ -1,5 +1,6 @@
 //! The worker's modules depend on each other one way: read from its sources, the graph of its
-//! top-level modules, and the graph of the job kinds' modules under `jobs/`, have no cycle.
+//! top-level modules, the graph of the job kinds' modules under `jobs/`, and the graph of the
+//! modules under any other module (a turn's stages under `jobs/turn/`), have no cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -176,6 +177,32 @@ fn the_job_kinds_modules_depend_one_way() {
     let g = graph(&["jobs"], 1);
     assert!(g.contains_key("claim") && g.contains_key("turn"), "{g:?}");
     assert_eq!(cycle(&g), None, "{g:#?}");
+}
+
+/// Every module that has modules of its own (the crate's root as the empty path).
+fn parents() -> BTreeSet<Vec<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut parents = BTreeSet::new();
+    for file in files {
+        let mut module = module_of(file.strip_prefix(&src).unwrap());
+        while module.pop().is_some() {
+            parents.insert(module.clone());
+        }
+    }
+    parents
+}
+
+#[test]
+fn the_modules_under_every_module_depend_one_way() {
+    let parents = parents();
+    assert!(parents.contains(&vec!["jobs".to_string(), "turn".to_string()]), "{parents:?}");
+    for parent in &parents {
+        let within: Vec<&str> = parent.iter().map(String::as_str).collect();
+        let g = graph(&within, 1);
+        assert_eq!(cycle(&g), None, "under {parent:?}: {g:#?}");
+    }
 }
 
 #[test]

@@ -73,7 +73,7 @@ pub(super) struct Ahead(Result<Spend, StoreError>);
 /// its reservation is a write, made only once the session is the step's. `None` then, and for a
 /// compaction (whose summary asks for itself).
 pub(super) async fn ask_ahead(step: &Step<'_>, state: &TurnState) -> Option<Ahead> {
-    let (provider, model, _) = super::model::target(&step.cx, state);
+    let (provider, model, _) = step.target(state);
     if state.compaction.is_some() || !buckets(&step.cx, &provider, &model).is_empty() {
         return None;
     }

@@ -44,6 +44,15 @@ impl Step<'_> {
         &self.envelope.execution_id
     }
 
+    /// The provider, model and answer bound a model call of the turn uses (its budget is the
+    /// provider's, and its request names the model).
+    fn target(&self, state: &TurnState) -> (String, String, u32) {
+        let (cx, config) = (&self.cx, &state.assistant.model_config);
+        let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
+        let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
+        (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
+    }
+
     /// Writes `transition` under the step's claim; `Err` is how the step ends: fenced off by a
     /// newer claim, or parked (Redis unavailable, the claim given back).
     async fn write(&self, transition: &Transition<'_>) -> Result<(), Outcome> {

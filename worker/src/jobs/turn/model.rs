@@ -34,14 +34,6 @@ pub(super) enum Purpose {
     Summary,
 }
 
-/// The provider, model and answer bound a call of the turn uses.
-pub(super) fn target(cx: &Cx<'_>, state: &TurnState) -> (String, String, u32) {
-    let config = &state.assistant.model_config;
-    let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
-    let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
-    (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
-}
-
 /// Takes the call's estimate from its provider's budget, or parks the step until its slot;
 /// `ahead` is the provider's answer when it was asked beside the session's take.
 pub(super) async fn reserve(
@@ -50,7 +42,7 @@ pub(super) async fn reserve(
     purpose: Purpose,
     ahead: Option<budget::Ahead>,
 ) -> Result<Reserved, Outcome> {
-    let (provider, model, max_tokens) = target(&step.cx, state);
+    let (provider, model, max_tokens) = step.target(state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
     budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
@@ -68,7 +60,7 @@ pub(super) async fn call(
 ) -> Result<(Completion, AttemptRecord), Outcome> {
     let cx = &step.cx;
     let config = &state.assistant.model_config;
-    let (_, model, max_tokens) = target(cx, state);
+    let (_, model, max_tokens) = step.target(state);
     let request = ChatRequest {
         model: &model,
         temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
