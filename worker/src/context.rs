@@ -1,4 +1,4 @@
-//! What a job's stages may touch: the worker's shared parts (`Shared`, built once) lent to one
+//! What a job's stages may touch: the worker's shared parts (`WorkerParts`, built once) lent to one
 //! delivery as a `Cx`, with the publisher of the connection the delivery came on.
 
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ use crate::llm::LlmClients;
 use crate::registry::TargetCache;
 
 /// The worker's parts every job shares, built once at start.
-pub struct Shared {
+pub struct WorkerParts {
     pub config: WorkerConfig,
     pub store: Store,
     pub metrics: Metrics,
@@ -35,10 +35,10 @@ pub struct Shared {
     pub(crate) queue_names: QueueNames,
 }
 
-impl Shared {
+impl WorkerParts {
     /// The worker's parts, built from its configuration around its Redis and metrics.
     pub(crate) fn new(config: &WorkerConfig, store: Store, metrics: Metrics) -> Self {
-        Shared {
+        WorkerParts {
             client: CallbackClient::new(
                 config.callback_timeout,
                 config.allow_private_callbacks,

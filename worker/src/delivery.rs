@@ -18,12 +18,12 @@ use fleet_protocol::retry::remaining_hold;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
-use crate::context::{Cx, Shared};
+use crate::context::{Cx, WorkerParts};
 use crate::outcome::{Outcome, Settle};
 
 /// Handles one delivery to the end, settling it on `publisher`'s connection. Its ack joins its
 /// channel's next batch (`acks`), sent once every delivery before it on the channel settled too.
-pub(crate) async fn handle(shared: Arc<Shared>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
+pub(crate) async fn handle(shared: Arc<WorkerParts>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
     let cx = shared.cx(&publisher);
     let tag = delivery.delivery_tag;
     let result = match process(&cx, &delivery).await {

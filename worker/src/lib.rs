@@ -31,7 +31,7 @@ use fleet_platform::service;
 use fleet_platform::shutdown::Lifetime;
 
 pub use config::WorkerConfig;
-use context::Shared;
+use context::WorkerParts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -89,7 +89,7 @@ pub async fn run(config: WorkerConfig, lifetime: Lifetime) -> Result<(), WorkerE
         config.worker_id.as_str().into(),
         background.clone(),
     ));
-    let shared = Arc::new(Shared::new(&config, store, metrics));
+    let shared = Arc::new(WorkerParts::new(&config, store, metrics));
     let intake = lifetime.intake();
     let pickups = tokio::spawn(intake::write_pickups(shared.clone(), intake.child_token()));
     intake::consume(shared, link, consumers, intake).await;

@@ -20,7 +20,7 @@ use fleet_protocol::life::Owed;
 use fleet_protocol::retry::RetryDecision;
 
 use crate::context::Cx;
-use crate::outcome::{DeadLetter, Failure, Held, Outcome, Settle};
+use crate::outcome::{DeadLetter, Failure, HeldClaim, Outcome, Settle};
 use crate::publish::{park, park_step, publish_holding, publish_next, retire, retrying_redis, trace_headers};
 
 pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
@@ -135,7 +135,7 @@ async fn retry_later(
 
 /// A 202 (or a poll still pending): the attempt goes on in the broker, not in a sleeping task. Its
 /// next poll is owed, the claim given back as `polling`; no attempt is spent.
-async fn poll_later(cx: &Cx<'_>, envelope: &Envelope, poll: &PollState, held: Held) -> Settle {
+async fn poll_later(cx: &Cx<'_>, envelope: &Envelope, poll: &PollState, held: HeldClaim) -> Settle {
     let interval = cx.config.async_poll_interval;
     let seq = envelope.step().poll + 1;
     let next = Envelope {
@@ -201,7 +201,7 @@ async fn dead_letter(cx: &Cx<'_>, envelope: &Envelope, dead: DeadLetter) -> Sett
 /// Writes `transition` under `held`, trying again while Redis is unavailable (a failover takes
 /// seconds) for up to a third of the lease, which was renewed at most a third ago: giving up
 /// sooner would requeue a job whose attempt ran, and run it again. `Err` is how the delivery ends.
-async fn write(cx: &Cx<'_>, envelope: &Envelope, held: Held, transition: &Transition<'_>) -> Result<(), Settle> {
+async fn write(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, transition: &Transition<'_>) -> Result<(), Settle> {
     let id = &envelope.execution_id;
     let lease = cx.config.claim_lease;
     let written =

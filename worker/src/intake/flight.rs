@@ -1,4 +1,4 @@
-//! The worker's job tasks, across its subscriptions: at most its concurrency at once, collected
+//! The worker's job tasks, across its channels: at most its concurrency at once, collected
 //! as they end rather than awaited one by one, and at shutdown let finish within the grace period.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 /// The running jobs and the permits that bound them: one permit of the worker's concurrency per
-/// running job, whatever its kind and whichever subscription delivered it, taken before the job
+/// running job, whatever its kind and whichever channel delivered it, taken before the job
 /// task is spawned and released once its delivery is settled.
 pub(super) struct JobTasks {
     pub(super) permits: Arc<Semaphore>,
@@ -31,7 +31,7 @@ impl JobTasks {
         }
     }
 
-    /// Runs `job` under the permit taken for it; `hold` (its subscription's) is kept until it ends.
+    /// Runs `job` under the permit taken for it; `hold` (its channel's) is kept until it ends.
     pub(super) fn spawn<H: Send + 'static>(
         &mut self,
         job: impl std::future::Future<Output = ()> + Send + 'static,
@@ -78,7 +78,7 @@ impl JobTasks {
     }
 }
 
-/// The worker's jobs in flight, across its subscriptions.
+/// The worker's jobs in flight, across its channels.
 #[derive(Default)]
 pub(super) struct Flight {
     jobs: AtomicUsize,

@@ -2,8 +2,8 @@
 //! delivery as a job task under the worker's concurrency bound, and once cancelled stops taking
 //! jobs, lets those it holds finish within the grace period and returns the rest to the queue.
 
+mod channel;
 mod flight;
-mod subscription;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,17 +14,17 @@ use tokio_util::sync::CancellationToken;
 
 use fleet_platform::broker::{BrokerLink, Live};
 
-use crate::context::Shared;
+use crate::context::WorkerParts;
 use crate::health::Consumers;
+use channel::{open_consumers, ConsumerChannel, Deliveries};
 use flight::JobTasks;
-use subscription::{open_consumers, Deliveries, Lane};
 
 /// Consumes from every work queue across broker reconnections until `cancel`, then drains.
 ///
 /// Prefetch is per consumer (quorum queues have no per-channel QoS), so the channel may hold a
 /// delivery of every kind at once; the bound is the worker's own (`JobTasks`).
 pub(crate) async fn consume(
-    shared: Arc<Shared>,
+    shared: Arc<WorkerParts>,
     mut link: BrokerLink,
     consumers: Arc<Consumers>,
     cancel: CancellationToken,
@@ -33,7 +33,7 @@ pub(crate) async fn consume(
     let mut intake =
         Intake { jobs: JobTasks::new(shared.config.concurrency), closers: JoinSet::new(), shared, consumers };
     while let Some(live) = link.wait_live(&cancel).await {
-        let (lane, deliveries) = match open_consumers(&live, &intake.shared.config, &mut intake.closers).await {
+        let (consumer, deliveries) = match open_consumers(&live, &intake.shared.config, &mut intake.closers).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start consuming; retrying");
@@ -43,7 +43,7 @@ pub(crate) async fn consume(
                 }
             }
         };
-        match intake.take_jobs(&mut link, &live, lane, deliveries, &cancel).await {
+        match intake.take_jobs(&mut link, &live, consumer, deliveries, &cancel).await {
             Ended::Cancelled => break,
             Ended::Lost | Ended::Resubscribed => {}
         }
@@ -54,16 +54,16 @@ pub(crate) async fn consume(
     while intake.closers.join_next().await.is_some() {}
 }
 
-/// What the intake holds across subscriptions.
+/// What the intake holds across its channels.
 struct Intake {
-    shared: Arc<Shared>,
+    shared: Arc<WorkerParts>,
     consumers: Arc<Consumers>,
     jobs: JobTasks,
     /// Retired channels closing once their jobs settle, and every channel's ack sender.
     closers: JoinSet<()>,
 }
 
-/// How taking jobs from one subscription ended.
+/// How taking jobs from one channel ended.
 enum Ended {
     Cancelled,
     /// The connection is gone.
@@ -72,13 +72,13 @@ enum Ended {
 }
 
 impl Intake {
-    /// Takes jobs from `lane` while a permit is free, until `cancel`, the connection's loss, or a
+    /// Takes jobs from `consumer` (a channel) while a permit is free, until `cancel`, the connection's loss, or a
     /// consumer's end or error (then it resubscribes).
     async fn take_jobs(
         &mut self,
         link: &mut BrokerLink,
         live: &Live,
-        lane: Lane,
+        consumer: ConsumerChannel,
         mut deliveries: Deliveries,
         cancel: &CancellationToken,
     ) -> Ended {
@@ -89,7 +89,7 @@ impl Intake {
                 biased;
                 _ = cancel.cancelled() => {
                     self.consumers.set(false);
-                    lane.retire(&mut deliveries, &mut self.closers).await;
+                    consumer.retire(&mut deliveries, &mut self.closers).await;
                     return Ended::Cancelled;
                 }
                 // The channel is gone with its connection: its jobs' deliveries return to the queue
@@ -103,16 +103,16 @@ impl Intake {
                     }
                 }
                 acquired = jobs.permits.clone().acquire_owned(), if jobs.permit.is_none() => jobs.permit = acquired.ok(),
-                delivery = deliveries.next(), if jobs.permit.is_some() => match next_step(delivery) {
-                    Step::Run(delivery) => {
-                        lane.acks.delivered(delivery.delivery_tag);
-                        let job = crate::delivery::handle(self.shared.clone(), delivery, live.publisher.clone(), lane.acks.clone());
-                        jobs.spawn(job, lane.hold());
+                delivery = deliveries.next(), if jobs.permit.is_some() => match next_item(delivery) {
+                    ConsumerItem::Run(delivery) => {
+                        consumer.acks.delivered(delivery.delivery_tag);
+                        let job = crate::delivery::handle(self.shared.clone(), delivery, live.publisher.clone(), consumer.acks.clone());
+                        jobs.spawn(job, consumer.hold());
                     }
-                    Step::Resubscribe(why) => {
+                    ConsumerItem::Resubscribe(why) => {
                         tracing::warn!(why, "resubscribing; running jobs finish on the retired channel");
                         self.consumers.set(false);
-                        lane.retire(&mut deliveries, &mut self.closers).await;
+                        consumer.retire(&mut deliveries, &mut self.closers).await;
                         return Ended::Resubscribed;
                     }
                 },
@@ -125,7 +125,7 @@ impl Intake {
 
 /// Writes the newest pickup per job kind to Redis once a second (the oldest-job-age gauge reads it
 /// beside the work queue's depth), until `cancel`.
-pub(crate) async fn write_pickups(shared: Arc<Shared>, cancel: CancellationToken) {
+pub(crate) async fn write_pickups(shared: Arc<WorkerParts>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -142,20 +142,20 @@ pub(crate) async fn write_pickups(shared: Arc<Shared>, cancel: CancellationToken
 
 /// What one item of the merged consumer stream asks for.
 #[derive(Debug, PartialEq)]
-enum Step<T> {
+enum ConsumerItem<T> {
     Run(T),
     /// A consumer errored or was cancelled by the broker (its queue deleted, a node lost).
     Resubscribe(&'static str),
 }
 
-fn next_step<T, E: std::fmt::Display>(item: Option<Option<Result<T, E>>>) -> Step<T> {
+fn next_item<T, E: std::fmt::Display>(item: Option<Option<Result<T, E>>>) -> ConsumerItem<T> {
     match item {
-        Some(Some(Ok(delivery))) => Step::Run(delivery),
+        Some(Some(Ok(delivery))) => ConsumerItem::Run(delivery),
         Some(Some(Err(e))) => {
             tracing::warn!(error = %e, "consumer error");
-            Step::Resubscribe("consumer error")
+            ConsumerItem::Resubscribe("consumer error")
         }
-        Some(None) | None => Step::Resubscribe("a consumer was cancelled by the broker"),
+        Some(None) | None => ConsumerItem::Resubscribe("a consumer was cancelled by the broker"),
     }
 }
 
@@ -165,13 +165,13 @@ mod tests {
 
     #[test]
     fn a_delivery_runs_and_a_consumer_end_or_error_resubscribes() {
-        assert_eq!(next_step::<u32, String>(Some(Some(Ok(7)))), Step::Run(7));
+        assert_eq!(next_item::<u32, String>(Some(Some(Ok(7)))), ConsumerItem::Run(7));
         assert_eq!(
-            next_step::<u32, String>(Some(Some(Err("channel closed".into())))),
-            Step::Resubscribe("consumer error")
+            next_item::<u32, String>(Some(Some(Err("channel closed".into())))),
+            ConsumerItem::Resubscribe("consumer error")
         );
-        let cancelled = Step::Resubscribe("a consumer was cancelled by the broker");
-        assert_eq!(next_step::<u32, String>(Some(None)), cancelled);
-        assert_eq!(next_step::<u32, String>(None), cancelled);
+        let cancelled = ConsumerItem::Resubscribe("a consumer was cancelled by the broker");
+        assert_eq!(next_item::<u32, String>(Some(None)), cancelled);
+        assert_eq!(next_item::<u32, String>(None), cancelled);
     }
 }

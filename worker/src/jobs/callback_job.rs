@@ -15,12 +15,12 @@ use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
 
-use super::claim::{self, Admitted, Mode};
+use super::claim::{self, Claim, Mode};
 use super::parent::{self, Parent};
 use super::{circuit, limits};
 use crate::callback::{self, AttemptReport, AttemptVerdict, CallbackContext};
 use crate::context::Cx;
-use crate::outcome::{Failure, Finished, Held, Outcome};
+use crate::outcome::{Failure, Finished, HeldClaim, Outcome};
 use crate::publish::retrying_redis;
 
 pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, parent: Option<Parent<'_>>) -> Outcome {
@@ -37,9 +37,9 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     }
     let mode = if limited { Mode::Hold } else { Mode::Run };
     let held = match Box::pin(claim::admit(cx, envelope, mode)).await? {
-        Admitted::Step { held, .. } => held,
-        Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
-        Admitted::Cancelled => return Ok(Box::pin(parent::cancelled(cx, envelope, parent)).await),
+        Claim::Step { held, .. } => held,
+        Claim::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
+        Claim::Cancelled => return Ok(Box::pin(parent::cancelled(cx, envelope, parent)).await),
     };
     // Over its tool's limits a call gives its claim back and is parked: nothing sent or spent.
     let admission = Box::pin(limits::admit(cx, envelope, held)).await?;
@@ -76,7 +76,7 @@ async fn follow_a_cancelled_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Pare
 
 /// The `running` write of a call whose claim only held the record while its limits were checked:
 /// it loses to a cancel that came first.
-async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, held: Held) -> Result<(), Outcome> {
+async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, held: HeldClaim) -> Result<(), Outcome> {
     match cx.store.begin_attempt(&envelope.execution_id, held.token, envelope.attempt).await {
         Ok(Begin::Started) => Ok(()),
         Ok(Begin::Fenced) => Err(Outcome::Fenced),
@@ -89,7 +89,7 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
 }
 
 /// Gives the claim back and parks the job: something it needs failed before any side effect.
-async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Outcome {
+async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> Outcome {
     let released = Transition::new(ClaimAfter::Release("released"));
     let _ =
         cx.store.transition(&envelope.execution_id, Fence::Token(held.token), cx.config.claim_lease, &released).await;
@@ -97,7 +97,12 @@ async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Outco
 }
 
 /// The attempt itself, its claim and its tool's concurrency slot renewed while it runs.
-async fn attempt(cx: &Cx<'_>, envelope: &Envelope, held: Held, admission: &limits::Admission) -> AttemptReport {
+async fn attempt(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    held: HeldClaim,
+    admission: &limits::ToolAdmission,
+) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
         targets: cx.targets,
@@ -140,7 +145,7 @@ fn attempt_record(
 fn failed(
     report: &AttemptReport,
     record: AttemptRecord,
-    held: Held,
+    held: HeldClaim,
     started_ms: i64,
     retry_after: Option<std::time::Duration>,
     permanent: bool,
@@ -155,7 +160,7 @@ async fn succeed(
     cx: &Cx<'_>,
     envelope: &Envelope,
     parent: Option<&Parent<'_>>,
-    held: Held,
+    held: HeldClaim,
     record: &AttemptRecord,
     result: Value,
 ) -> Outcome {

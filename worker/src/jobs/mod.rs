@@ -49,15 +49,15 @@ pub(crate) async fn carry(
 pub(crate) async fn decided(cx: &Cx<'_>, envelope: &Envelope, verdict: Verdict) -> Outcome {
     tracing::warn!(reason = verdict.reason.as_str(), "the job's end is decided; it is dead-lettered without running");
     match claim::admit(cx, envelope, claim::Mode::Take).await {
-        Ok(claim::Admitted::Step { held, .. }) => Outcome::DeadLetter(DeadLetter {
+        Ok(claim::Claim::Step { held, .. }) => Outcome::DeadLetter(DeadLetter {
             reason: verdict.reason,
             error: verdict.error,
             record: None,
             held: Some(held),
             code: None,
         }),
-        Ok(claim::Admitted::Owed { owed, result }) => owed::carry(cx, envelope, owed, result).await,
-        Ok(claim::Admitted::Cancelled) => cancelled(cx, envelope).await,
+        Ok(claim::Claim::Owed { owed, result }) => owed::carry(cx, envelope, owed, result).await,
+        Ok(claim::Claim::Cancelled) => cancelled(cx, envelope).await,
         Err(outcome) => outcome,
     }
 }

@@ -23,23 +23,23 @@ use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{self, TurnState};
 
-use super::claim::{self, Admitted, Mode};
+use super::claim::{self, Claim, Mode};
 pub(super) use super::stream::emit;
 use crate::context::Cx;
-use crate::outcome::{DeadLetter, Finished, Held, Outcome};
+use crate::outcome::{DeadLetter, Finished, HeldClaim, Outcome};
 use crate::publish::retrying_redis;
 
 pub(super) use finish::abandon;
 
 /// One claimed step of a turn: what its stages share.
-pub(super) struct Step<'a> {
+pub(super) struct ClaimedStep<'a> {
     pub cx: Cx<'a>,
     pub envelope: &'a Envelope,
     pub job: &'a TurnJob,
-    pub held: Held,
+    pub held: HeldClaim,
 }
 
-impl Step<'_> {
+impl ClaimedStep<'_> {
     fn turn_id(&self) -> &str {
         &self.envelope.execution_id
     }
@@ -102,12 +102,12 @@ pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Outc
 
 async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Outcome, Outcome> {
     let (held, cancel_requested, read) = match claim::admit(cx, envelope, Mode::Hold).await? {
-        Admitted::Step { held, cancel_requested, turn } => (held, cancel_requested, turn),
-        Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
+        Claim::Step { held, cancel_requested, turn } => (held, cancel_requested, turn),
+        Claim::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
         // A turn's cancel ends it at its step; a later copy finds it cancelled.
-        Admitted::Cancelled => return Err(Outcome::Copy),
+        Claim::Cancelled => return Err(Outcome::Copy),
     };
-    let step = Step { cx: *cx, envelope, job, held };
+    let step = ClaimedStep { cx: *cx, envelope, job, held };
     let mut state = match read {
         Some(state) => *state,
         None => load(&step).await?,
@@ -136,7 +136,7 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
 
 /// The step's model call (a compaction's or the turn's) and what follows from its answer.
 async fn model_step(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &mut TurnState,
     opened: Opened,
     ahead: Option<budget::Ahead>,
@@ -197,7 +197,7 @@ async fn beside<A: Future, B: Future>(first: A, mut second: Pin<&mut B>) -> (A::
 
 /// The turn's state when its claim did not read it (one saved where states were kept before, or
 /// one that does not parse: reported here); a turn whose state is gone has nothing left to run.
-async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
+async fn load(step: &ClaimedStep<'_>) -> Result<TurnState, Outcome> {
     match step.cx.store.load_turn(step.turn_id()).await {
         Ok(Some(state)) => Ok(state),
         Ok(None) => {

@@ -17,8 +17,8 @@ use fleet_protocol::tenant::Call as UsageCall;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
-use super::budget::{self, Reserved};
-use super::Step;
+use super::budget::{self, BudgetReservation};
+use super::ClaimedStep;
 use crate::context::Cx;
 use crate::jobs::claim::renewing;
 use crate::jobs::stream::batched;
@@ -37,11 +37,11 @@ pub(super) enum Purpose {
 /// Takes the call's estimate from its provider's budget, or parks the step until its slot;
 /// `ahead` is the provider's answer when it was asked beside the session's take.
 pub(super) async fn reserve(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     purpose: Purpose,
     ahead: Option<budget::Ahead>,
-) -> Result<Reserved, Outcome> {
+) -> Result<BudgetReservation, Outcome> {
     let (provider, model, max_tokens) = step.target(state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
@@ -52,10 +52,10 @@ pub(super) async fn reserve(
 /// call's state is saved; `false`: nothing streams). `Ok` carries the attempt for the history,
 /// written with the step's next transition; `add_usage` puts its tokens in the state.
 pub(super) async fn call(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     purpose: Purpose,
-    reserved: Reserved,
+    reserved: BudgetReservation,
     gate: impl std::future::Future<Output = bool>,
 ) -> Result<(Completion, AttemptRecord), Outcome> {
     let cx = &step.cx;
@@ -169,7 +169,7 @@ fn model_label<'a>(cx: &'a Cx<'_>, model: &'a str) -> &'a str {
 /// if the fallback's budget has room now.
 async fn complete_with_fallback<F, Fut>(
     cx: &Cx<'_>,
-    reserved: &Reserved,
+    reserved: &BudgetReservation,
     fallback_id: &str,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
@@ -204,7 +204,7 @@ where
 async fn spend<F, Fut>(
     cx: &Cx<'_>,
     client: &LlmClient,
-    reserved: &Reserved,
+    reserved: &BudgetReservation,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
     on_token: &F,

@@ -1,5 +1,5 @@
-//! One subscription to every work queue: a channel, its consumers and its batched acks, opened on
-//! each (re)connection and retired without closing the channel under the jobs it delivered.
+//! The worker's subscription to every work queue: a channel consuming them all, with its batched
+//! acks, opened on each (re)connection and retired without closing it under the jobs it delivered.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub(super) type Deliveries = futures::stream::SelectAll<
 /// One subscription: a channel, its consumers, its batched acks, and a count of the jobs it
 /// delivered that have not settled yet (each job holds a clone of `holds`; the channel may close
 /// once all are dropped and their acks are sent). Dropping it stops its ack sender.
-pub(super) struct Lane {
+pub(super) struct ConsumerChannel {
     channel: lapin::Channel,
     tags: Vec<String>,
     pub(super) acks: Arc<BatchAcks>,
@@ -42,7 +42,7 @@ pub(super) struct Lane {
 /// settle too (then it is sent alone): short beside a job, so prefetch slots are not held.
 const ACK_LINGER: Duration = Duration::from_millis(5);
 
-impl Lane {
+impl ConsumerChannel {
     /// What a job it delivered holds until it settles: the channel stays open while any is held.
     pub(super) fn hold(&self) -> mpsc::Sender<Infallible> {
         self.holds.clone()
@@ -52,7 +52,7 @@ impl Lane {
     /// started go back to the queue now, running ones settle on this channel, and only then does
     /// it close (closing it earlier would requeue deliveries whose jobs keep running).
     pub(super) async fn retire(self, deliveries: &mut Deliveries, closers: &mut JoinSet<()>) {
-        let Lane { channel, tags, acks, acks_stop, holds, mut settled } = self;
+        let ConsumerChannel { channel, tags, acks, acks_stop, holds, mut settled } = self;
         for tag in &tags {
             let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
         }
@@ -80,7 +80,7 @@ pub(super) async fn open_consumers(
     live: &Live,
     config: &WorkerConfig,
     closers: &mut JoinSet<()>,
-) -> Result<(Lane, Deliveries), broker::BrokerError> {
+) -> Result<(ConsumerChannel, Deliveries), broker::BrokerError> {
     let channel = live.connection.create_channel().await?;
     // Redeclared on every subscribe: a queue deleted under the worker comes back.
     broker::declare_topology(&channel, &config.common.topology).await?;
@@ -107,9 +107,9 @@ pub(super) async fn open_consumers(
     let (holds, settled) = mpsc::channel(1);
     let acks = BatchAcks::new(channel.clone(), ACK_LINGER);
     let stop = CancellationToken::new();
-    // Owned by the closers: it ends when the lane is dropped or retired (its guard cancels it),
+    // Owned by the closers: it ends when the consumer channel is dropped or retired (its guard cancels it),
     // after one last send.
     closers.spawn(acks.clone().run(stop.clone()));
-    let lane = Lane { channel, tags, acks, acks_stop: stop.drop_guard(), holds, settled };
-    Ok((lane, futures::stream::select_all(consumers)))
+    let consumer = ConsumerChannel { channel, tags, acks, acks_stop: stop.drop_guard(), holds, settled };
+    Ok((consumer, futures::stream::select_all(consumers)))
 }
