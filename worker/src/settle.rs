@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
@@ -23,7 +24,14 @@ use crate::context::Cx;
 use crate::outcome::{DeadLetter, Failure, HeldClaim, Outcome, Settle};
 use crate::publish::{park, park_step, publish_holding, publish_next, retire, retrying_redis, trace_headers};
 
-pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
+/// Carries `outcome` out. Its future is boxed here, once per delivery: `settle` calls itself (what
+/// a copy carried out is settled in turn), and a future that contains itself must be boxed. Boxed
+/// at its start, it also lives only after the job, and does not size every job's task.
+pub(crate) fn settle<'a>(cx: &'a Cx<'_>, envelope: &'a Envelope, outcome: Outcome) -> BoxFuture<'a, Settle> {
+    Box::pin(carry_out(cx, envelope, outcome))
+}
+
+async fn carry_out(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
     let kind = envelope.kind().as_str();
     match outcome {
         Outcome::Done(finished) => {
@@ -56,9 +64,7 @@ pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -
         Outcome::Requeue => Settle::Requeue,
         Outcome::Abandon => Settle::Abandon,
         // Resolved by `jobs::run`; a stage that returns it directly settles what the copy carried.
-        Outcome::Owed(owed, result) => {
-            Box::pin(settle(cx, envelope, crate::jobs::carry(cx, envelope, owed, result).await)).await
-        }
+        Outcome::Owed(owed, result) => settle(cx, envelope, crate::jobs::carry(cx, envelope, owed, result).await).await,
     }
 }
 

@@ -127,8 +127,7 @@ pub(crate) async fn renewing<T>(
 }
 
 /// Runs `work` while `renew` runs every third of `lease` (the claim's, a tool slot's). `None`:
-/// `renew` answered that the work must stop. Every renewal is boxed: the wait it sits beside is
-/// what a thousand in-flight jobs hold.
+/// `renew` answered that the work must stop.
 pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
     lease: std::time::Duration,
     work: impl Future<Output = T>,
@@ -143,7 +142,7 @@ pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
         tokio::select! {
             done = &mut work => return Some(done),
             _ = tick.tick() => {
-                if !Box::pin(renew()).await {
+                if !renew().await {
                     return None;
                 }
             }

@@ -131,7 +131,10 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
     }
     budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
     let slot = budget::take_turn_slot(&step, &state).await?;
-    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state, opened, ahead)).await
+    // Pinned here and lent to the slot's renewals: passed on by value, the step's work would be
+    // laid out again in each future it passes through (the compiler does not overlap the two).
+    let work = std::pin::pin!(model_step(&step, &mut state, opened, ahead));
+    budget::holding_turn_slot(cx, slot, work).await
 }
 
 /// The step's model call (a compaction's or the turn's) and what follows from its answer.
@@ -147,10 +150,14 @@ async fn model_step(
     let taken = gather::collect(step, state, opened).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     let abandoned = gather::prepare(step, state);
-    let (unanswered, called) = call_beside_save(gather::begin(step, state, taken, abandoned), |gate| {
-        model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
-    })
-    .await?;
+    let (unanswered, called) = {
+        // Lent, not passed: passed by value, the save would be laid out twice in the call's future.
+        let save = std::pin::pin!(gather::begin(step, state, taken, abandoned));
+        call_beside_save(save, |gate| {
+            model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
+        })
+        .await?
+    };
     state.steers_unanswered = unanswered;
     let (completion, record) = called?;
     model::add_usage(state, &completion);
@@ -164,13 +171,13 @@ async fn model_step(
 /// Runs a model call (`call`, given its gate) beside the save of the state it needs (`save`): the
 /// request goes out at once, the gate opens only once the save has succeeded (nothing of the call
 /// streams before), and a save that fails drops the call, cancelling its request. The call is
-/// boxed: the save's future sits beside it in the step's.
+/// pinned here, where it is made, and polled through the save and after it.
 async fn call_beside_save<T, E, C: Future>(
     save: impl Future<Output = Result<T, E>>,
     call: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> C,
 ) -> Result<(T, C::Output), E> {
     let (saved, gate) = tokio::sync::oneshot::channel();
-    let mut call = Box::pin(call(gate));
+    let mut call = std::pin::pin!(call(gate));
     let (save_result, early) = beside(save, call.as_mut()).await;
     let kept = save_result?;
     let _ = saved.send(());

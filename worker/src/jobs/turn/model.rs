@@ -93,9 +93,11 @@ pub(super) async fn call(
         std::future::ready(())
     };
     let fallback_id = format!("{}:{}:fallback:{}", step.turn_id(), step.envelope.gen, step.envelope.attempt);
-    // Boxed: the call's future is large, and the step's pipeline nests it in several more.
+    // Pinned where it is made and lent to what awaits it: a future passed on by value is laid out
+    // again in every future it passes through (the compiler does not overlap the two), and the
+    // model call is the largest part of a turn step.
     let streamed =
-        Box::pin(complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token));
+        std::pin::pin!(complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token));
     // The call's closure (and the sender in it) is dropped when the call ends: the writer then
     // writes what is left and ends, before any later event of the step. The call's usage is
     // counted meanwhile.
@@ -107,8 +109,8 @@ pub(super) async fn call(
         }
         result
     };
-    let streamed = async { tokio::join!(counted, writer).0 };
-    let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed.instrument(span)).await else {
+    let streamed = std::pin::pin!(async { tokio::join!(counted, writer).0 }.instrument(span));
+    let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed).await else {
         return Err(Outcome::Fenced);
     };
     let elapsed = clock.elapsed();
