@@ -23,8 +23,8 @@ use crate::outcome::{Outcome, Settle};
 
 /// Handles one delivery to the end, settling it on `publisher`'s connection. Its ack joins its
 /// channel's next batch (`acks`), sent once every delivery before it on the channel settled too.
-pub(crate) async fn handle(shared: Arc<WorkerParts>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
-    let cx = shared.cx(&publisher);
+pub(crate) async fn handle(parts: Arc<WorkerParts>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
+    let cx = parts.cx(&publisher);
     let tag = delivery.delivery_tag;
     let result = match process(&cx, &delivery).await {
         Settle::Ack => {

@@ -73,7 +73,7 @@ pub async fn run(config: WorkerConfig, lifetime: Lifetime) -> Result<(), WorkerE
     let parts = Arc::new(WorkerParts::new(&config, store, metrics));
     let intake = lifetime.intake();
     let pickups = tokio::spawn(intake::write_pickups(parts.clone(), intake.child_token()));
-    intake::consume(parts, broker, consumers, intake).await;
+    intake::consume(parts, broker, consumers, &lifetime).await;
     let _ = pickups.await;
 
     background.stop().await;

@@ -5,16 +5,15 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_platform::acks::BatchAcks;
+use fleet_platform::broker::{self, Live};
+use fleet_platform::shutdown::Lifetime;
+use fleet_protocol::envelope::JobKind;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
-
-use fleet_platform::acks::BatchAcks;
-use fleet_platform::broker::{self, Live};
-use fleet_protocol::envelope::JobKind;
 
 use crate::config::WorkerConfig;
 
@@ -75,10 +74,11 @@ impl ConsumerChannel {
 }
 
 /// Opens a channel on `live`'s connection and consumes every queue a job waits in; its ack sender
-/// runs among the `closers`.
+/// runs among the `closers`, on a token of the process's shutdown tree.
 pub(super) async fn open_consumers(
     live: &Live,
     config: &WorkerConfig,
+    lifetime: &Lifetime,
     closers: &mut JoinSet<()>,
 ) -> Result<(ConsumerChannel, Deliveries), broker::BrokerError> {
     let channel = live.connection.create_channel().await?;
@@ -106,9 +106,10 @@ pub(super) async fn open_consumers(
     }
     let (holds, settled) = mpsc::channel(1);
     let acks = BatchAcks::new(channel.clone(), ACK_LINGER);
-    let stop = CancellationToken::new();
-    // Owned by the closers: it ends when the consumer channel is dropped or retired (its guard cancels it),
-    // after one last send.
+    // A child of the root, like every token of the process: the ack sender outlives the intake
+    // while the channel's jobs settle. Owned by the closers: it ends when the consumer channel is
+    // dropped or retired (its guard cancels it), after one last send.
+    let stop = lifetime.child();
     closers.spawn(acks.clone().run(stop.clone()));
     let consumer = ConsumerChannel { channel, tags, acks, acks_stop: stop.drop_guard(), holds, settled };
     Ok((consumer, futures::stream::select_all(consumers)))

@@ -13,36 +13,40 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use fleet_platform::broker::{BrokerLink, Live};
+use fleet_platform::shutdown::Lifetime;
 
 use crate::context::WorkerParts;
 use crate::health::Consumers;
 use channel::{open_consumers, ConsumerChannel, Deliveries};
 use flight::JobTasks;
 
-/// Consumes from every work queue across broker reconnections until `cancel`, then drains.
+/// Consumes from every work queue across broker reconnections until `lifetime`'s intake is
+/// cancelled, then drains.
 ///
 /// Prefetch is per consumer (quorum queues have no per-channel QoS), so the channel may hold a
 /// delivery of every kind at once; the bound is the worker's own (`JobTasks`).
 pub(crate) async fn consume(
-    shared: Arc<WorkerParts>,
+    parts: Arc<WorkerParts>,
     mut link: BrokerLink,
     consumers: Arc<Consumers>,
-    cancel: CancellationToken,
+    lifetime: &Lifetime,
 ) {
-    let grace = shared.config.shutdown_grace;
+    let cancel = lifetime.intake();
+    let grace = parts.config.shutdown_grace;
     let mut intake =
-        Intake { jobs: JobTasks::new(shared.config.concurrency), closers: JoinSet::new(), shared, consumers };
+        Intake { jobs: JobTasks::new(parts.config.concurrency), closers: JoinSet::new(), parts, consumers };
     while let Some(live) = link.wait_live(&cancel).await {
-        let (consumer, deliveries) = match open_consumers(&live, &intake.shared.config, &mut intake.closers).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start consuming; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                    _ = cancel.cancelled() => break,
+        let (consumer, deliveries) =
+            match open_consumers(&live, &intake.parts.config, lifetime, &mut intake.closers).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start consuming; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                        _ = cancel.cancelled() => break,
+                    }
                 }
-            }
-        };
+            };
         match intake.take_jobs(&mut link, &live, consumer, deliveries, &cancel).await {
             Ended::Cancelled => break,
             Ended::Lost | Ended::Resubscribed => {}
@@ -56,7 +60,7 @@ pub(crate) async fn consume(
 
 /// What the intake holds across its channels.
 struct Intake {
-    shared: Arc<WorkerParts>,
+    parts: Arc<WorkerParts>,
     consumers: Arc<Consumers>,
     jobs: JobTasks,
     /// Retired channels closing once their jobs settle, and every channel's ack sender.
@@ -102,11 +106,14 @@ impl Intake {
                         crate::memory::release_freed_memory();
                     }
                 }
-                acquired = jobs.permits.clone().acquire_owned(), if jobs.permit.is_none() => jobs.permit = acquired.ok(),
+                acquired = jobs.permits.clone().acquire_owned(), if jobs.permit.is_none() => {
+                    jobs.permit = acquired.ok();
+                }
                 delivery = deliveries.next(), if jobs.permit.is_some() => match next_item(delivery) {
                     ConsumerItem::Run(delivery) => {
                         consumer.acks.delivered(delivery.delivery_tag);
-                        let job = crate::delivery::handle(self.shared.clone(), delivery, live.publisher.clone(), consumer.acks.clone());
+                        let (parts, publisher, acks) = (self.parts.clone(), live.publisher.clone(), consumer.acks.clone());
+                        let job = crate::delivery::handle(parts, delivery, publisher, acks);
                         jobs.spawn(job, consumer.hold());
                     }
                     ConsumerItem::Resubscribe(why) => {
@@ -125,15 +132,15 @@ impl Intake {
 
 /// Writes the newest pickup per job kind to Redis once a second (the oldest-job-age gauge reads it
 /// beside the work queue's depth), until `cancel`.
-pub(crate) async fn write_pickups(shared: Arc<WorkerParts>, cancel: CancellationToken) {
+pub(crate) async fn write_pickups(parts: Arc<WorkerParts>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = cancel.cancelled() => return,
         }
-        for (kind, entered_ms) in shared.pickups.take_unwritten() {
-            if let Err(e) = shared.store.note_pickup(kind, entered_ms).await {
+        for (kind, entered_ms) in parts.pickups.take_unwritten() {
+            if let Err(e) = parts.store.note_pickup(kind, entered_ms).await {
                 tracing::debug!(error = %e, "pickup time not written");
             }
         }
