@@ -19,8 +19,7 @@ mod wire;
 
 use std::sync::Arc;
 
-use fleet_platform::metrics::Metrics;
-use fleet_platform::service;
+use fleet_platform::service::Process;
 use fleet_platform::shutdown::Lifetime;
 
 pub use config::DispatcherConfig;
@@ -30,12 +29,10 @@ pub use state::{AppState, Shared};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatcherError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Open(#[from] fleet_platform::service::OpenError),
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
-    #[error(transparent)]
-    Store(#[from] fleet_platform::store::StoreError),
 }
 
 impl fleet_platform::service::ServiceConfig for DispatcherConfig {
@@ -45,35 +42,25 @@ impl fleet_platform::service::ServiceConfig for DispatcherConfig {
     fn common(&self) -> &fleet_platform::config::CommonConfig {
         &self.common
     }
+    fn http_addr(&self) -> std::net::SocketAddr {
+        self.http_addr
+    }
 }
 
 /// Runs the dispatcher until its intake is cancelled: the HTTP server stops taking requests and
 /// finishes those in flight; then the broker supervisor and the background tasks, which those
 /// requests may still need, stop. Everything spawned here is awaited here.
 pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), DispatcherError> {
-    let metrics = Metrics::new("dispatcher");
-    let store = service::open_store(&config.common, metrics.clone())?;
-    let listener = fleet_platform::ops::bind(config.http_addr)
-        .await
-        .map_err(|source| DispatcherError::Bind { addr: config.http_addr, source })?;
-    let background = lifetime.child();
-    let (link, supervisor) = service::supervise_broker(&config.common, metrics.clone(), background.clone());
-    let supervisor = tokio::spawn(supervisor);
-    let stats = tokio::spawn(stats::poll(
-        link.clone(),
-        config.common.topology.clone(),
-        store.clone(),
-        metrics.clone(),
-        config.stats_interval,
-        background.clone(),
-    ));
-    let drain = tokio::spawn(fleet_platform::dead_letters::drain(
-        link.clone(),
-        config.common.topology.clone(),
-        store.clone(),
-        metrics.clone(),
-        background.clone(),
-    ));
+    let Process { metrics, store, listener, broker: link, lifetime, mut background } =
+        Process::open("dispatcher", &config, &lifetime).await?;
+    let topology = config.common.topology.clone();
+    let stats =
+        stats::poll(link.clone(), topology, store.clone(), metrics.clone(), config.stats_interval, background.token());
+    background.spawn(stats);
+    let topology = config.common.topology.clone();
+    let drain =
+        fleet_platform::dead_letters::drain(link.clone(), topology, store.clone(), metrics.clone(), background.token());
+    background.spawn(drain);
     // Open streams end as soon as shutdown begins, so they do not hold the server's drain.
     let streams = stream::StreamHub::start(store.clone(), lifetime.intake().child_token());
     let lanes = lanes::LightLanes::new(
@@ -100,9 +87,6 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
     streams.stopped().await;
     console_tasks.close();
     console_tasks.wait().await;
-    background.cancel();
-    let _ = stats.await;
-    let _ = drain.await;
-    let _ = supervisor.await;
+    background.stop().await;
     served.map_err(DispatcherError::Serve)
 }

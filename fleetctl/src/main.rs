@@ -91,14 +91,5 @@ pub(crate) async fn audit(store: &Store, action: &str, target: &str, count: u64,
 
 /// The fleet's Redis store, as the processes open it.
 fn store(config: &CommonConfig) -> anyhow::Result<Store> {
-    let store = Store::open(
-        &config.redis_url,
-        config.keys.clone(),
-        config.redis_timeout,
-        Metrics::new("fleetctl"),
-        &config.tls,
-    )?;
-    Ok(store
-        .with_dead_letter_retention(config.dead_letter_retention)
-        .with_execution_index_retention(config.execution_index_retention))
+    Ok(fleet_platform::service::open_store(config, Metrics::new("fleetctl"))?)
 }

@@ -1,10 +1,11 @@
 //! Graceful shutdown: one root token per process, and the children it hands out.
 //!
 //! The root ends the process; `intake`, its child, is what a signal cancels: stop taking work.
-//! Tasks the work still needs while it drains (the broker supervisor, the HTTP surface) hold
-//! other children of the root, which their owner cancels once the work has drained, or the
-//! runner with the root at the very end. Cancelling the root cancels every child; no token
-//! outside this tree exists.
+//! Tasks the work still needs while it drains (the broker supervisor, the HTTP surface, a worker
+//! channel's ack sender) hold other children of the root, which their owner cancels once the work
+//! has drained, or the runner with the root at the very end. Cancelling the root cancels every
+//! child; every token a process makes is one of this tree's (`intake`, `child`, or a child of
+//! those).
 
 use tokio_util::sync::CancellationToken;
 

@@ -180,7 +180,7 @@ fn registered<T>(
 
 /// A registry entry's stored keys: its secret's ciphertext and its signing state; `what` names
 /// the secret in an error (`callback`, `webhook`).
-struct Keys<'a> {
+struct StoredKeys<'a> {
     ciphertext: &'a str,
     signing: &'a fleet_protocol::signature_scheme::Signing,
     what: &'a str,
@@ -191,7 +191,7 @@ fn target(
     ctx: &CallbackContext<'_>,
     owner: &str,
     url: String,
-    keys: Keys<'_>,
+    keys: StoredKeys<'_>,
     at_ms: i64,
 ) -> Result<Target, AttemptReport> {
     let secret = ctx
@@ -214,7 +214,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 None => {
                     let tool =
                         registered(ctx.store.registry().get_tool(&call.tool_name).await, "tool", &call.tool_name)?;
-                    let keys = Keys { ciphertext: &tool.secret_ciphertext, signing: &tool.signing, what: "callback" };
+                    let keys =
+                        StoredKeys { ciphertext: &tool.secret_ciphertext, signing: &tool.signing, what: "callback" };
                     ctx.targets.put(&owner, target(ctx, &owner, tool.callback_url, keys, signed_at_ms)?)
                 }
             };
@@ -235,7 +236,7 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             let stored =
                 registered(ctx.store.registry().get_webhook(&hook.webhook_id).await, "webhook", &hook.webhook_id)?;
             let owner = format!("webhook:{}", stored.id);
-            let keys = Keys { ciphertext: &stored.secret_ciphertext, signing: &stored.signing, what: "webhook" };
+            let keys = StoredKeys { ciphertext: &stored.secret_ciphertext, signing: &stored.signing, what: "webhook" };
             let target = target(ctx, &owner, stored.url, keys, signed_at_ms)?;
             let body = serde_json::to_vec(&hook.payload).expect("a payload serialises");
             Ok(Prepared {

@@ -1,4 +1,4 @@
-//! What a job's stages may touch: the worker's shared parts (`Shared`, built once) lent to one
+//! What a job's stages may touch: the worker's shared parts (`WorkerParts`, built once) lent to one
 //! delivery as a `Cx`, with the publisher of the connection the delivery came on.
 
 use std::collections::HashMap;
@@ -9,6 +9,7 @@ use fleet_platform::broker::Publisher;
 use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 use fleet_platform::store::{StoreError, StoredTool, StoredWebhook};
+use fleet_protocol::callback::MAX_RESPONSE_BYTES;
 use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::envelope::JobKind;
 use fleet_protocol::limits::ToolLimits;
@@ -20,7 +21,7 @@ use crate::llm::LlmClients;
 use crate::registry::TargetCache;
 
 /// The worker's parts every job shares, built once at start.
-pub struct Shared {
+pub struct WorkerParts {
     pub config: WorkerConfig,
     pub store: Store,
     pub metrics: Metrics,
@@ -34,7 +35,29 @@ pub struct Shared {
     pub(crate) queue_names: QueueNames,
 }
 
-impl Shared {
+impl WorkerParts {
+    /// The worker's parts, built from its configuration around its Redis and metrics.
+    pub(crate) fn new(config: &WorkerConfig, store: Store, metrics: Metrics) -> Self {
+        WorkerParts {
+            client: CallbackClient::new(
+                config.callback_timeout,
+                config.allow_private_callbacks,
+                MAX_RESPONSE_BYTES,
+                &config.common.tls,
+            ),
+            llm: LlmClients::new(config),
+            targets: TargetCache::new(config.registry_cache_ttl),
+            tools: TtlCache::new(config.registry_cache_ttl),
+            subscribers: TtlCache::new(config.registry_cache_ttl),
+            pickups: Pickups::default(),
+            health_writes: Throttle::new(Duration::from_secs(1)),
+            queue_names: QueueNames::new(&config.common.topology),
+            config: config.clone(),
+            store,
+            metrics,
+        }
+    }
+
     /// This delivery's view: the shared parts and the publisher of its connection.
     pub(crate) fn cx<'a>(&'a self, publisher: &'a Publisher) -> Cx<'a> {
         Cx {

@@ -18,13 +18,13 @@ use fleet_protocol::retry::remaining_hold;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 
-use crate::context::{Cx, Shared};
+use crate::context::{Cx, WorkerParts};
 use crate::outcome::{Outcome, Settle};
 
 /// Handles one delivery to the end, settling it on `publisher`'s connection. Its ack joins its
 /// channel's next batch (`acks`), sent once every delivery before it on the channel settled too.
-pub(crate) async fn handle(shared: Arc<Shared>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
-    let cx = shared.cx(&publisher);
+pub(crate) async fn handle(parts: Arc<WorkerParts>, delivery: Delivery, publisher: Publisher, acks: Arc<BatchAcks>) {
+    let cx = parts.cx(&publisher);
     let tag = delivery.delivery_tag;
     let result = match process(&cx, &delivery).await {
         Settle::Ack => {
@@ -48,6 +48,8 @@ async fn process(cx: &Cx<'_>, delivery: &Delivery) -> Settle {
     let content_type = delivery.properties.content_type().as_ref().map(|s| s.as_str());
     let envelope = match Envelope::decode(&delivery.data, content_type) {
         Ok(e) => e,
+        // Boxed as `jobs::run` boxes a job: a poison message is dispatched here instead of a job,
+        // and its dead letter's future need not size every job's task.
         Err(reason) => return Box::pin(dead_letter_poison(cx, delivery, reason)).await,
     };
     let span = job_span(cx, &envelope, delivery.routing_key.as_str());
@@ -55,11 +57,10 @@ async fn process(cx: &Cx<'_>, delivery: &Delivery) -> Settle {
     let deliveries = delivery_count(delivery.properties.headers().as_ref());
     // A job past its delivery limit carries its verdict from here on, also where it is parked.
     let envelope = decided(cx, envelope, deliveries);
-    // Boxed: a settle's future lives only after the job, so it need not size every job's task
-    // (1,000 callbacks in flight each hold one).
+    // `settle` boxes its own future (it may call itself), so it does not size every job's task.
     async {
         let outcome = outcome(cx, &envelope).await;
-        Box::pin(crate::settle::settle(cx, &envelope, outcome)).await
+        crate::settle::settle(cx, &envelope, outcome).await
     }
     .instrument(span)
     .await
@@ -81,7 +82,7 @@ fn decided(cx: &Cx<'_>, envelope: Envelope, deliveries: u64) -> Envelope {
 /// The job's pipeline, unless its end is already decided (the verdict it carries) or it must wait.
 async fn outcome(cx: &Cx<'_>, envelope: &Envelope) -> Outcome {
     if let Some(verdict) = envelope.settle.clone() {
-        return Box::pin(crate::jobs::decided(cx, envelope, verdict)).await;
+        return crate::jobs::decided(cx, envelope, verdict).await;
     }
     if let Some(remaining) = remaining_hold(envelope.not_before_ms, now_ms()) {
         return Outcome::Parked(remaining);
@@ -90,7 +91,7 @@ async fn outcome(cx: &Cx<'_>, envelope: &Envelope) -> Outcome {
     cx.pickups.note(kind, envelope.not_before_ms.unwrap_or(0).max(envelope.enqueued_at_ms));
     let in_flight = cx.metrics.jobs_in_flight.with_label_values(&[kind]);
     in_flight.inc();
-    // `jobs::run` boxes each kind's future, sized to its kind.
+    // `jobs::run` boxes the job's future, sized to its kind.
     let outcome = crate::jobs::run(cx, envelope).await;
     in_flight.dec();
     outcome

@@ -43,6 +43,8 @@ impl Consumers {
     }
 }
 
+/// Each check's future is boxed because `ReadinessCheck`, shared by every process's ops router,
+/// returns a boxed future (a closure's future type cannot be named there).
 pub fn readiness(link: BrokerLink, store: Store, consumers: Arc<Consumers>) -> ReadinessCheck {
     Arc::new(move || {
         let (link, store, consumers) = (link.clone(), store.clone(), consumers.clone());

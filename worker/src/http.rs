@@ -22,6 +22,7 @@ struct ForbiddenResolution {
 struct GuardedResolver;
 
 impl Resolve for GuardedResolver {
+    // Boxed because reqwest's `Resolving` is a boxed future.
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
             let host = name.as_str().to_string();

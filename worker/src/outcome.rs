@@ -8,7 +8,7 @@ use fleet_protocol::execution::AttemptRecord;
 
 /// The claim a job's work runs under: its token fences every write of the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Held {
+pub(crate) struct HeldClaim {
     pub token: u64,
 }
 
@@ -32,7 +32,7 @@ pub(crate) enum Outcome {
     /// acked (over a budget, a tenant's turn slots, a tool's limits).
     ParkedStep(Duration, u64),
     /// The attempt goes on in the broker: the next poll of a 202's status URL.
-    Poll(Box<fleet_protocol::envelope::PollState>, Held),
+    Poll(Box<fleet_protocol::envelope::PollState>, HeldClaim),
     /// Return it to its queue now (a write it depends on failed).
     Requeue,
     /// Neither ack nor requeue: its connection is gone, and the broker returns it by itself.
@@ -88,7 +88,7 @@ pub(crate) struct Failure {
     pub error: String,
     pub retry_after: Option<Duration>,
     pub permanent: bool,
-    pub held: Held,
+    pub held: HeldClaim,
     /// When the attempt started (ms), for `first_attempt_at`.
     pub started_ms: i64,
 }
@@ -101,7 +101,7 @@ pub(crate) struct DeadLetter {
     pub reason: DeadLetterReason,
     pub error: String,
     pub record: Option<AttemptRecord>,
-    pub held: Option<Held>,
+    pub held: Option<HeldClaim>,
     pub code: Option<&'static str>,
 }
 

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
@@ -20,10 +21,17 @@ use fleet_protocol::life::Owed;
 use fleet_protocol::retry::RetryDecision;
 
 use crate::context::Cx;
-use crate::outcome::{DeadLetter, Failure, Held, Outcome, Settle};
+use crate::outcome::{DeadLetter, Failure, HeldClaim, Outcome, Settle};
 use crate::publish::{park, park_step, publish_holding, publish_next, retire, retrying_redis, trace_headers};
 
-pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
+/// Carries `outcome` out. Its future is boxed here, once per delivery: `settle` calls itself (what
+/// a copy carried out is settled in turn), and a future that contains itself must be boxed. Boxed
+/// at its start, it also lives only after the job, and does not size every job's task.
+pub(crate) fn settle<'a>(cx: &'a Cx<'_>, envelope: &'a Envelope, outcome: Outcome) -> BoxFuture<'a, Settle> {
+    Box::pin(carry_out(cx, envelope, outcome))
+}
+
+async fn carry_out(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -> Settle {
     let kind = envelope.kind().as_str();
     match outcome {
         Outcome::Done(finished) => {
@@ -56,9 +64,7 @@ pub(crate) async fn settle(cx: &Cx<'_>, envelope: &Envelope, outcome: Outcome) -
         Outcome::Requeue => Settle::Requeue,
         Outcome::Abandon => Settle::Abandon,
         // Resolved by `jobs::run`; a stage that returns it directly settles what the copy carried.
-        Outcome::Owed(owed, result) => {
-            Box::pin(settle(cx, envelope, crate::jobs::carry(cx, envelope, owed, result).await)).await
-        }
+        Outcome::Owed(owed, result) => settle(cx, envelope, crate::jobs::carry(cx, envelope, owed, result).await).await,
     }
 }
 
@@ -135,7 +141,7 @@ async fn retry_later(
 
 /// A 202 (or a poll still pending): the attempt goes on in the broker, not in a sleeping task. Its
 /// next poll is owed, the claim given back as `polling`; no attempt is spent.
-async fn poll_later(cx: &Cx<'_>, envelope: &Envelope, poll: &PollState, held: Held) -> Settle {
+async fn poll_later(cx: &Cx<'_>, envelope: &Envelope, poll: &PollState, held: HeldClaim) -> Settle {
     let interval = cx.config.async_poll_interval;
     let seq = envelope.step().poll + 1;
     let next = Envelope {
@@ -201,7 +207,7 @@ async fn dead_letter(cx: &Cx<'_>, envelope: &Envelope, dead: DeadLetter) -> Sett
 /// Writes `transition` under `held`, trying again while Redis is unavailable (a failover takes
 /// seconds) for up to a third of the lease, which was renewed at most a third ago: giving up
 /// sooner would requeue a job whose attempt ran, and run it again. `Err` is how the delivery ends.
-async fn write(cx: &Cx<'_>, envelope: &Envelope, held: Held, transition: &Transition<'_>) -> Result<(), Settle> {
+async fn write(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, transition: &Transition<'_>) -> Result<(), Settle> {
     let id = &envelope.execution_id;
     let lease = cx.config.claim_lease;
     let written =

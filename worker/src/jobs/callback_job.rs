@@ -15,36 +15,34 @@ use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
 
-use super::claim::{self, Admitted, Mode};
+use super::claim::{self, Claim, Mode};
 use super::parent::{self, Parent};
 use super::{circuit, limits};
 use crate::callback::{self, AttemptReport, AttemptVerdict, CallbackContext};
 use crate::context::Cx;
-use crate::outcome::{Failure, Finished, Held, Outcome};
+use crate::outcome::{Failure, Finished, HeldClaim, Outcome};
 use crate::publish::retrying_redis;
 
 pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, parent: Option<Parent<'_>>) -> Outcome {
     pipeline(cx, envelope, parent.as_ref()).await.unwrap_or_else(|stop| stop)
 }
 
-// Each stage but the attempt's wait is boxed: a job's future is as large as its largest stage, and
-// a worker holds a thousand of them while their callbacks wait.
 async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>) -> Result<Outcome, Outcome> {
-    let gate = Box::pin(circuit::admit(cx, envelope)).await?;
-    let limited = Box::pin(limits::applies(cx, envelope)).await;
+    let gate = circuit::admit(cx, envelope).await?;
+    let limited = limits::applies(cx, envelope).await;
     if let Some(parent) = parent {
-        Box::pin(follow_a_cancelled_turn(cx, envelope, parent)).await;
+        follow_a_cancelled_turn(cx, envelope, parent).await;
     }
     let mode = if limited { Mode::Hold } else { Mode::Run };
-    let held = match Box::pin(claim::admit(cx, envelope, mode)).await? {
-        Admitted::Step { held, .. } => held,
-        Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
-        Admitted::Cancelled => return Ok(Box::pin(parent::cancelled(cx, envelope, parent)).await),
+    let held = match claim::admit(cx, envelope, mode).await? {
+        Claim::Step { held, .. } => held,
+        Claim::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
+        Claim::Cancelled => return Ok(parent::cancelled(cx, envelope, parent).await),
     };
     // Over its tool's limits a call gives its claim back and is parked: nothing sent or spent.
-    let admission = Box::pin(limits::admit(cx, envelope, held)).await?;
+    let admission = limits::admit(cx, envelope, held).await?;
     if mode == Mode::Hold {
-        if let Err(stop) = Box::pin(begin(cx, envelope, parent, held)).await {
+        if let Err(stop) = begin(cx, envelope, parent, held).await {
             limits::release(cx, admission).await;
             return Err(stop);
         }
@@ -57,9 +55,9 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let report = attempt(cx, envelope, held, &admission).await;
     limits::release(cx, admission).await;
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
-    Box::pin(circuit::after_attempt(cx, envelope, gate, &report, &record, held)).await?;
+    circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
     Ok(match report.verdict {
-        AttemptVerdict::Succeeded(result) => Box::pin(succeed(cx, envelope, parent, held, &record, result)).await,
+        AttemptVerdict::Succeeded(result) => succeed(cx, envelope, parent, held, &record, result).await,
         AttemptVerdict::Retryable { retry_after } => failed(&report, record, held, started_ms, retry_after, false),
         AttemptVerdict::Permanent => failed(&report, record, held, started_ms, None, true),
         AttemptVerdict::Accepted(poll) => Outcome::Poll(Box::new(poll), held),
@@ -76,11 +74,11 @@ async fn follow_a_cancelled_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Pare
 
 /// The `running` write of a call whose claim only held the record while its limits were checked:
 /// it loses to a cancel that came first.
-async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, held: Held) -> Result<(), Outcome> {
+async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, held: HeldClaim) -> Result<(), Outcome> {
     match cx.store.executions().begin_attempt(&envelope.execution_id, held.token, envelope.attempt).await {
         Ok(Begin::Started) => Ok(()),
         Ok(Begin::Fenced) => Err(Outcome::Fenced),
-        Ok(Begin::Cancelled) => Err(Box::pin(parent::cancelled(cx, envelope, parent)).await),
+        Ok(Begin::Cancelled) => Err(parent::cancelled(cx, envelope, parent).await),
         Err(e) => {
             tracing::warn!(error = %e, "cannot record the attempt's start; parked");
             Err(release_and_park(cx, envelope, held).await)
@@ -89,7 +87,7 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
 }
 
 /// Gives the claim back and parks the job: something it needs failed before any side effect.
-async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Outcome {
+async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> Outcome {
     let released = Transition::new(ClaimAfter::Release("released"));
     let _ = cx
         .store
@@ -100,7 +98,12 @@ async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Outco
 }
 
 /// The attempt itself, its claim and its tool's concurrency slot renewed while it runs.
-async fn attempt(cx: &Cx<'_>, envelope: &Envelope, held: Held, admission: &limits::Admission) -> AttemptReport {
+async fn attempt(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    held: HeldClaim,
+    admission: &limits::ToolAdmission,
+) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
         targets: cx.targets,
@@ -110,8 +113,11 @@ async fn attempt(cx: &Cx<'_>, envelope: &Envelope, held: Held, admission: &limit
         poll_limit: cx.config.async_poll_limit,
         redactor: &cx.config.redactor,
     };
-    let sent = Box::pin(callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()));
-    let sent = limits::holding(cx, admission, sent);
+    // Pinned here and lent to the renewals around it: a future they took by value would be laid out
+    // again in each of their futures (the compiler does not overlap an awaited argument with the
+    // future awaiting it), and the attempt is the largest part of a callback job.
+    let sent = std::pin::pin!(callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()));
+    let sent = std::pin::pin!(limits::holding(cx, admission, sent));
     let report = claim::renewing(cx, &envelope.execution_id, held, false, sent).await;
     report.expect("callbacks are not stopped by a lost lease")
 }
@@ -143,7 +149,7 @@ fn attempt_record(
 fn failed(
     report: &AttemptReport,
     record: AttemptRecord,
-    held: Held,
+    held: HeldClaim,
     started_ms: i64,
     retry_after: Option<std::time::Duration>,
     permanent: bool,
@@ -158,7 +164,7 @@ async fn succeed(
     cx: &Cx<'_>,
     envelope: &Envelope,
     parent: Option<&Parent<'_>>,
-    held: Held,
+    held: HeldClaim,
     record: &AttemptRecord,
     result: Value,
 ) -> Outcome {

@@ -22,7 +22,7 @@ use fleet_protocol::turn::CallOutcome;
 use super::parent::Parent;
 use crate::callback::{AttemptReport, AttemptVerdict};
 use crate::context::Cx;
-use crate::outcome::{Finished, Held, Outcome};
+use crate::outcome::{Finished, HeldClaim, Outcome};
 
 /// How a call passed its tool's circuit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub(super) async fn after_attempt(
     gate: Gate,
     report: &AttemptReport,
     record: &AttemptRecord,
-    held: Held,
+    held: HeldClaim,
 ) -> Result<(), Outcome> {
     let call = match &envelope.job {
         Job::ToolCall(call) => call,
@@ -149,7 +149,7 @@ async fn probe_failed(
     cx: &Cx<'_>,
     envelope: &Envelope,
     record: &AttemptRecord,
-    held: Held,
+    held: HeldClaim,
     interval: Duration,
 ) -> Outcome {
     let error = record.error.as_deref().unwrap_or("failed");

@@ -14,16 +14,16 @@ use fleet_protocol::life::{Claimed, Owed};
 use fleet_protocol::turn::TurnState;
 
 use crate::context::Cx;
-use crate::outcome::{Finished, Held, Outcome};
+use crate::outcome::{Finished, HeldClaim, Outcome};
 
 pub(crate) use fleet_platform::store::AdmitMode as Mode;
 
 /// A delivery that may go on.
 #[derive(Debug)]
-pub(crate) enum Admitted {
+pub(crate) enum Claim {
     /// The record's step, claimed; `cancel_requested` says a client asked to cancel (a turn), and
     /// `turn` is a turn's state, read with the claim.
-    Step { held: Held, cancel_requested: bool, turn: Option<Box<TurnState>> },
+    Step { held: HeldClaim, cancel_requested: bool, turn: Option<Box<TurnState>> },
     /// An earlier step while the record owes something: the delivery carries it out.
     Owed { owed: Owed, result: Option<Value> },
     /// The execution was cancelled before this step ran.
@@ -32,7 +32,7 @@ pub(crate) enum Admitted {
 
 /// Claims the delivery's step. `Err` is how the delivery ends instead: a copy (counted), done
 /// already, or busy elsewhere or Redis unavailable (parked, no attempt spent).
-pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Result<Admitted, Outcome> {
+pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Result<Claim, Outcome> {
     let id = &envelope.execution_id;
     let kind = envelope.kind().as_str();
     for _ in 0..2 {
@@ -49,10 +49,10 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, mode: Mode) -> Resul
         };
         match claimed {
             Claimed::Held { token } => {
-                return Ok(Admitted::Step { held: Held { token }, cancel_requested, turn: turn.map(Box::new) })
+                return Ok(Claim::Step { held: HeldClaim { token }, cancel_requested, turn: turn.map(Box::new) })
             }
-            Claimed::Owed { owed, result } => return Ok(Admitted::Owed { owed, result }),
-            Claimed::Cancelled => return Ok(Admitted::Cancelled),
+            Claimed::Owed { owed, result } => return Ok(Claim::Owed { owed, result }),
+            Claimed::Cancelled => return Ok(Claim::Cancelled),
             Claimed::Copy => {
                 tracing::info!(
                     "a copy of an earlier step, of a parked step, or of an execution that ended; only acked"
@@ -112,7 +112,7 @@ async fn restore_record(cx: &Cx<'_>, envelope: &Envelope) -> Result<(), fleet_pl
 pub(crate) async fn renewing<T>(
     cx: &Cx<'_>,
     execution_id: &str,
-    held: Held,
+    held: HeldClaim,
     stop_when_lost: bool,
     work: impl Future<Output = T>,
 ) -> Option<T> {
@@ -128,8 +128,7 @@ pub(crate) async fn renewing<T>(
 }
 
 /// Runs `work` while `renew` runs every third of `lease` (the claim's, a tool slot's). `None`:
-/// `renew` answered that the work must stop. Every renewal is boxed: the wait it sits beside is
-/// what a thousand in-flight jobs hold.
+/// `renew` answered that the work must stop.
 pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
     lease: std::time::Duration,
     work: impl Future<Output = T>,
@@ -144,7 +143,7 @@ pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
         tokio::select! {
             done = &mut work => return Some(done),
             _ = tick.tick() => {
-                if !Box::pin(renew()).await {
+                if !renew().await {
                     return None;
                 }
             }

@@ -14,7 +14,7 @@ use fleet_protocol::limits::RateLimit;
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
 
 use crate::context::Cx;
-use crate::outcome::{Held, Outcome};
+use crate::outcome::{HeldClaim, Outcome};
 
 /// How soon a call over the concurrency limit asks again. When a slot frees cannot be known (a
 /// lease is renewed while its POST runs), so it asks again soon: the park rounds this up to the
@@ -41,7 +41,7 @@ impl Deferral {
 }
 
 /// The concurrency slot a call holds for one attempt, if its tool has a limit.
-pub(crate) struct Admission {
+pub(crate) struct ToolAdmission {
     slot: Option<HeldSlot>,
 }
 
@@ -77,10 +77,10 @@ pub(crate) async fn applies(cx: &Cx<'_>, envelope: &Envelope) -> bool {
 
 /// Lets the claimed call through its tool's limits, or defers it: `Err` is how the job ends (the
 /// claim given back, the job parked for as long as the limit says).
-pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Result<Admission, Outcome> {
+pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> Result<ToolAdmission, Outcome> {
     let tool = match &envelope.job {
         Job::ToolCall(call) => call.tool_name.as_str(),
-        Job::Webhook(_) | Job::Turn(_) => return Ok(Admission { slot: None }),
+        Job::Webhook(_) | Job::Turn(_) => return Ok(ToolAdmission { slot: None }),
     };
     match check(cx, tool, &envelope.execution_id, held.token).await {
         Ok(admission) => Ok(admission),
@@ -110,14 +110,14 @@ pub(crate) async fn admit(cx: &Cx<'_>, envelope: &Envelope, held: Held) -> Resul
 
 /// The slot first, then the rate: a slot given back costs nothing, while the rate limiter's go-ahead
 /// is spent once given, so it is asked only by a call that may run at once.
-async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Result<Admission, (Deferral, Duration)> {
+async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Result<ToolAdmission, (Deferral, Duration)> {
     let fail_closed = cx.soon();
     let unavailable = |e: StoreError| {
         tracing::warn!(error = %e, "cannot check the tool's limits (Redis unavailable); deferred");
         (Deferral::Unavailable, fail_closed)
     };
     let limits = cx.policies_of(tool).await.map_err(unavailable)?.limits;
-    let mut admission = Admission { slot: None };
+    let mut admission = ToolAdmission { slot: None };
     if let Some(limit) = limits.max_concurrency {
         let holder = holder(execution_id, token);
         match cx
@@ -146,7 +146,7 @@ async fn check(cx: &Cx<'_>, tool: &str, execution_id: &str, token: u64) -> Resul
 
 /// Runs `work` (the attempt) while renewing the call's concurrency slot every third of the lease,
 /// as the claim is renewed around it.
-pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &Admission, work: impl Future<Output = T>) -> T {
+pub(crate) async fn holding<T>(cx: &Cx<'_>, admission: &ToolAdmission, work: impl Future<Output = T>) -> T {
     let Some(slot) = &admission.slot else { return work.await };
     holding_slot(cx, Semaphore::Tool(&slot.tool), &slot.holder, work).await
 }
@@ -171,7 +171,7 @@ pub(crate) async fn holding_slot<T>(
 }
 
 /// Gives the slot back. A Redis error leaves it to its lease, which runs out by itself.
-pub(crate) async fn release(cx: &Cx<'_>, admission: Admission) {
+pub(crate) async fn release(cx: &Cx<'_>, admission: ToolAdmission) {
     if let Some(slot) = admission.slot {
         give_back(cx, Semaphore::Tool(&slot.tool), &slot.holder).await;
     }

@@ -13,22 +13,36 @@ mod tool_call;
 mod turn;
 mod webhook;
 
+use std::future::Future;
+
 use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, Job, Verdict};
 
 use crate::context::Cx;
 use crate::outcome::{DeadLetter, Outcome};
 
+/// Runs the delivery's job by its kind, and what its record owes when the claim finds a copy.
 pub(crate) async fn run(cx: &Cx<'_>, envelope: &Envelope) -> Outcome {
-    // Each kind's future is boxed on its own, sized to that kind: a worker holds a thousand of
-    // them while they wait, and a turn step's (its model stream) is several times a callback's.
-    let outcome = match &envelope.job {
-        Job::ToolCall(call) => Box::pin(tool_call::run(cx, envelope, call)).await,
-        Job::Webhook(_) => Box::pin(webhook::run(cx, envelope)).await,
-        Job::Turn(step) => Box::pin(turn::run(cx, envelope, step)).await,
-    };
-    match outcome {
-        Outcome::Owed(owed, result) => Box::pin(owed::carry(cx, envelope, owed, result)).await,
+    // The one box of a job's future, here where its kind is known, so that it is sized to that
+    // kind: a worker holds a thousand of them while they wait, and a turn step's (its model stream)
+    // is many times a callback's, which would otherwise size every job's task.
+    match &envelope.job {
+        Job::ToolCall(call) => Box::pin(carrying_owed(cx, envelope, || tool_call::run(cx, envelope, call))).await,
+        Job::Webhook(_) => Box::pin(carrying_owed(cx, envelope, || webhook::run(cx, envelope))).await,
+        Job::Turn(step) => Box::pin(carrying_owed(cx, envelope, || turn::run(cx, envelope, step))).await,
+    }
+}
+
+/// The outcome of `job`, or, when the claim found a copy of an earlier step and the record owes
+/// something, what carrying it out ends in. `job` is made here, not passed in made: a future taken
+/// by value would be laid out twice in this one.
+async fn carrying_owed<F: Future<Output = Outcome>>(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    job: impl FnOnce() -> F,
+) -> Outcome {
+    match job().await {
+        Outcome::Owed(owed, result) => owed::carry(cx, envelope, owed, result).await,
         other => other,
     }
 }
@@ -47,17 +61,23 @@ pub(crate) async fn carry(
 /// it; `envelope` carries the verdict): claimed like any delivery, so a copy stays a copy, even from
 /// the live lease of a worker that died, then dead-lettered under the claim.
 pub(crate) async fn decided(cx: &Cx<'_>, envelope: &Envelope, verdict: Verdict) -> Outcome {
+    // Boxed as `run` boxes a kind's job: a decided job is dispatched here instead, and its future
+    // need not size every job's task.
+    Box::pin(dead_letter_decided(cx, envelope, verdict)).await
+}
+
+async fn dead_letter_decided(cx: &Cx<'_>, envelope: &Envelope, verdict: Verdict) -> Outcome {
     tracing::warn!(reason = verdict.reason.as_str(), "the job's end is decided; it is dead-lettered without running");
     match claim::admit(cx, envelope, claim::Mode::Take).await {
-        Ok(claim::Admitted::Step { held, .. }) => Outcome::DeadLetter(DeadLetter {
+        Ok(claim::Claim::Step { held, .. }) => Outcome::DeadLetter(DeadLetter {
             reason: verdict.reason,
             error: verdict.error,
             record: None,
             held: Some(held),
             code: None,
         }),
-        Ok(claim::Admitted::Owed { owed, result }) => owed::carry(cx, envelope, owed, result).await,
-        Ok(claim::Admitted::Cancelled) => cancelled(cx, envelope).await,
+        Ok(claim::Claim::Owed { owed, result }) => owed::carry(cx, envelope, owed, result).await,
+        Ok(claim::Claim::Cancelled) => cancelled(cx, envelope).await,
         Err(outcome) => outcome,
     }
 }

@@ -37,7 +37,7 @@ const BATCH_MAX: usize = 256;
 pub(crate) fn batched<'a>(
     cx: &'a Cx<'a>,
     session_id: &'a str,
-) -> (Batch<'a>, impl std::future::Future<Output = ()> + 'a) {
+) -> (EventSender<'a>, impl std::future::Future<Output = ()> + 'a) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let writer = async move {
         let mut events = Vec::new();
@@ -48,16 +48,16 @@ pub(crate) fn batched<'a>(
             events.clear();
         }
     };
-    (Batch { tx, session_id }, writer)
+    (EventSender { tx, session_id }, writer)
 }
 
 /// The sending half of `batched`.
-pub(crate) struct Batch<'a> {
+pub(crate) struct EventSender<'a> {
     tx: tokio::sync::mpsc::UnboundedSender<Value>,
     session_id: &'a str,
 }
 
-impl Batch<'_> {
+impl EventSender<'_> {
     /// Hands `event` to the writer, stamped with the base fields now.
     pub(crate) fn send(&self, event: Value) {
         let _ = self.tx.send(turn::with_base_fields(event, self.session_id, now_ms()));

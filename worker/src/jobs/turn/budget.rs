@@ -14,14 +14,14 @@ use fleet_protocol::fair::{self, Priority};
 use fleet_protocol::retry::EARLY_RETURN_TOLERANCE;
 use fleet_protocol::turn::TurnState;
 
-use super::Step;
+use super::ClaimedStep;
 use crate::context::Cx;
 use crate::jobs::limits;
 use crate::outcome::{DeadLetter, Outcome};
 use fleet_protocol::dead_letters::DeadLetterReason;
 
 /// What a step took from its provider's budget for its call.
-pub(super) struct Reserved {
+pub(super) struct BudgetReservation {
     pub provider: String,
     pub buckets: Vec<Bucket>,
     pub tokens: u64,
@@ -53,7 +53,7 @@ pub(super) fn buckets(cx: &Cx<'_>, provider: &str, model: &str) -> Vec<Bucket> {
 }
 
 /// The reservation's id: one per step and attempt, so a parked step finds its own slot again.
-fn reservation_id(step: &Step<'_>) -> String {
+fn reservation_id(step: &ClaimedStep<'_>) -> String {
     let e = step.envelope;
     format!("{}:{}:{}:{}", e.execution_id, e.gen, step.job.round, e.attempt)
 }
@@ -72,8 +72,8 @@ pub(super) struct Ahead(Result<Spend, StoreError>);
 /// turn's opening is one round trip shorter. A provider with a budget is asked in turn (`admit`):
 /// its reservation is a write, made only once the session is the step's. `None` then, and for a
 /// compaction (whose summary asks for itself).
-pub(super) async fn ask_ahead(step: &Step<'_>, state: &TurnState) -> Option<Ahead> {
-    let (provider, model, _) = super::model::target(&step.cx, state);
+pub(super) async fn ask_ahead(step: &ClaimedStep<'_>, state: &TurnState) -> Option<Ahead> {
+    let (provider, model, _) = step.target(state);
     if state.compaction.is_some() || !buckets(&step.cx, &provider, &model).is_empty() {
         return None;
     }
@@ -82,7 +82,7 @@ pub(super) async fn ask_ahead(step: &Step<'_>, state: &TurnState) -> Option<Ahea
 
 /// The budget script's answer for the step's call of `tokens` from `buckets`.
 async fn ask(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     provider: &str,
     buckets: &[Bucket],
@@ -100,18 +100,18 @@ async fn ask(
 /// does); without one, only a pause could have stopped the call, and the call goes on. `ahead` is
 /// the pause asked beside the session's take (a provider without a budget).
 pub(super) async fn admit(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     provider: &str,
     model: &str,
     tokens: u64,
     ahead: Option<Ahead>,
-) -> Result<Reserved, Outcome> {
+) -> Result<BudgetReservation, Outcome> {
     let cx = &step.cx;
     let buckets = buckets(cx, provider, model);
     let tenant = tenant_of(cx, state).0;
     let reserved =
-        |buckets, tokens| Reserved { provider: provider.to_string(), buckets, tokens, tenant: tenant.into() };
+        |buckets, tokens| BudgetReservation { provider: provider.to_string(), buckets, tokens, tenant: tenant.into() };
     let asked = match ahead {
         Some(Ahead(asked)) if buckets.is_empty() => asked,
         _ => ask(step, state, provider, &buckets, tokens).await,
@@ -139,16 +139,22 @@ pub(super) async fn admit(
 
 /// A fallback provider's go-ahead within the same attempt: only if its budget has room now for
 /// everyone waiting for it and this call (the attempt does not wait, and takes no place).
-pub(super) async fn try_now(cx: &Cx<'_>, first: &Reserved, id: &str, provider: &str, model: &str) -> Option<Reserved> {
+pub(super) async fn try_now(
+    cx: &Cx<'_>,
+    first: &BudgetReservation,
+    id: &str,
+    provider: &str,
+    model: &str,
+) -> Option<BudgetReservation> {
     let buckets = buckets(cx, provider, model);
     let tenant = first.tenant.clone();
     let waiter = Waiter { id, tenant: &tenant, weight: 1, priority: Priority::Normal };
     match cx.store.limits().budget_reserve(provider, &buckets, waiter, first.tokens, Duration::ZERO, true).await {
         Ok(Spend::Now { reserved }) => {
-            Some(Reserved { provider: provider.to_string(), buckets, tokens: reserved, tenant })
+            Some(BudgetReservation { provider: provider.to_string(), buckets, tokens: reserved, tenant })
         }
         Ok(_) => None,
-        Err(_) => buckets.is_empty().then(|| Reserved {
+        Err(_) => buckets.is_empty().then(|| BudgetReservation {
             provider: provider.to_string(),
             buckets,
             tokens: first.tokens,
@@ -159,7 +165,7 @@ pub(super) async fn try_now(cx: &Cx<'_>, first: &Reserved, id: &str, provider: &
 
 /// After a call answered: the tokens it used (the reservation stands when none were reported)
 /// and what the provider said of its limits. A failure leaves the reservation as it was.
-pub(super) async fn settle(cx: &Cx<'_>, reserved: &Reserved, used: Option<u64>, limits: &ProviderLimits) {
+pub(super) async fn settle(cx: &Cx<'_>, reserved: &BudgetReservation, used: Option<u64>, limits: &ProviderLimits) {
     let provider = reserved.provider.as_str();
     cx.metrics.llm_budget_used.with_label_values(&[provider, Unit::Requests.label()]).inc();
     cx.metrics.llm_budget_used.with_label_values(&[provider, Unit::Tokens.label()]).inc_by(used.unwrap_or(0));
@@ -184,7 +190,7 @@ pub(super) async fn settle(cx: &Cx<'_>, reserved: &Reserved, used: Option<u64>, 
 /// Answers the pause, for the step's retry to wait at least as long.
 pub(super) async fn rate_limited(
     cx: &Cx<'_>,
-    reserved: &Reserved,
+    reserved: &BudgetReservation,
     retry_after: Option<Duration>,
     limits: &ProviderLimits,
 ) -> Duration {
@@ -215,7 +221,7 @@ pub(super) struct TurnSlot {
 /// Takes one of the turn's tenant's slots for this step, or parks the step (no worker slot held,
 /// no attempt spent) until its place in the tenant's line may come. A tenant without a cap holds
 /// none. Redis unavailable parks the step (fail closed).
-pub(super) async fn take_turn_slot(step: &Step<'_>, state: &TurnState) -> Result<Option<TurnSlot>, Outcome> {
+pub(super) async fn take_turn_slot(step: &ClaimedStep<'_>, state: &TurnState) -> Result<Option<TurnSlot>, Outcome> {
     let cx = &step.cx;
     let tenant = state.tenant.as_deref().unwrap_or(fair::NO_TENANT);
     let Some((limit, named)) = fair::setting_for(&cx.config.tenant_max_turns, tenant) else { return Ok(None) };
@@ -251,7 +257,7 @@ pub(super) async fn holding_turn_slot<T>(cx: &Cx<'_>, slot: Option<TurnSlot>, wo
 /// A turn whose tenant has a daily cap (`FLEET_TENANT_DAILY_TOKENS`) and has used it up today ends
 /// before its model call, dead-lettered with `budget_exceeded` (its `error` event says so). Redis
 /// unavailable parks the step (fail closed, as the provider's budget does).
-pub(super) async fn within_tenant_cap(step: &Step<'_>, tenant: Option<&str>) -> Result<(), Outcome> {
+pub(super) async fn within_tenant_cap(step: &ClaimedStep<'_>, tenant: Option<&str>) -> Result<(), Outcome> {
     let cx = &step.cx;
     let Some((tenant, cap)) = tenant.and_then(|t| cx.config.tenant_daily_tokens.get(t).map(|cap| (t, *cap))) else {
         return Ok(());

@@ -17,16 +17,16 @@ use fleet_protocol::turn::{self, Message, TurnState};
 
 use super::model::{self, Purpose};
 use super::session::wake;
-use super::{emit, Step};
+use super::{emit, ClaimedStep};
 use crate::context::Cx;
 use crate::outcome::{Finished, Outcome};
 use crate::publish::retire;
 
-pub(super) async fn compact(step: &Step<'_>, state: &mut TurnState) -> Outcome {
+pub(super) async fn compact(step: &ClaimedStep<'_>, state: &mut TurnState) -> Outcome {
     summarise(step, state).await.unwrap_or_else(|stop| stop)
 }
 
-async fn summarise(step: &Step<'_>, state: &mut TurnState) -> Result<Outcome, Outcome> {
+async fn summarise(step: &ClaimedStep<'_>, state: &mut TurnState) -> Result<Outcome, Outcome> {
     let cx = &step.cx;
     let asked: Compaction = state.compaction.clone().unwrap_or_default();
     let Ok(history) = cx.store.sessions().history(&state.session_id).await else {

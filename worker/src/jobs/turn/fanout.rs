@@ -21,7 +21,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::ToolExecution;
 use fleet_protocol::turn::{self, call_key, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
 
-use super::{emit, Step};
+use super::{emit, ClaimedStep};
 use crate::context::Cx;
 use crate::jobs::circuit::unavailable_answer;
 use crate::jobs::stream::emit_id;
@@ -29,7 +29,7 @@ use crate::outcome::{Finished, Outcome};
 use crate::publish::{publish_holding, retire, trace_headers};
 
 pub(super) async fn fan_out(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &mut TurnState,
     mut completion: Completion,
     record: AttemptRecord,
@@ -91,7 +91,7 @@ async fn log_answer(cx: &Cx<'_>, turn_id: &str, state: &TurnState) {
 /// (its outcome recorded, an `error` event sent). The call's execution id derives from the turn,
 /// its generation, round and place, so a fan-out run twice plans the same jobs.
 async fn plan(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     round: u32,
     position: u32,

@@ -19,13 +19,13 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
 use super::session::wake;
-use super::{emit, Step};
+use super::{emit, ClaimedStep};
 use crate::context::Cx;
 use crate::outcome::{Finished, Outcome};
 use crate::publish::{publish_next, retire};
 
 pub(super) async fn finish(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &mut TurnState,
     completion: Completion,
     record: AttemptRecord,
@@ -172,7 +172,7 @@ pub(crate) async fn abandon(
 /// A turn a client cancelled (`POST /v1/executions/{id}/cancel`), found by its step before the
 /// model call: it ends like an abandoned one (error `cancelled`, then `done`; its session moves
 /// on), then its record says `cancelled`, and copies of its step are only acked.
-pub(super) async fn cancel(step: &Step<'_>, _state: &TurnState) -> Outcome {
+pub(super) async fn cancel(step: &ClaimedStep<'_>, _state: &TurnState) -> Outcome {
     tracing::info!("the turn was cancelled; it ends before its model call");
     let error = "the turn was cancelled";
     if let Err(stop) = end_turn(&step.cx, step.envelope, &step.job.session_id, "cancelled", error).await {

@@ -13,13 +13,17 @@ use fleet_protocol::execution::{field, ExecutionStatus};
 use fleet_protocol::history::HistoryEntry;
 use fleet_protocol::turn::{self, CallOutcome, Message, Steer, StreamingCall, TurnState};
 
-use super::{emit, Step};
+use super::{emit, ClaimedStep};
 use crate::outcome::Outcome;
 
 /// Gathers what the model must see into the state, in memory only: nothing is written, so a step
 /// parked now (by its provider's budget) gathers it again when it comes back. `opened` is what
 /// the step read as it took its session. Returns the turns whose steers it took, for `begin`.
-pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Opened) -> Result<Vec<String>, Outcome> {
+pub(super) async fn collect(
+    step: &ClaimedStep<'_>,
+    state: &mut TurnState,
+    opened: Opened,
+) -> Result<Vec<String>, Outcome> {
     let cx = &step.cx;
     // Read only on a first step whose state has not taken it yet (`session::take`).
     if let Some(history) = opened.history {
@@ -49,7 +53,7 @@ pub(super) async fn collect(step: &Step<'_>, state: &mut TurnState, opened: Open
 /// session's list, and the steers the state holds are answered. Answers the steers still
 /// unanswered, for the state's next save.
 pub(super) async fn begin(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     taken: Vec<String>,
     abandoned: Option<String>,
@@ -78,7 +82,7 @@ pub(super) async fn begin(
 /// The model call's own message id (each call streams under its own), set in memory before its
 /// state is saved; answers the call of this same attempt that began before and never finished
 /// (its worker was lost), if any: `begin` announces it.
-pub(super) fn prepare(step: &Step<'_>, state: &mut TurnState) -> Option<String> {
+pub(super) fn prepare(step: &ClaimedStep<'_>, state: &mut TurnState) -> Option<String> {
     let abandoned = state.streaming.take().filter(|s| s.attempt == step.envelope.attempt).map(|s| s.message_id);
     state.message_id = turn::model_call_message_id(step.turn_id(), state.model_calls);
     state.model_calls += 1;
@@ -107,7 +111,7 @@ fn take_steers(state: &mut TurnState, raw: &[String]) -> Vec<String> {
 
 /// A steer is answered by the turn it joined: its own execution succeeds, pointing here. Answers
 /// those not answered (they stay in the state); the answered ones leave it with its next save.
-async fn answer_steers(step: &Step<'_>, waiting: &[String]) -> Vec<String> {
+async fn answer_steers(step: &ClaimedStep<'_>, waiting: &[String]) -> Vec<String> {
     let result = json!({"steered": true, "steered_into": step.turn_id()});
     let mut unanswered = Vec::new();
     for from in waiting {

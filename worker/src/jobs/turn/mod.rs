@@ -23,25 +23,34 @@ use fleet_protocol::execution::ExecutionStatus;
 use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{self, TurnState};
 
-use super::claim::{self, Admitted, Mode};
+use super::claim::{self, Claim, Mode};
 pub(super) use super::stream::emit;
 use crate::context::Cx;
-use crate::outcome::{DeadLetter, Finished, Held, Outcome};
+use crate::outcome::{DeadLetter, Finished, HeldClaim, Outcome};
 use crate::publish::retrying_redis;
 
 pub(super) use finish::abandon;
 
 /// One claimed step of a turn: what its stages share.
-pub(super) struct Step<'a> {
+pub(super) struct ClaimedStep<'a> {
     pub cx: Cx<'a>,
     pub envelope: &'a Envelope,
     pub job: &'a TurnJob,
-    pub held: Held,
+    pub held: HeldClaim,
 }
 
-impl Step<'_> {
+impl ClaimedStep<'_> {
     fn turn_id(&self) -> &str {
         &self.envelope.execution_id
+    }
+
+    /// The provider, model and answer bound a model call of the turn uses (its budget is the
+    /// provider's, and its request names the model).
+    fn target(&self, state: &TurnState) -> (String, String, u32) {
+        let (cx, config) = (&self.cx, &state.assistant.model_config);
+        let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
+        let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
+        (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
     }
 
     /// Writes `transition` under the step's claim; `Err` is how the step ends: fenced off by a
@@ -103,12 +112,12 @@ pub(super) async fn run(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Outc
 
 async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Outcome, Outcome> {
     let (held, cancel_requested, read) = match claim::admit(cx, envelope, Mode::Hold).await? {
-        Admitted::Step { held, cancel_requested, turn } => (held, cancel_requested, turn),
-        Admitted::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
+        Claim::Step { held, cancel_requested, turn } => (held, cancel_requested, turn),
+        Claim::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
         // A turn's cancel ends it at its step; a later copy finds it cancelled.
-        Admitted::Cancelled => return Err(Outcome::Copy),
+        Claim::Cancelled => return Err(Outcome::Copy),
     };
-    let step = Step { cx: *cx, envelope, job, held };
+    let step = ClaimedStep { cx: *cx, envelope, job, held };
     let mut state = match read {
         Some(state) => *state,
         None => load(&step).await?,
@@ -132,12 +141,15 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, job: &TurnJob) -> Result<Out
     }
     budget::within_tenant_cap(&step, state.tenant.as_deref()).await?;
     let slot = budget::take_turn_slot(&step, &state).await?;
-    budget::holding_turn_slot(cx, slot, model_step(&step, &mut state, opened, ahead)).await
+    // Pinned here and lent to the slot's renewals: passed on by value, the step's work would be
+    // laid out again in each future it passes through (the compiler does not overlap the two).
+    let work = std::pin::pin!(model_step(&step, &mut state, opened, ahead));
+    budget::holding_turn_slot(cx, slot, work).await
 }
 
 /// The step's model call (a compaction's or the turn's) and what follows from its answer.
 async fn model_step(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &mut TurnState,
     opened: Opened,
     ahead: Option<budget::Ahead>,
@@ -148,10 +160,14 @@ async fn model_step(
     let taken = gather::collect(step, state, opened).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     let abandoned = gather::prepare(step, state);
-    let (unanswered, called) = call_beside_save(gather::begin(step, state, taken, abandoned), |gate| {
-        model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
-    })
-    .await?;
+    let (unanswered, called) = {
+        // Lent, not passed: passed by value, the save would be laid out twice in the call's future.
+        let save = std::pin::pin!(gather::begin(step, state, taken, abandoned));
+        call_beside_save(save, |gate| {
+            model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
+        })
+        .await?
+    };
     state.steers_unanswered = unanswered;
     let (completion, record) = called?;
     model::add_usage(state, &completion);
@@ -165,13 +181,13 @@ async fn model_step(
 /// Runs a model call (`call`, given its gate) beside the save of the state it needs (`save`): the
 /// request goes out at once, the gate opens only once the save has succeeded (nothing of the call
 /// streams before), and a save that fails drops the call, cancelling its request. The call is
-/// boxed: the save's future sits beside it in the step's.
+/// pinned here, where it is made, and polled through the save and after it.
 async fn call_beside_save<T, E, C: Future>(
     save: impl Future<Output = Result<T, E>>,
     call: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> C,
 ) -> Result<(T, C::Output), E> {
     let (saved, gate) = tokio::sync::oneshot::channel();
-    let mut call = Box::pin(call(gate));
+    let mut call = std::pin::pin!(call(gate));
     let (save_result, early) = beside(save, call.as_mut()).await;
     let kept = save_result?;
     let _ = saved.send(());
@@ -198,7 +214,7 @@ async fn beside<A: Future, B: Future>(first: A, mut second: Pin<&mut B>) -> (A::
 
 /// The turn's state when its claim did not read it (one saved where states were kept before, or
 /// one that does not parse: reported here); a turn whose state is gone has nothing left to run.
-async fn load(step: &Step<'_>) -> Result<TurnState, Outcome> {
+async fn load(step: &ClaimedStep<'_>) -> Result<TurnState, Outcome> {
     match step.cx.store.sessions().load_turn(step.turn_id()).await {
         Ok(Some(state)) => Ok(state),
         Ok(None) => {

@@ -17,8 +17,8 @@ use fleet_protocol::tenant::Call as UsageCall;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
-use super::budget::{self, Reserved};
-use super::Step;
+use super::budget::{self, BudgetReservation};
+use super::ClaimedStep;
 use crate::context::Cx;
 use crate::jobs::claim::renewing;
 use crate::jobs::stream::batched;
@@ -34,23 +34,15 @@ pub(super) enum Purpose {
     Summary,
 }
 
-/// The provider, model and answer bound a call of the turn uses.
-pub(super) fn target(cx: &Cx<'_>, state: &TurnState) -> (String, String, u32) {
-    let config = &state.assistant.model_config;
-    let provider = config.provider.clone().unwrap_or_else(|| cx.config.common.llm.default_provider.clone());
-    let model = config.model.clone().unwrap_or_else(|| cx.llm.default_model().to_string());
-    (provider, model, config.max_tokens.unwrap_or(cx.config.llm_max_tokens))
-}
-
 /// Takes the call's estimate from its provider's budget, or parks the step until its slot;
 /// `ahead` is the provider's answer when it was asked beside the session's take.
 pub(super) async fn reserve(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     purpose: Purpose,
     ahead: Option<budget::Ahead>,
-) -> Result<Reserved, Outcome> {
-    let (provider, model, max_tokens) = target(&step.cx, state);
+) -> Result<BudgetReservation, Outcome> {
+    let (provider, model, max_tokens) = step.target(state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
     budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
@@ -60,15 +52,15 @@ pub(super) async fn reserve(
 /// call's state is saved; `false`: nothing streams). `Ok` carries the attempt for the history,
 /// written with the step's next transition; `add_usage` puts its tokens in the state.
 pub(super) async fn call(
-    step: &Step<'_>,
+    step: &ClaimedStep<'_>,
     state: &TurnState,
     purpose: Purpose,
-    reserved: Reserved,
+    reserved: BudgetReservation,
     gate: impl std::future::Future<Output = bool>,
 ) -> Result<(Completion, AttemptRecord), Outcome> {
     let cx = &step.cx;
     let config = &state.assistant.model_config;
-    let (_, model, max_tokens) = target(cx, state);
+    let (_, model, max_tokens) = step.target(state);
     let request = ChatRequest {
         model: &model,
         temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
@@ -101,9 +93,11 @@ pub(super) async fn call(
         std::future::ready(())
     };
     let fallback_id = format!("{}:{}:fallback:{}", step.turn_id(), step.envelope.gen, step.envelope.attempt);
-    // Boxed: the call's future is large, and the step's pipeline nests it in several more.
+    // Pinned where it is made and lent to what awaits it: a future passed on by value is laid out
+    // again in every future it passes through (the compiler does not overlap the two), and the
+    // model call is the largest part of a turn step.
     let streamed =
-        Box::pin(complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token));
+        std::pin::pin!(complete_with_fallback(cx, &reserved, &fallback_id, request, traceparent, &index, on_token));
     // The call's closure (and the sender in it) is dropped when the call ends: the writer then
     // writes what is left and ends, before any later event of the step. The call's usage is
     // counted meanwhile.
@@ -115,8 +109,8 @@ pub(super) async fn call(
         }
         result
     };
-    let streamed = async { tokio::join!(counted, writer).0 };
-    let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed.instrument(span)).await else {
+    let streamed = std::pin::pin!(async { tokio::join!(counted, writer).0 }.instrument(span));
+    let Some(result) = renewing(cx, step.turn_id(), step.held, true, streamed).await else {
         return Err(Outcome::Fenced);
     };
     let elapsed = clock.elapsed();
@@ -177,7 +171,7 @@ fn model_label<'a>(cx: &'a Cx<'_>, model: &'a str) -> &'a str {
 /// if the fallback's budget has room now.
 async fn complete_with_fallback<F, Fut>(
     cx: &Cx<'_>,
-    reserved: &Reserved,
+    reserved: &BudgetReservation,
     fallback_id: &str,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
@@ -212,7 +206,7 @@ where
 async fn spend<F, Fut>(
     cx: &Cx<'_>,
     client: &LlmClient,
-    reserved: &Reserved,
+    reserved: &BudgetReservation,
     request: ChatRequest<'_>,
     traceparent: Vec<(String, String)>,
     on_token: &F,

@@ -7,14 +7,14 @@ use fleet_platform::store::{ClaimAfter, Opened, SessionSlot, Transition};
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::turn::{self, Steer, TurnState};
 
-use super::Step;
+use super::ClaimedStep;
 use crate::context::Cx;
 use crate::outcome::{Finished, Outcome};
 use crate::publish::{publish_holding, trace_headers};
 
 /// Takes the session for the step, reading with it what the model call sees (the history on the
 /// turn's first step, the waiting steers); `Err` is how the step ends when it cannot run now.
-pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<Opened, Outcome> {
+pub(super) async fn take(step: &ClaimedStep<'_>, state: &TurnState) -> Result<Opened, Outcome> {
     let cx = &step.cx;
     let with_history = step.job.round == 0 && !state.history_read;
     match cx.store.sessions().session_acquire(&state.session_id, step.turn_id(), step.held.token, with_history).await {
@@ -30,7 +30,7 @@ pub(super) async fn take(step: &Step<'_>, state: &TurnState) -> Result<Opened, O
 /// Hands the turn's user messages to the session's running turn (once, whatever copies of this
 /// step arrive). The claim is released, not done: if the running turn fails before reading them,
 /// this turn runs on its own.
-async fn steer(step: &Step<'_>, state: &TurnState) -> Outcome {
+async fn steer(step: &ClaimedStep<'_>, state: &TurnState) -> Outcome {
     let turn_id = step.turn_id();
     let steers: Vec<String> = state
         .conversation
