@@ -238,21 +238,6 @@ pub(crate) fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::bearer_credential;
-
-    #[test]
-    fn the_bearer_scheme_is_case_insensitive_and_needs_a_credential() {
-        for header in ["Bearer tok", "bearer tok", "BEARER  tok ", " Bearer tok"] {
-            assert_eq!(bearer_credential(header), Some("tok"), "{header:?}");
-        }
-        for header in ["Basic dG9rOg==", "Bearer", "Bearer ", "Bearertok", "tok"] {
-            assert_eq!(bearer_credential(header), None, "{header:?}");
-        }
-    }
-}
-
 /// The routes a stream token opens, as the router names them: a session's stream, and a room's
 /// (a room is a session: its id is the session's).
 const STREAM_ROUTES: [&str; 2] = ["/v1/sessions/{id}/stream", "/v1/agents/rooms/{room_id}/stream"];
@@ -278,4 +263,19 @@ pub(crate) async fn admit_by_stream_token(state: &AppState, request: Request) ->
     let name = "stream-token".to_string();
     parts.extensions.insert(Tenancy { bound: tenant, name });
     Ok(Request::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_credential;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_needs_a_credential() {
+        for header in ["Bearer tok", "bearer tok", "BEARER  tok ", " Bearer tok"] {
+            assert_eq!(bearer_credential(header), Some("tok"), "{header:?}");
+        }
+        for header in ["Basic dG9rOg==", "Bearer", "Bearer ", "Bearertok", "tok"] {
+            assert_eq!(bearer_credential(header), None, "{header:?}");
+        }
+    }
 }
