@@ -38,16 +38,14 @@ pub(crate) fn sends_at_once(url: &str) -> Result<redis::ConnectionInfo, redis::R
 }
 
 impl Redis {
-    /// A lazily connecting, self-reconnecting client: the process starts even while Redis is down.
-    /// Several comma-separated URLs name the seed nodes of a Redis Cluster.
-    /// `rediss://` URLs connect over TLS with `tls`'s roots and client certificate.
-    pub fn open(
+    /// A client for `url` (see `Store::open`), naming keys with `keys` and counting its errors.
+    pub(super) fn open(
         url: &str,
-        keys: Keys,
-        timeout: Duration,
-        metrics: Metrics,
         tls: &ClientTls,
+        timeout: Duration,
+        named: (Keys, Metrics),
     ) -> Result<Self, StoreError> {
+        let (keys, metrics) = named;
         let nodes: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
         let secure = nodes.iter().any(|n| n.starts_with("rediss://"));
         let node_urls: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();

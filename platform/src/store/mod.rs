@@ -79,7 +79,7 @@ impl Store {
         metrics: Metrics,
         tls: &ClientTls,
     ) -> Result<Self, StoreError> {
-        Ok(Self::over(Redis::open(url, keys, timeout, metrics, tls)?))
+        Ok(Self::over(Redis::open(url, tls, timeout, (keys, metrics))?))
     }
 
     fn over(redis: Redis) -> Self {
@@ -88,17 +88,14 @@ impl Store {
 
     /// The stores over `redis`, each given the stores it reads beside its own.
     fn assemble(redis: Redis, dead_letters: Retention, index: Retention) -> Self {
-        let console = ConsoleIndex { retention: index, ..ConsoleIndex::new(redis.clone()) };
-        let executions = Executions::new(redis.clone(), console.clone());
+        let console = ConsoleIndex { redis: redis.clone(), retention: index };
+        let executions = Executions { redis: redis.clone(), index: console.clone() };
         Store {
-            sessions: Sessions::new(redis.clone(), executions.clone()),
-            registry: Registry::new(redis.clone()),
-            dead_letters: DeadLetters {
-                retention: dead_letters,
-                ..DeadLetters::new(redis.clone(), executions.clone())
-            },
-            limits: Limits::new(redis.clone()),
-            audit: Audit::new(redis.clone()),
+            sessions: Sessions { redis: redis.clone(), executions: executions.clone() },
+            registry: Registry { redis: redis.clone() },
+            dead_letters: DeadLetters { redis: redis.clone(), executions: executions.clone(), retention: dead_letters },
+            limits: Limits { redis: redis.clone() },
+            audit: Audit { redis: redis.clone() },
             executions,
             console,
             redis,

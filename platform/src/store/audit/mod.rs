@@ -10,9 +10,3 @@ use crate::store::client::Redis;
 pub struct Audit {
     pub(crate) redis: Redis,
 }
-
-impl Audit {
-    pub(crate) fn new(redis: Redis) -> Self {
-        Audit { redis }
-    }
-}

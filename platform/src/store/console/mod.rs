@@ -17,9 +17,3 @@ pub struct ConsoleIndex {
     /// How long and how many entries are kept.
     pub(crate) retention: Retention,
 }
-
-impl ConsoleIndex {
-    pub(crate) fn new(redis: Redis) -> Self {
-        ConsoleIndex { redis, retention: index::default_index_retention() }
-    }
-}

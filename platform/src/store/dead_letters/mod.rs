@@ -15,9 +15,3 @@ pub struct DeadLetters {
     /// How long and how many entries are kept.
     pub(crate) retention: Retention,
 }
-
-impl DeadLetters {
-    pub(crate) fn new(redis: Redis, executions: Executions) -> Self {
-        DeadLetters { redis, executions, retention: Retention::default() }
-    }
-}

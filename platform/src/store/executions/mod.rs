@@ -24,9 +24,3 @@ pub struct Executions {
     /// A new record enters the executions index in the same round trip as its creation.
     pub(crate) index: ConsoleIndex,
 }
-
-impl Executions {
-    pub(crate) fn new(redis: Redis, index: ConsoleIndex) -> Self {
-        Executions { redis, index }
-    }
-}

@@ -15,9 +15,3 @@ use crate::store::client::Redis;
 pub struct Limits {
     pub(crate) redis: Redis,
 }
-
-impl Limits {
-    pub(crate) fn new(redis: Redis) -> Self {
-        Limits { redis }
-    }
-}

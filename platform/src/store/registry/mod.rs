@@ -12,9 +12,3 @@ use crate::store::client::Redis;
 pub struct Registry {
     pub(crate) redis: Redis,
 }
-
-impl Registry {
-    pub(crate) fn new(redis: Redis) -> Self {
-        Registry { redis }
-    }
-}

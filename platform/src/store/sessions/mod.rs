@@ -18,9 +18,3 @@ pub struct Sessions {
     /// A turn is an execution: its record is read with its state.
     pub(crate) executions: Executions,
 }
-
-impl Sessions {
-    pub(crate) fn new(redis: Redis, executions: Executions) -> Self {
-        Sessions { redis, executions }
-    }
-}
