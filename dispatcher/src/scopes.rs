@@ -126,6 +126,37 @@ pub fn parse_token_entry(entry: &str) -> Result<(&str, Grant), String> {
 /// tenant's ids). OpenAPI 3.1 lets a non-OAuth requirement list such role names.
 pub const OPERATOR_ROLE: &str = "operator";
 
+/// What a tenant-bound token gets on a route, declared with the route (its operation's
+/// `x-tenancy`): `tenant_walk` asks each route about another tenant's things and holds it to this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantView {
+    /// About one resource: another tenant's is as if it did not exist (404).
+    Resource,
+    /// A listing: only the caller's tenant's entries.
+    Listing,
+    /// A bulk operation: another tenant's items are not touched.
+    Bulk,
+    /// Makes or reads only the caller's own or shared things.
+    Own,
+    /// The operators' configuration or log: a bound token is refused (403).
+    Operator,
+}
+
+impl TenantView {
+    pub const EXTENSION: &str = "x-tenancy";
+
+    pub fn parse(text: &str) -> Option<TenantView> {
+        Some(match text {
+            "resource" => TenantView::Resource,
+            "listing" => TenantView::Listing,
+            "bulk" => TenantView::Bulk,
+            "own" => TenantView::Own,
+            "operator" => TenantView::Operator,
+            _ => return None,
+        })
+    }
+}
+
 /// What a route demands of a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteRule {
@@ -141,7 +172,8 @@ pub struct RouteRules(HashMap<String, Vec<(Method, RouteRule)>>);
 
 impl RouteRules {
     /// The rules of `doc`'s operations that name `scheme` in their security requirement. An
-    /// operation naming no known scope, more than one, or an unknown role is refused, naming it.
+    /// operation naming no known scope, more than one, or an unknown role, or declaring no
+    /// `x-tenancy` (or `operator` without the role), is refused, naming it.
     pub fn from_openapi(doc: &Value, scheme: &str) -> Result<RouteRules, String> {
         let mut rules = HashMap::new();
         let paths = doc["paths"].as_object().ok_or("the document has no paths")?;
@@ -159,6 +191,14 @@ impl RouteRules {
                     }
                 }
                 let scope = scope.ok_or_else(|| format!("{method} {path} declares no scope"))?;
+                let view = op[TenantView::EXTENSION].as_str().and_then(TenantView::parse).ok_or_else(|| {
+                    format!("{method} {path} declares no x-tenancy (resource, listing, bulk, own or operator)")
+                })?;
+                if (view == TenantView::Operator) != operator_only {
+                    return Err(format!(
+                        "{method} {path}: x-tenancy operator goes with the operator role, and only it"
+                    ));
+                }
                 let method = Method::from_bytes(method.to_uppercase().as_bytes()).map_err(|e| e.to_string())?;
                 let rule = RouteRule { scope, operator_only };
                 rules.entry(path.clone()).or_insert_with(Vec::new).push((method, rule));
@@ -206,8 +246,8 @@ mod tests {
     #[test]
     fn a_rule_is_read_from_the_operations_security_requirement() {
         let d = doc(serde_json::json!({
-            "/v1/tools": {"get": {"security": [{"bearer": ["tools:read"]}]},
-                          "post": {"security": [{"bearer": ["tools:write", "operator"]}]}},
+            "/v1/tools": {"get": {"security": [{"bearer": ["tools:read"]}], "x-tenancy": "own"},
+                          "post": {"security": [{"bearer": ["tools:write", "operator"]}], "x-tenancy": "operator"}},
             "/v1/openapi.json": {"get": {"security": [{}]}}
         }));
         let rules = RouteRules::from_openapi(&d, "bearer").unwrap();
@@ -233,9 +273,23 @@ mod tests {
             serde_json::json!(["tools:read", "tools:write"]),
             serde_json::json!(["tools:raed"]),
         ] {
-            let d = doc(serde_json::json!({"/v1/x": {"get": {"security": [{"bearer": names}]}}}));
+            let d = doc(serde_json::json!({"/v1/x": {"get": {"security": [{"bearer": names}], "x-tenancy": "own"}}}));
             let e = RouteRules::from_openapi(&d, "bearer").unwrap_err();
             assert!(e.contains("get /v1/x"), "{names}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_operation_without_its_tenancy_or_with_the_wrong_one_is_refused_naming_it() {
+        for (names, tenancy) in [
+            (serde_json::json!(["tools:read"]), serde_json::Value::Null),
+            (serde_json::json!(["tools:read"]), serde_json::json!("everyone")),
+            (serde_json::json!(["tools:read"]), serde_json::json!("operator")),
+            (serde_json::json!(["tools:write", "operator"]), serde_json::json!("own")),
+        ] {
+            let op = serde_json::json!({"security": [{"bearer": names}], "x-tenancy": tenancy});
+            let e = RouteRules::from_openapi(&doc(serde_json::json!({"/v1/x": {"get": op}})), "bearer").unwrap_err();
+            assert!(e.contains("get /v1/x") && e.contains("x-tenancy"), "{names} {tenancy}: {e}");
         }
     }
 

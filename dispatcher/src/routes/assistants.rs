@@ -86,7 +86,7 @@ async fn find_to_change(state: &AppState, tenancy: &Tenancy, id: &str) -> Result
 
 /// Creates an assistant (the seed's Step 1): `name`, `title` and `instructions` required;
 /// `model_config` defaults to the fleet's provider and model and the seed's temperature 0.7.
-#[utoipa::path(post, path = "/v1/agents/assistants", tag = "assistants", security(("bearer" = ["assistants:write"])),
+#[utoipa::path(post, path = "/v1/agents/assistants", extensions(("x-tenancy" = json!("own"))), tag = "assistants", security(("bearer" = ["assistants:write"])),
     request_body(content = AssistantInput, description = "The assistant (name, title and instructions required)"),
     responses((status = 201, description = "Created", body = Data<AssistantOut>),
         (status = 409, description = "An assistant of that name exists (`assistant_exists`)", body = crate::routes::docs::ErrorBody),
@@ -110,7 +110,7 @@ pub(crate) async fn create_assistant(
 }
 
 /// Assistants, newest first, with the seed's listing shape (`data.assistants`).
-#[utoipa::path(get, path = "/v1/agents/assistants", tag = "assistants", security(("bearer" = ["assistants:read"])),
+#[utoipa::path(get, path = "/v1/agents/assistants", extensions(("x-tenancy" = json!("listing"))), tag = "assistants", security(("bearer" = ["assistants:read"])),
     params(("limit" = Option<u32>, Query, description = "1-100 (default 50)", minimum = 1, maximum = 100),
         ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page")),
     responses((status = 200, description = "Assistants, newest first", body = Data<AssistantPage>),
@@ -152,7 +152,7 @@ pub(crate) struct AssistantDeleted {
     rooms_closed: u64,
 }
 
-#[utoipa::path(get, path = "/v1/agents/assistants/{assistant_id}", tag = "assistants", security(("bearer" = ["assistants:read"])),
+#[utoipa::path(get, path = "/v1/agents/assistants/{assistant_id}", extensions(("x-tenancy" = json!("resource"))), tag = "assistants", security(("bearer" = ["assistants:read"])),
     params(("assistant_id" = String, Path, description = "The assistant's id (`asst_…`)")),
     responses((status = 200, description = "The assistant", body = Data<AssistantOut>),
         (status = 404, description = "No such assistant", body = crate::routes::docs::ErrorBody),
@@ -169,7 +169,7 @@ pub(crate) async fn get_assistant(
 /// Updates the fields given (the seed's example: `instructions` and `model_config.temperature`);
 /// `model_config`'s fields merge one by one. Messages sent before the update keep the version
 /// they were sent with.
-#[utoipa::path(put, path = "/v1/agents/assistants/{assistant_id}", tag = "assistants", security(("bearer" = ["assistants:write"])),
+#[utoipa::path(put, path = "/v1/agents/assistants/{assistant_id}", extensions(("x-tenancy" = json!("resource"))), tag = "assistants", security(("bearer" = ["assistants:write"])),
     params(("assistant_id" = String, Path, description = "The assistant's id (`asst_…`)")),
     request_body(content = AssistantInput, description = "The fields to change"),
     responses((status = 200, description = "Updated (its `version` grew by one)", body = Data<AssistantOut>),
@@ -197,7 +197,7 @@ pub(crate) async fn update_assistant(
 
 /// Deletes the assistant and closes its active rooms (their history stays readable). Turns
 /// already sent run to their end with the copy they were sent with.
-#[utoipa::path(delete, path = "/v1/agents/assistants/{assistant_id}", tag = "assistants", security(("bearer" = ["assistants:write"])),
+#[utoipa::path(delete, path = "/v1/agents/assistants/{assistant_id}", extensions(("x-tenancy" = json!("resource"))), tag = "assistants", security(("bearer" = ["assistants:write"])),
     params(("assistant_id" = String, Path, description = "The assistant's id (`asst_…`)")),
     responses((status = 200, description = "Deleted; `rooms_closed` of its rooms were closed", body = Data<AssistantDeleted>),
         (status = 404, description = "No such assistant", body = crate::routes::docs::ErrorBody),
@@ -221,4 +221,12 @@ pub(crate) async fn delete_assistant(
     }
     let rooms_closed = crate::routes::closing::close_rooms_of(&state, &id).await;
     Ok(Data::json(AssistantDeleted { id, deleted: true, rooms_closed }))
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(create_assistant, list_assistants))
+        .routes(utoipa_axum::routes!(get_assistant, update_assistant, delete_assistant))
 }

@@ -93,7 +93,7 @@ pub(crate) struct AuditQuery {
 /// Every change made through the operator routes, the console or `fleetctl` (dead-letter retries,
 /// redrives and purges, cancels, circuit closes, session forgets): who, when, what, how many.
 /// Newest first; the log keeps the latest 100,000 entries.
-#[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = ["audit:read", "operator"])),
+#[utoipa::path(get, path = "/v1/audit", extensions(("x-tenancy" = json!("operator"))), tag = "audit", security(("bearer" = ["audit:read", "operator"])),
     params(AuditQuery),
     responses((status = 200, description = "Audit entries, newest first", body = Listed<AuditEntryOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_audit(
@@ -106,4 +106,10 @@ pub(crate) async fn list_audit(
     }
     let (entries, next) = state.store.audit().audit_page(q.cursor.as_deref(), limit).await?;
     Ok(Listed::json(entries.iter().map(AuditEntryOut::from).collect(), next))
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(list_audit))
 }

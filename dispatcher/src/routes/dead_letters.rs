@@ -19,7 +19,7 @@ use crate::routes::submit::AcceptedJob;
 use crate::wire::{Data, Listed};
 use crate::{validate, AppState};
 
-#[utoipa::path(get, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
+#[utoipa::path(get, path = "/v1/dead-letters/{id}", extensions(("x-tenancy" = json!("resource"))), tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
     params(("id" = String, Path, description = "The dead letter's execution id")),
     responses((status = 200, description = "The dead letter", body = Data<DeadLetterRecord>),
         (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -57,7 +57,7 @@ pub(crate) struct DeadLetterQuery {
 /// Newest first, filtered by tool, reason and time range; `next_cursor` continues the listing. One
 /// request looks at a bounded number of index entries: a page may come back short (even empty)
 /// with a `next_cursor` when few match, and only `next_cursor: null` means the end.
-#[utoipa::path(get, path = "/v1/dead-letters", tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
+#[utoipa::path(get, path = "/v1/dead-letters", extensions(("x-tenancy" = json!("listing"))), tag = "dead-letters", security(("bearer" = ["dead_letters:read"])),
     params(DeadLetterQuery),
     responses((status = 200, description = "Dead letters, newest first", body = Listed<DeadLetterRecord>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_dead_letters(
@@ -220,7 +220,7 @@ fn busy(id: &str) -> ApiError {
     )
 }
 
-#[utoipa::path(post, path = "/v1/dead-letters/{id}/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+#[utoipa::path(post, path = "/v1/dead-letters/{id}/retry", extensions(("x-tenancy" = json!("resource"))), tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
     params(("id" = String, Path, description = "The dead letter's execution id")),
     responses((status = 202, description = "Back on the work queue", body = Data<AcceptedJob>),
         (status = 200, description = "The execution ended after the dead letter was made: nothing retried, the stale dead letter removed", body = Data<AcceptedJob>),
@@ -268,7 +268,7 @@ pub(crate) async fn retry_dead_letter(
     }
 }
 
-#[utoipa::path(delete, path = "/v1/dead-letters/{id}", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+#[utoipa::path(delete, path = "/v1/dead-letters/{id}", extensions(("x-tenancy" = json!("resource"))), tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
     params(("id" = String, Path, description = "The dead letter's execution id")),
     responses((status = 204, description = "Deleted"),
         (status = 404, description = "No such dead letter", body = crate::routes::docs::ErrorBody),
@@ -328,7 +328,7 @@ fn bulk_request(body: &[u8]) -> Result<(DeadLetterFilter, Option<u64>, Option<f6
 }
 
 /// Bulk redrive: every matching dead letter back to the work queue, at a bounded rate (default 50/s).
-#[utoipa::path(post, path = "/v1/dead-letters/retry", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+#[utoipa::path(post, path = "/v1/dead-letters/retry", extensions(("x-tenancy" = json!("bulk"))), tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
     request_body(content = BulkRequest, description = "Which dead letters (an empty body: all)"),
     responses((status = 200, description = "What was retried", body = Data<dead_letters::SweepReport>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn retry_dead_letters(
@@ -340,7 +340,7 @@ pub(crate) async fn retry_dead_letters(
     bulk(&state, caller, tenancy, &body, dead_letters::Action::Retry).await
 }
 
-#[utoipa::path(post, path = "/v1/dead-letters/purge", tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
+#[utoipa::path(post, path = "/v1/dead-letters/purge", extensions(("x-tenancy" = json!("bulk"))), tag = "dead-letters", security(("bearer" = ["dead_letters:admin"])),
     request_body(content = BulkRequest, description = "Which dead letters (an empty body: all)"),
     responses((status = 200, description = "What was deleted", body = Data<dead_letters::SweepReport>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn purge_dead_letters(
@@ -383,4 +383,15 @@ async fn audit_bulk(
     let detail = serde_json::to_value(report).unwrap_or(Value::Null);
     let (target, count) = (filter.describe(), report.done);
     audit::record_api(state, caller.as_deref(), action, &target, count, Some(&detail)).await;
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(list_dead_letters))
+        .routes(utoipa_axum::routes!(retry_dead_letters))
+        .routes(utoipa_axum::routes!(purge_dead_letters))
+        .routes(utoipa_axum::routes!(get_dead_letter, delete_dead_letter))
+        .routes(utoipa_axum::routes!(retry_dead_letter))
 }

@@ -141,7 +141,7 @@ impl From<&ExecutionRecord> for ExecutionSummaryOut {
 /// `FLEET_EXECUTION_INDEX_RETENTION`, at most `FLEET_EXECUTION_INDEX_MAX` entries per set), and one
 /// request looks at a bounded number of entries: a page may come back short (even empty) with a
 /// `next_cursor` when few match, and only `next_cursor: null` means the end.
-#[utoipa::path(get, path = "/v1/executions", tag = "executions", security(("bearer" = ["executions:read"])),
+#[utoipa::path(get, path = "/v1/executions", extensions(("x-tenancy" = json!("listing"))), tag = "executions", security(("bearer" = ["executions:read"])),
     params(ExecutionQuery),
     responses((status = 200, description = "Executions, newest first", body = Listed<ExecutionSummaryOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_executions(
@@ -211,7 +211,7 @@ impl From<ExecutionView> for ExecutionOut {
     }
 }
 
-#[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions", security(("bearer" = ["executions:read"])),
+#[utoipa::path(get, path = "/v1/executions/{id}", extensions(("x-tenancy" = json!("resource"))), tag = "executions", security(("bearer" = ["executions:read"])),
     params(("id" = String, Path, description = "The execution id a 202 returned")),
     responses((status = 200, description = "The execution", body = Data<ExecutionOut>),
         (status = 404, description = "No such execution", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -253,7 +253,7 @@ fn only_visible(tenancy: &Tenancy, id: &str, view: Option<ExecutionView>) -> Res
 /// (its session's stream gets `error` `cancelled`, then `done`; its status becomes `cancelled`);
 /// a model call already under way is not cut short. An execution that already ended: 409
 /// `already_finished`.
-#[utoipa::path(post, path = "/v1/executions/{id}/cancel", tag = "executions", security(("bearer" = ["executions:write"])),
+#[utoipa::path(post, path = "/v1/executions/{id}/cancel", extensions(("x-tenancy" = json!("resource"))), tag = "executions", security(("bearer" = ["executions:write"])),
     params(("id" = String, Path, description = "The execution id a 202 returned")),
     responses((status = 202, description = "Cancelled (a tool call: `status` is `cancelled`) or, for a turn, requested (`status` is still its current one)", body = Data<CancelAnswer>),
         (status = 404, description = "No such execution", body = crate::routes::docs::ErrorBody),
@@ -352,4 +352,13 @@ async fn nudge_turn(state: &AppState, id: &str) {
     if crate::routes::submit::publish(state, &envelope).await.is_err() {
         tracing::warn!(execution_id = %id, "cannot publish the cancelled turn's step; it stops at its next step");
     }
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(list_executions))
+        .routes(utoipa_axum::routes!(get_execution))
+        .routes(utoipa_axum::routes!(cancel_execution))
 }

@@ -36,38 +36,19 @@ use crate::AppState;
 /// Every authenticated route with its OpenAPI operation: a route is served only as documented.
 fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
-        .routes(routes!(tools::list_tools, tools::post_tool))
-        .routes(routes!(tools::put_tool, tools::get_tool, tools::delete_tool))
-        .routes(routes!(tools::close_circuit))
-        .routes(routes!(audit::list_audit))
-        .routes(routes!(usage::get_usage))
-        .routes(routes!(tool_calls::create_tool_call))
-        .routes(routes!(tool_calls::create_tool_call_batch))
-        .routes(routes!(turns::create_turn))
-        .routes(routes!(stream::stream_session))
-        .routes(routes!(stream::create_stream_token))
-        .routes(routes!(sessions::list_messages))
-        .routes(routes!(sessions::delete_session))
-        .routes(routes!(webhooks::list_webhooks))
-        .routes(routes!(webhooks::put_webhook, webhooks::get_webhook, webhooks::delete_webhook))
-        .routes(routes!(executions::list_executions))
-        .routes(routes!(executions::get_execution))
-        .routes(routes!(executions::cancel_execution))
-        .routes(routes!(dead_letters::list_dead_letters))
-        .routes(routes!(dead_letters::retry_dead_letters))
-        .routes(routes!(dead_letters::purge_dead_letters))
-        .routes(routes!(dead_letters::get_dead_letter, dead_letters::delete_dead_letter))
-        .routes(routes!(dead_letters::retry_dead_letter))
-        .routes(routes!(assistants::create_assistant, assistants::list_assistants))
-        .routes(routes!(assistants::get_assistant, assistants::update_assistant, assistants::delete_assistant))
-        .routes(routes!(rooms::create_room))
-        .routes(routes!(rooms::list_rooms))
-        .routes(routes!(rooms::get_room))
-        .routes(routes!(rooms::close_room))
-        .routes(routes!(rooms::send_message, rooms::list_messages))
-        .routes(routes!(rooms::stream_room))
-        .routes(routes!(rooms::create_stream_token))
-        .routes(routes!(agent_events::create_event))
+        .merge(tools::routes())
+        .merge(audit::routes())
+        .merge(usage::routes())
+        .merge(tool_calls::routes())
+        .merge(turns::routes())
+        .merge(stream::routes())
+        .merge(sessions::routes())
+        .merge(webhooks::routes())
+        .merge(executions::routes())
+        .merge(dead_letters::routes())
+        .merge(assistants::routes())
+        .merge(rooms::routes())
+        .merge(agent_events::routes())
 }
 
 /// The routes that need no token, documented the same way.
@@ -109,7 +90,7 @@ pub fn openapi_text() -> String {
 }
 
 /// The API's contract (no token needed).
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta", security(()),
+#[utoipa::path(get, path = "/v1/openapi.json", extensions(("x-tenancy" = json!("own"))), tag = "meta", security(()),
     responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)))]
 async fn openapi_json() -> Response {
     static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -67,7 +67,7 @@ async fn with_counts(state: &AppState, room: &RoomRecord) -> Result<RoomOut, Api
 
 /// Starts a conversation with the assistant (the seed's "Create a Room"): `namespace` (e.g. the
 /// user) and `metadata` are optional.
-#[utoipa::path(post, path = "/v1/agents/{assistant_id}/rooms", tag = "rooms", security(("bearer" = ["sessions:write"])),
+#[utoipa::path(post, path = "/v1/agents/{assistant_id}/rooms", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:write"])),
     params(("assistant_id" = String, Path, description = "The assistant's id (`asst_…`)")),
     request_body(content = fleet_protocol::agents::RoomInput, description = "`namespace` and `metadata`, both optional (an empty body will do)"),
     responses((status = 201, description = "Created, `active`", body = Data<RoomOut>),
@@ -97,7 +97,7 @@ pub(crate) async fn create_room(
 }
 
 /// Rooms newest first (`data.rooms`), filtered by `namespace`, `assistant_id` and `status`.
-#[utoipa::path(get, path = "/v1/agents/rooms", tag = "rooms", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/agents/rooms", extensions(("x-tenancy" = json!("listing"))), tag = "rooms", security(("bearer" = ["sessions:read"])),
     params(("namespace" = Option<String>, Query, description = "Only this namespace's rooms"),
         ("assistant_id" = Option<String>, Query, description = "Only this assistant's rooms"),
         ("status" = Option<fleet_protocol::agents::RoomStatus>, Query, description = "`active` or `closed`"),
@@ -138,7 +138,7 @@ pub(crate) struct RoomPage {
     pub next_cursor: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}", tag = "rooms", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:read"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)")),
     responses((status = 200, description = "The room, with `message_count` and `last_message_at`", body = Data<RoomOut>),
         (status = 404, description = "No such room", body = crate::routes::docs::ErrorBody),
@@ -154,7 +154,7 @@ pub(crate) async fn get_room(
 
 /// Closes the room (again: no change): it refuses new messages (409 `room_closed`), and its
 /// messages, history and stream stay readable.
-#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/close", tag = "rooms", security(("bearer" = ["sessions:write"])),
+#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/close", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:write"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)")),
     responses((status = 200, description = "The room, `closed`", body = Data<RoomOut>),
         (status = 404, description = "No such room", body = crate::routes::docs::ErrorBody),
@@ -178,7 +178,7 @@ pub(crate) async fn close_room(
 /// starts after the room's running turn (`behavior: follow_up`, the default) or joins it
 /// (`steer`). The assistant's reply, its tool calls and their results come on the room's stream
 /// and in its messages as they are made. `Idempotency-Key` is honoured as on `POST /v1/turns`.
-#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/messages", tag = "rooms", security(("bearer" = ["turns:write"])),
+#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/messages", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["turns:write"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)"),
         ("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; as on POST /v1/turns")),
     request_body(content = fleet_protocol::agents::MessageInput, description = "The user's message"),
@@ -242,7 +242,7 @@ pub(crate) async fn send_message(
 
 /// The room's messages as they were made: the users', the assistant's (with its `tool_calls`),
 /// and tool results; newest first unless `order=asc`, in pages with an opaque cursor.
-#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}/messages", tag = "rooms", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}/messages", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:read"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)"),
         ("limit" = Option<u32>, Query, description = "1-100 (default 50)", minimum = 1, maximum = 100),
         ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page"),
@@ -265,7 +265,7 @@ pub(crate) async fn list_messages(
 
 /// The room's events (its session's stream) as SSE in the seed's wire format, as
 /// `GET /v1/sessions/{id}/stream` serves them; `?token=` (a stream token) instead of a bearer token.
-#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}/stream", tag = "rooms", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/agents/rooms/{room_id}/stream", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:read"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream sent)"),
         ("last_event_id" = Option<String>, Query, description = "Like the Last-Event-ID header (the header wins)"),
@@ -288,7 +288,7 @@ pub(crate) async fn stream_room(
 
 /// A token that opens this room's stream (and nothing else) for 60 seconds, for a browser's
 /// `EventSource`: the seed's top-level `streaming_token`, and the fleet's `data`.
-#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/stream-token", tag = "rooms", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(post, path = "/v1/agents/rooms/{room_id}/stream-token", extensions(("x-tenancy" = json!("resource"))), tag = "rooms", security(("bearer" = ["sessions:read"])),
     params(("room_id" = String, Path, description = "The room's id (`room_…`)")),
     responses((status = 200, description = "The stream token", body = RoomStreamTokenOut),
         (status = 404, description = "No such room", body = crate::routes::docs::ErrorBody),
@@ -327,4 +327,17 @@ pub(crate) struct RoomStreamToken {
     /// The same token, under the seed's name.
     streaming_token: String,
     room_id: String,
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(create_room))
+        .routes(utoipa_axum::routes!(list_rooms))
+        .routes(utoipa_axum::routes!(get_room))
+        .routes(utoipa_axum::routes!(close_room))
+        .routes(utoipa_axum::routes!(send_message, list_messages))
+        .routes(utoipa_axum::routes!(stream_room))
+        .routes(utoipa_axum::routes!(create_stream_token))
 }

@@ -17,7 +17,7 @@ use crate::wire::Data;
 use crate::AppState;
 
 /// Newest first unless `order=asc`; `limit` (default 50, at most 100); `cursor` from `next_cursor`.
-#[utoipa::path(get, path = "/v1/sessions/{id}/messages", tag = "sessions", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/sessions/{id}/messages", extensions(("x-tenancy" = json!("resource"))), tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id"),
         ("limit" = Option<u32>, Query, description = "1-100 (default 50)"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` from the previous page"),
@@ -62,7 +62,7 @@ impl MessagePage {
 }
 
 /// Forgets the session's conversation (204 whether or not it had one); the next turn starts afresh.
-#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = ["sessions:write"])),
+#[utoipa::path(delete, path = "/v1/sessions/{id}", extensions(("x-tenancy" = json!("resource"))), tag = "sessions", security(("bearer" = ["sessions:write"])),
     params(("id" = String, Path, description = "The session id"),
         ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key")),
     responses((status = 204, description = "Forgotten (whether or not it had a conversation)"),
@@ -80,4 +80,12 @@ pub(crate) async fn delete_session(
     state.store.sessions().history_delete(&session_id).await?;
     crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(list_messages))
+        .routes(utoipa_axum::routes!(delete_session))
 }

@@ -27,7 +27,7 @@ use crate::AppState;
 /// The session's events as SSE in the seed's wire format, from `Last-Event-ID` (or
 /// `?last_event_id=`), from the retained window's start (`?since=start`) or from now; `?until=done`
 /// ends the response after the next `done`; `?token=` (a stream token) instead of a bearer token.
-#[utoipa::path(get, path = "/v1/sessions/{id}/stream", tag = "sessions", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(get, path = "/v1/sessions/{id}/stream", extensions(("x-tenancy" = json!("resource"))), tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id"),
         ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream sent)"),
@@ -52,7 +52,7 @@ pub(crate) async fn stream_session(
 
 /// A token that opens this session's stream (and nothing else) for 60 seconds, for a browser's
 /// `EventSource`, which cannot send headers.
-#[utoipa::path(post, path = "/v1/sessions/{id}/stream-token", tag = "sessions", security(("bearer" = ["sessions:read"])),
+#[utoipa::path(post, path = "/v1/sessions/{id}/stream-token", extensions(("x-tenancy" = json!("resource"))), tag = "sessions", security(("bearer" = ["sessions:read"])),
     params(("id" = String, Path, description = "The session id"),
         ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key")),
     responses((status = 200, description = "The stream token", body = Data<StreamToken>),
@@ -130,4 +130,12 @@ pub(crate) fn stream_token_for(state: &AppState, session_id: &str) -> StreamToke
         expires_at: rfc3339_from_millis(expires_at_ms),
         expires_in: TOKEN_TTL_MS / 1000,
     }
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(stream_session))
+        .routes(utoipa_axum::routes!(create_stream_token))
 }

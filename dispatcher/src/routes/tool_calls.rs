@@ -126,7 +126,7 @@ async fn labels_seen_by(
     Ok(())
 }
 
-#[utoipa::path(post, path = "/v1/tool-calls", tag = "tool-calls", security(("bearer" = ["calls:write"])),
+#[utoipa::path(post, path = "/v1/tool-calls", extensions(("x-tenancy" = json!("own"))), tag = "tool-calls", security(("bearer" = ["calls:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution")),
     request_body = ToolCallInput,
     responses((status = 202, description = "Accepted: the broker confirmed the job", body = Data<AcceptedJob>,
@@ -147,7 +147,7 @@ pub(crate) async fn create_tool_call(
     submit(&state, idempotency_key, &headers, input).await
 }
 
-#[utoipa::path(post, path = "/v1/tool-calls/batch", tag = "tool-calls", security(("bearer" = ["calls:write"])),
+#[utoipa::path(post, path = "/v1/tool-calls/batch", extensions(("x-tenancy" = json!("own"))), tag = "tool-calls", security(("bearer" = ["calls:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a retry with the same key and body returns the same execution ids and publishes nothing twice")),
     request_body = BatchInput,
     responses((status = 202, description = "Accepted: the broker confirmed every call", body = Data<BatchResult>,
@@ -298,6 +298,14 @@ fn body_digest(input: &ToolCallInput) -> String {
         canonical["priority"] = json!(priority);
     }
     hex::encode(Sha256::digest(serde_json::to_vec(&canonical).expect("JSON serialises")))
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(create_tool_call))
+        .routes(utoipa_axum::routes!(create_tool_call_batch))
 }
 
 #[cfg(test)]

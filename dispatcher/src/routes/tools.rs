@@ -346,7 +346,7 @@ async fn tool_input(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Resul
 }
 
 /// `POST /v1/tools`: the seed's registration; 201, or 409 if the name is taken.
-#[utoipa::path(post, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:write", "operator"])),
+#[utoipa::path(post, path = "/v1/tools", extensions(("x-tenancy" = json!("operator"))), tag = "tools", security(("bearer" = ["tools:write", "operator"])),
     request_body(content = ToolInput, description = "The tool (name, callback_url and callback_secret required)"),
     responses((status = 201, description = "Registered", body = Data<ToolOut>),
         (status = 409, description = "A tool of that name exists (`tool_exists`) or kept changing (`tool_busy`)", body = crate::routes::docs::ErrorBody),
@@ -369,7 +369,7 @@ pub(crate) async fn post_tool(
 }
 
 /// `PUT /v1/tools/{tool}`: by name, creates (201) or updates (200); by id, updates only (404 if none).
-#[utoipa::path(put, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write", "operator"])),
+#[utoipa::path(put, path = "/v1/tools/{tool}", extensions(("x-tenancy" = json!("operator"))), tag = "tools", security(("bearer" = ["tools:write", "operator"])),
     params(("tool" = String, Path, description = "The tool's name (creates or updates) or id (updates only)")),
     request_body(content = ToolInput, description = "Fields to set (callback_url and callback_secret required to create)"),
     responses((status = 200, description = "Updated", body = Data<ToolOut>),
@@ -406,7 +406,7 @@ async fn with_id(state: &AppState, version: ToolVersion) -> Result<StoredTool, A
     Ok(state.store.registry().get_tool(&tool.name).await?.unwrap_or(version.tool))
 }
 
-#[utoipa::path(get, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:read"])),
+#[utoipa::path(get, path = "/v1/tools/{tool}", extensions(("x-tenancy" = json!("own"))), tag = "tools", security(("bearer" = ["tools:read"])),
     params(("tool" = String, Path, description = "The tool's name or id")),
     responses((status = 200, description = "The tool", body = Data<ToolOut>),
         (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -425,7 +425,7 @@ pub(crate) async fn get_tool(
     Ok(Data::json(data.shown_to(&tenancy)))
 }
 
-#[utoipa::path(get, path = "/v1/tools", tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
+#[utoipa::path(get, path = "/v1/tools", extensions(("x-tenancy" = json!("own"))), tag = "tools", security(("bearer" = ["tools:read"])), params(crate::routes::common::Page),
     responses((status = 200, description = "Registered tools by name", body = Listed<ToolOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_tools(
     State(state): State<AppState>,
@@ -442,7 +442,7 @@ pub(crate) async fn list_tools(
     Ok(Listed::json(data, next))
 }
 
-#[utoipa::path(delete, path = "/v1/tools/{tool}", tag = "tools", security(("bearer" = ["tools:write", "operator"])),
+#[utoipa::path(delete, path = "/v1/tools/{tool}", extensions(("x-tenancy" = json!("operator"))), tag = "tools", security(("bearer" = ["tools:write", "operator"])),
     params(("tool" = String, Path, description = "The tool's name or id")),
     responses((status = 204, description = "Deleted"),
         (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -461,6 +461,15 @@ pub(crate) async fn delete_tool(
     let name = deleted.ok_or_else(|| no_tool(target))?;
     state.tool_schemas.forget(&name);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(list_tools, post_tool))
+        .routes(utoipa_axum::routes!(put_tool, get_tool, delete_tool))
+        .routes(utoipa_axum::routes!(close_circuit))
 }
 
 #[cfg(test)]
@@ -544,7 +553,7 @@ mod tests {
 
 /// Closes a tool's circuit by hand (its consecutive failures reset): calls flow again at once
 /// instead of after the next successful probe. Written to the audit log.
-#[utoipa::path(post, path = "/v1/tools/{tool}/circuit/close", tag = "tools", security(("bearer" = ["tools:write", "operator"])),
+#[utoipa::path(post, path = "/v1/tools/{tool}/circuit/close", extensions(("x-tenancy" = json!("operator"))), tag = "tools", security(("bearer" = ["tools:write", "operator"])),
     params(("tool" = String, Path, description = "The tool's name or id")),
     responses((status = 200, description = "Closed; `was_open` says whether it was open", body = Data<CircuitClosed>),
         (status = 404, description = "No such tool", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]

@@ -24,7 +24,7 @@ use crate::AppState;
 /// Records the turn, puts it in its session's line (arrival order is run order), and publishes its
 /// first step with a publisher confirm before answering 202; `Idempotency-Key` is honoured as on
 /// `POST /v1/tool-calls` (the same `submit`).
-#[utoipa::path(post, path = "/v1/turns", tag = "turns", security(("bearer" = ["turns:write"])),
+#[utoipa::path(post, path = "/v1/turns", extensions(("x-tenancy" = json!("own"))), tag = "turns", security(("bearer" = ["turns:write"])),
     params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; as on POST /v1/tool-calls")),
     request_body = fleet_protocol::turn::TurnInput,
     responses((status = 202, description = "Accepted: the broker confirmed the turn's first step", body = crate::wire::Data<crate::routes::submit::AcceptedJob>,
@@ -270,6 +270,12 @@ impl From<fleet_protocol::turn::TurnState> for TurnSummary {
 /// The summary of turn `execution_id`, if it has a state.
 pub(crate) async fn turn_summary(state: &AppState, execution_id: &str) -> Result<Option<TurnSummary>, ApiError> {
     Ok(state.store.sessions().load_turn(execution_id).await?.map(TurnSummary::from))
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(create_turn))
 }
 
 #[cfg(test)]

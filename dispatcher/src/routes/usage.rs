@@ -72,7 +72,7 @@ impl UsageTotal {
 
 /// Tokens the fleet's model calls used, per hour (UTC), for a tenant, an assistant, a tenant's
 /// use of an assistant, or a session; kept 35 days. Counted once per model call that answered.
-#[utoipa::path(get, path = "/v1/usage", tag = "usage", security(("bearer" = ["usage:read"])),
+#[utoipa::path(get, path = "/v1/usage", extensions(("x-tenancy" = json!("resource"))), tag = "usage", security(("bearer" = ["usage:read"])),
     params(UsageQuery),
     responses((status = 200, description = "Usage per hour", body = Data<UsageOut>),
         (status = 404, description = "Another tenant's usage, assistant or session, asked with a tenant-bound token", body = crate::routes::docs::ErrorBody),
@@ -150,6 +150,12 @@ fn range(since: Option<&str>, until: Option<&str>, now_ms: i64) -> Result<(i64, 
     let until = until.map(|u| parse("until", u)).transpose()?.unwrap_or(now_ms);
     let since = since.map(|s| parse("since", s)).transpose()?.unwrap_or(until - DAY_MS + 1);
     Ok((since, until))
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(get_usage))
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ impl From<&StoredWebhook> for WebhookOut {
     }
 }
 
-#[utoipa::path(put, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
+#[utoipa::path(put, path = "/v1/webhooks/{id}", extensions(("x-tenancy" = json!("operator"))), tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
     params(("id" = String, Path, description = "1-64 letters, digits, `_` or `-`")),
     request_body = WebhookInput,
     responses((status = 200, description = "Updated", body = Data<WebhookOut>),
@@ -158,7 +158,7 @@ fn webhook_signing(
     crate::signing::next_signing(&state.config.secrets_key, owner, stored, request, state.config.secret_rotation_grace)
 }
 
-#[utoipa::path(get, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])),
+#[utoipa::path(get, path = "/v1/webhooks/{id}", extensions(("x-tenancy" = json!("operator"))), tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])),
     params(("id" = String, Path, description = "The webhook id")),
     responses((status = 200, description = "The webhook", body = Data<WebhookOut>),
         (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -175,7 +175,7 @@ pub(crate) async fn get_webhook(
     Ok(Data::json(WebhookOut::from(&hook)))
 }
 
-#[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])), params(crate::routes::common::Page),
+#[utoipa::path(get, path = "/v1/webhooks", extensions(("x-tenancy" = json!("operator"))), tag = "webhooks", security(("bearer" = ["webhooks:read", "operator"])), params(crate::routes::common::Page),
     responses((status = 200, description = "Webhooks by id", body = Listed<WebhookOut>), crate::routes::docs::CommonErrors))]
 pub(crate) async fn list_webhooks(
     State(state): State<AppState>,
@@ -187,7 +187,7 @@ pub(crate) async fn list_webhooks(
     Ok(Listed::json(hooks.iter().take(limit).map(WebhookOut::from).collect(), next))
 }
 
-#[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
+#[utoipa::path(delete, path = "/v1/webhooks/{id}", extensions(("x-tenancy" = json!("operator"))), tag = "webhooks", security(("bearer" = ["webhooks:write", "operator"])),
     params(("id" = String, Path, description = "The webhook id")),
     responses((status = 204, description = "Deleted"),
         (status = 404, description = "No such webhook", body = crate::routes::docs::ErrorBody), crate::routes::docs::CommonErrors))]
@@ -200,4 +200,14 @@ pub(crate) async fn delete_webhook(
     } else {
         Err(ApiError::not_found(format!("no webhook {id:?}")))
     }
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(list_webhooks)).routes(utoipa_axum::routes!(
+        put_webhook,
+        get_webhook,
+        delete_webhook
+    ))
 }

@@ -44,7 +44,7 @@ pub(super) struct Started {
 }
 
 /// Creates an input event: 201 with the events it produced, or SSE with `stream_response`.
-#[utoipa::path(post, path = "/v2/agents/{agent_key}/sessions/{session_key}/events", tag = "agent-sessions",
+#[utoipa::path(post, path = "/v2/agents/{agent_key}/sessions/{session_key}/events", extensions(("x-tenancy" = json!("resource"))), tag = "agent-sessions",
     security(("bearer" = ["turns:write"])),
     params(("agent_key" = String, Path, description = "The agent: an assistant's id (`asst_…`) or name"),
         ("session_key" = String, Path, description = "The session (a room's id, or any key: the first input makes it the agent's session)"),
@@ -187,6 +187,12 @@ fn as_bad_request(e: ApiError) -> ApiError {
 
 pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+/// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
+/// here is all it takes to serve, document and guard it.
+pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(create_event))
 }
 
 #[cfg(test)]
