@@ -26,10 +26,15 @@ const EVENTS_TTL_SECS: u64 = 24 * 3600;
 /// `K` and `E` say where its key and arguments start, after any a fragment before it takes.
 const PUBLISH_MANY_LUA: &str = include_str!("lua/publish_many.lua");
 
-static PUBLISH_MANY_SCRIPT: Lua = Lua::new(|| crate::store::script::load(&["local K, E = 1, 0\n", PUBLISH_MANY_LUA]));
+static PUBLISH_MANY_SCRIPT: Lua =
+    Lua::new(|| crate::store::script::load(&[include_str!("lua/publish_many_alone.lua"), PUBLISH_MANY_LUA]));
 // The message log's four arguments and three keys (all in the session's slot) come first.
 static LOG_AND_PUBLISH_SCRIPT: Lua = Lua::new(|| {
-    crate::store::script::load(&[super::message_log::LOG_ONCE_LUA, "local K, E = 4, 4\n", PUBLISH_MANY_LUA])
+    crate::store::script::load(&[
+        super::message_log::LOG_ONCE_LUA,
+        include_str!("lua/publish_many_logged.lua"),
+        PUBLISH_MANY_LUA,
+    ])
 });
 
 /// How often an idle subscription checks that its connection is alive (one PING per process).

@@ -24,7 +24,7 @@ pub(crate) const LOG_ONCE_LUA: &str = include_str!("lua/log_once.lua");
 /// certainly not accepted).
 const REMOVE_LUA: &str = include_str!("lua/remove.lua");
 
-static APPEND: Lua = Lua::new(|| crate::store::script::load(&[LOG_ONCE_LUA, "return seq"]));
+static APPEND: Lua = Lua::new(|| crate::store::script::load(&[LOG_ONCE_LUA, include_str!("lua/log_once_alone.lua")]));
 static REMOVE: Lua = Lua::new(|| crate::store::script::load(&[REMOVE_LUA]));
 
 impl Sessions {

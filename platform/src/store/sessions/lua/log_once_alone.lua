@@ -1,0 +1,2 @@
+-- Logging alone answers the sequence number the message was logged under.
+return seq
