@@ -62,7 +62,7 @@ pub(crate) fn execution_filter(q: ExecutionQuery) -> Result<(ExecutionFilter, Op
         })?),
         None => None,
     };
-    let kind = match q.kind.as_deref().filter(|k| !k.is_empty()) {
+    let kind = match q.kind.as_deref() {
         Some(k) => Some(
             JobKind::parse(k)
                 .ok_or_else(|| ApiError::invalid(format!("kind must be one of tool_call, webhook, turn; got {k:?}")))?,

@@ -123,7 +123,13 @@ async fn the_openapi_document_is_served_without_a_token_and_is_the_checked_in_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_string_of_the_wrong_type_gets_the_json_error_shape() {
     let fleet = spawn_fleet(FleetOptions::default().workers(0)).await;
-    for path in ["/v1/tools?limit=null", "/v1/webhooks?limit=x", "/v1/dead-letters?reason=nope"] {
+    for path in [
+        "/v1/tools?limit=null",
+        "/v1/webhooks?limit=x",
+        "/v1/dead-letters?reason=nope",
+        "/v1/executions?kind=nope",
+        "/v1/executions?kind=",
+    ] {
         let resp = fleet.http.get(format!("{}{path}", fleet.api)).bearer_auth(&fleet.token).send().await.unwrap();
         let status = resp.status().as_u16();
         let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
@@ -132,7 +138,7 @@ async fn a_query_string_of_the_wrong_type_gets_the_json_error_shape() {
         assert_eq!(content_type.as_deref(), Some("application/json"), "{path}: {status} {body}");
         let error: Value = serde_json::from_str(&body).unwrap();
         assert!(
-            error["error"]["message"].as_str().is_some_and(|m| m.contains("limit") || m.contains("reason")),
+            error["error"]["message"].as_str().is_some_and(|m| ["limit", "reason", "kind"].iter().any(|n| m.contains(n))),
             "{body}"
         );
     }
