@@ -116,7 +116,21 @@ pub(super) async fn call(
     let elapsed = clock.elapsed();
     cx.metrics.llm_request_duration.with_label_values(&[label]).observe(elapsed.as_secs_f64());
     log_model_attempt(step.envelope.attempt, elapsed, &result);
-    let mut record = attempt_record(step.envelope.attempt, started_ms, elapsed, &result);
+    let record = attempt_record(step.envelope.attempt, started_ms, elapsed, &result);
+    finish(step, state, label, started_ms, record, result)
+}
+
+/// The call's end: a failure as the step's outcome (retryable or not, when to retry), a success
+/// as its attempt, with its tokens counted by model and tenant.
+fn finish(
+    step: &ClaimedStep<'_>,
+    state: &TurnState,
+    label: &str,
+    started_ms: i64,
+    mut record: AttemptRecord,
+    result: Result<Completion, LlmError>,
+) -> Result<(Completion, AttemptRecord), Outcome> {
+    let cx = &step.cx;
     let completion = match result {
         Ok(completion) => completion,
         Err(e) => {
