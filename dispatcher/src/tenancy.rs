@@ -42,3 +42,19 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenancy {
         parts.extensions.get::<Tenancy>().cloned().ok_or_else(ApiError::unauthorized)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::FromRequestParts;
+
+    #[tokio::test]
+    async fn a_request_the_authentication_layer_did_not_decide_is_refused() {
+        let (mut parts, _) = axum::http::Request::builder().body(()).unwrap().into_parts();
+        let refused = Tenancy::from_request_parts(&mut parts, &()).await.unwrap_err();
+        assert_eq!(refused.status, axum::http::StatusCode::UNAUTHORIZED);
+        parts.extensions.insert(Tenancy { bound: Some("acme".into()), name: "token-1".into() });
+        let decided = Tenancy::from_request_parts(&mut parts, &()).await.unwrap();
+        assert!(decided.sees(Some("acme")) && !decided.sees(Some("beta")) && !decided.sees(None));
+    }
+}

@@ -699,3 +699,89 @@ fn type_definitions_are_items_not_associated_types() {
     let expected = [("A", 1), ("T", 3), ("E", 4), ("Alias", 5), ("Local", 6)];
     assert_eq!(names, expected.map(|(n, l)| (n.to_string(), l)), "{code}");
 }
+
+/// The production code of every `.rs` file of `krate`, by path.
+fn production_files(krate: &str) -> Vec<(PathBuf, String)> {
+    let mut paths = Vec::new();
+    rust_files(&workspace().join(krate).join("src"), &mut paths);
+    paths.into_iter().map(|p| (p.clone(), production_code(&std::fs::read_to_string(&p).unwrap()))).collect()
+}
+
+#[test]
+fn nothing_in_protocol_does_io() {
+    let manifest = std::fs::read_to_string(workspace().join("protocol/Cargo.toml")).unwrap();
+    let dependencies = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    for io in ["tokio", "reqwest", "redis", "lapin", "hyper", "axum"] {
+        let named = dependencies.lines().any(|l| l.trim_start().starts_with(&format!("{io} ")) || l.starts_with(io));
+        assert!(!named, "protocol depends on {io}");
+    }
+    for (path, code) in production_files("protocol") {
+        // `std::net`'s address types are data; its sockets and lookups are I/O.
+        let io_names = ["std::fs", "std::env", "std::process", "stdin", "File::", "TcpStream", "TcpListener"];
+        for io in io_names.iter().chain(&["UdpSocket", "ToSocketAddrs", "lookup_host", "SystemTime::now"]) {
+            assert!(!code.contains(io), "{} uses {io}", path.display());
+        }
+    }
+}
+
+#[test]
+fn no_task_is_spawned_without_an_owner_that_awaits_it() {
+    for krate in PRODUCTION {
+        for (path, code) in production_files(krate) {
+            for (n, line) in code.lines().enumerate() {
+                let statement = line.trim_start();
+                let dropped = ["tokio::spawn(", "tokio::task::spawn(", "let _ = tokio::spawn(", "drop(tokio::spawn("]
+                    .iter()
+                    .any(|s| statement.starts_with(s));
+                assert!(!dropped, "{}:{}: a spawned task's handle is dropped: {statement}", path.display(), n + 1);
+            }
+        }
+    }
+}
+
+/// The arms of the `match` whose block opens at `open` (a `{`), as the text at its own depth.
+fn match_arms(code: &str, open: usize) -> String {
+    let mut depth = 0;
+    let mut arms = String::new();
+    for c in code[open..].chars() {
+        match c {
+            '{' | '(' | '[' => depth += 1,
+            '}' | ')' | ']' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            break;
+        }
+        if depth == 1 && c != '{' {
+            arms.push(c);
+        }
+    }
+    arms
+}
+
+#[test]
+fn no_job_kind_is_dispatched_by_a_wildcard_arm() {
+    let mut matches_by_kind = 0;
+    for krate in PRODUCTION {
+        for (path, code) in production_files(krate) {
+            for (at, _) in code.match_indices("match ") {
+                let Some(open) = code[at..].find('{').map(|o| at + o) else { continue };
+                let arms = match_arms(&code, open);
+                let by_kind = ["JobKind::", "Job::"].iter().any(|k| arms.trim_start().starts_with(k));
+                if !by_kind {
+                    continue;
+                }
+                matches_by_kind += 1;
+                assert!(!has_wildcard(&arms), "{}: a match on a job's kind has a wildcard arm: {arms}", path.display());
+            }
+        }
+    }
+    assert!(matches_by_kind > 5, "the matches on a job's kind were found: {matches_by_kind}");
+    assert!(has_wildcard(&match_arms("match k { Job::A(x) => { f(x) } _ => g() }", 8)));
+    assert!(!has_wildcard(&match_arms("match k { Job::A(_) => f(), Job::B(x_) => g(x_) }", 8)));
+}
+
+/// Whether `arms` (a match's text at its own depth) has an arm that is `_` alone.
+fn has_wildcard(arms: &str) -> bool {
+    arms.match_indices("_ =>").any(|(at, _)| arms[..at].chars().last().is_none_or(|c| c.is_whitespace() || c == '}' || c == ','))
+}
