@@ -186,6 +186,8 @@ async fn no_secret_is_kept_or_shown_anywhere_after_a_run_that_echoes_them_all() 
     let options = llm_fleet(&llm).env("FLEET_LLM_API_KEY", KEY).env("FLEET_API_TOKENS", &tokens);
     let mut fleet = spawn_fleet(FleetOptions { capture_logs: true, ..options }).await;
     fleet.token = Secrets::ADMIN.to_string();
+    // A copy of every job the fleet publishes: fresh jobs, next steps, retries and parks.
+    let tap = fleet_tests::tap::JobTap::start(&fleet).await;
     fleet.register_tool("echo", &tool.url("/echo"), Secrets::TOOL).await;
     let hook = serde_json::json!({"url": hooks.url("/events"), "secret": Secrets::HOOK,
         "events": ["tool.callback.failed", "tool.callback.dead_letter"]});
@@ -252,6 +254,9 @@ async fn no_secret_is_kept_or_shown_anywhere_after_a_run_that_echoes_them_all() 
         shown.push((format!("console {page}"), r.text().await.unwrap()));
     }
     shown.push(("logs".into(), fleet.logs()));
+    let jobs = tap.seen().await;
+    assert!(jobs.len() >= ids.len(), "the tap saw the jobs: {}", jobs.len());
+    shown.push(("AMQP jobs".into(), jobs.iter().map(|j| String::from_utf8_lossy(&j.body).into_owned()).collect()));
 
     let mut places = vec![];
     for secret in Secrets::all() {
