@@ -289,3 +289,15 @@ async fn a_private_ca_does_not_open_the_ssrf_guard() {
     assert!(done["last_error"].as_str().unwrap().contains("refused"), "{done}");
     assert!(receiver.received().is_empty(), "nothing reached the private HTTPS target");
 }
+
+/// The client certificate is the fleet's own services' credential: the HTTPS client the worker
+/// calls tool owners and the model with (and the trace exporter uses) is built without it, so a
+/// server that asks for one gets none, while the services' client presents it.
+#[test]
+fn no_client_certificate_is_offered_to_a_tool_owner_the_model_or_a_collector() {
+    fleet_tests::tls::install_crypto_provider();
+    let ca = TestCa::new("client-cert-scope");
+    let tls = client_tls(&ca.fleet_env(&ca.client("fleet-worker")));
+    assert!(!tls.http_config().client_auth_cert_resolver.has_certs(), "the HTTPS client offers no certificate");
+    assert!(tls.service_config().client_auth_cert_resolver.has_certs(), "the services' client presents it");
+}
