@@ -24,14 +24,14 @@ test-rust:
 	if cargo nextest --version >/dev/null 2>&1; then \
 	  cargo nextest run --workspace --no-fail-fast --test-threads 8 -E '$(ALONE_EXCLUDED)' && \
 	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_restart)' && \
-	  cargo nextest run --workspace --no-fail-fast -E 'binary(broker_blocked)' && \
+	  cargo nextest run --workspace --no-fail-fast --test-threads 1 -E 'binary(broker_blocked)' && \
 	  cargo nextest run --workspace --no-fail-fast -E 'binary(redis_failover)' && \
 	  cargo nextest run --workspace --no-fail-fast --test-threads 1 -E 'binary(broker_cluster)'; \
 	else \
 	  cargo test --workspace --no-fail-fast -- --test-threads 8 --skip a_broker_restart --skip a_publish_unconfirmed_while_the_broker_is_blocked \
 	    --skip a_cluster_losing_its_leader --skip a_dispatcher_that_reconnected_during --skip a_node_cut_off_the_network --skip a_redis_master_killed && \
 	  cargo test -p fleet-tests --test broker_restart && \
-	  cargo test -p fleet-tests --test broker_blocked && \
+	  cargo test -p fleet-tests --test broker_blocked -- --test-threads 1 && \
 	  cargo test -p fleet-tests --test redis_failover && \
 	  cargo test -p fleet-tests --test broker_cluster -- --test-threads 1; \
 	fi

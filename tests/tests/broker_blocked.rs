@@ -91,3 +91,53 @@ async fn a_publish_unconfirmed_while_the_broker_is_blocked_keeps_its_execution()
     assert_eq!(retry_id, first_id, "the retry returns the same execution: {observed}");
     assert_eq!(calls, 1, "{observed}");
 }
+
+/// A dead letter's retry whose publish the blocked broker never confirms leaves the dead letter
+/// where it was: it is removed only once its job is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_stays_until_its_retried_job_is_confirmed() {
+    // Every call is refused for good (404): the call is dead-lettered at once.
+    let receiver = Receiver::start(SECRET, |_, _| fleet_tests::Reply::status(404)).await;
+    let fleet = spawn_fleet(FleetOptions::default().env("FLEET_PUBLISH_TIMEOUT", "2")).await;
+    fleet.register_tool("refuses", &receiver.url("/refuses"), SECRET).await;
+    let id = fleet.call_tool("refuses", json!({"query": "q"})).await;
+    fleet.wait_status(&id, "dead_lettered", Duration::from_secs(30)).await;
+    let letter = format!("/v1/dead-letters/{id}");
+    wait_for("the dead letter", Duration::from_secs(30), || async {
+        (fleet.get(&letter).await.0 == 200).then_some(())
+    })
+    .await;
+
+    let (blocked_status, blocked) = {
+        let _unblock = UnblockOnDrop(Instant::now());
+        rabbitmqctl(&["set_vm_memory_high_watermark", "0.0000001"]);
+        let answer = fleet.request(reqwest::Method::POST, &format!("{letter}/retry"), None).await;
+        let kept = fleet.get(&letter).await.0;
+        assert_eq!(kept, 200, "the dead letter is kept while its retry is unconfirmed: {answer:?}");
+        answer
+    };
+    assert!(blocked_status >= 500, "an unconfirmed retry is not a success: {blocked_status} {blocked}");
+    assert_eq!(fleet.get(&letter).await.0, 200, "the dead letter is still there once the broker is back");
+    // The broker may still take the frame it held (the 503 said the outcome is unknown): then
+    // that retry runs, and another is refused while it runs, or taken as a retry of its own once
+    // it has failed again. Each retry runs the call once at most.
+    let (status, body) = wait_for("a retry answered", Duration::from_secs(30), || async {
+        let answer = fleet.request(reqwest::Method::POST, &format!("{letter}/retry"), None).await;
+        (answer.0 < 500).then_some(answer)
+    })
+    .await;
+    let live = body["error"]["code"] == "execution_live";
+    assert!((200..300).contains(&status) || live, "the retry once the broker is back: {status} {body}");
+    wait_for("the call run again", Duration::from_secs(30), || async {
+        (receiver.received().len() >= 2).then_some(())
+    })
+    .await;
+    fleet.wait_status(&id, "dead_lettered", Duration::from_secs(30)).await;
+    let calls = receiver.received().len();
+    assert!(calls <= 3, "the original call and at most one run per retry: {calls} ({status} {body})");
+    // The call failed again: its dead letter is back.
+    wait_for("the dead letter back", Duration::from_secs(30), || async {
+        (fleet.get(&letter).await.0 == 200).then_some(())
+    })
+    .await;
+}
