@@ -1,8 +1,8 @@
-//! Lua scripts are built here: each starts with a prelude that names the execution record's
-//! fields (`F`), statuses (`S`) and job kinds (`K`) from `fleet_protocol`, so a script spells none
-//! of them, and a name that does not exist is an error where it is read, not a silent `nil`.
+//! Lua scripts are built here. A script names the execution record's fields as `F.<name>`, its
+//! statuses as `S.<name>` and job kinds as `K.<name>`; each is replaced by its value from
+//! `fleet_protocol` (a quoted string) when the script is built, so a script spells none of them and
+//! running it costs nothing for them. A name that does not exist stops the script's build.
 
-use std::fmt::Write;
 use std::sync::LazyLock;
 
 use fleet_protocol::envelope::JobKind;
@@ -11,34 +11,48 @@ use fleet_protocol::execution::{field, ExecutionStatus};
 /// A script built once per process: `Script::new` hashes its source (SHA-1).
 pub(crate) type Lua = LazyLock<redis::Script>;
 
-static PRELUDE: LazyLock<String> = LazyLock::new(prelude);
-
-/// The tables `F`, `S` and `K`, each failing on a name it lacks.
-fn prelude() -> String {
-    let mut lua = String::new();
-    let table = |lua: &mut String, name: &str, entries: &mut dyn Iterator<Item = (&str, &str)>| {
-        write!(lua, "local {name} = {{").unwrap();
-        for (key, value) in entries {
-            write!(lua, "{key} = '{value}', ").unwrap();
-        }
-        writeln!(lua, "}}").unwrap();
-        writeln!(lua, "setmetatable({name}, {{__index = function(_, k) error('{name} has no ' .. tostring(k)) end}})")
-            .unwrap();
-    };
-    table(&mut lua, "F", &mut field::ALL.iter().copied());
-    table(&mut lua, "S", &mut ExecutionStatus::ALL.iter().map(|s| (s.as_str(), s.as_str())));
-    table(&mut lua, "K", &mut JobKind::ALL.iter().map(|k| (k.as_str(), k.as_str())));
-    lua
+/// The value `table.name` stands for (`F`: fields, `S`: statuses, `K`: job kinds).
+fn named(table: char, name: &str) -> Option<&'static str> {
+    match table {
+        'F' => field::ALL.iter().find(|(n, _)| *n == name).map(|(_, v)| *v),
+        'S' => ExecutionStatus::ALL.iter().map(|s| s.as_str()).find(|s| *s == name),
+        'K' => JobKind::ALL.iter().map(|k| k.as_str()).find(|k| *k == name),
+        _ => None,
+    }
 }
 
-/// A script of `parts` (a shared piece first, then the script's own), after the prelude.
-pub(crate) fn load(parts: &[&str]) -> redis::Script {
-    let mut source = PRELUDE.clone();
-    for part in parts {
-        source.push_str(part);
-        source.push('\n');
+/// `source` with every `F.<name>`, `S.<name>` and `K.<name>` replaced by its quoted value; the
+/// first unknown name is the error.
+pub(crate) fn expand(source: &str) -> Result<String, String> {
+    let bytes = source.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut out = String::with_capacity(source.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let table = bytes[i];
+        let starts = matches!(table, b'F' | b'S' | b'K') && bytes.get(i + 1) == Some(&b'.');
+        let alone = i == 0 || !(word(bytes[i - 1]) || bytes[i - 1] == b'.');
+        if starts && alone {
+            let end = (i + 2..bytes.len()).find(|&j| !word(bytes[j])).unwrap_or(bytes.len());
+            let name = &source[i + 2..end];
+            let value = named(table as char, name).ok_or_else(|| format!("{}.{name} names nothing", table as char))?;
+            out.push('\'');
+            out.push_str(value);
+            out.push('\'');
+            i = end;
+        } else {
+            let next = source[i..].chars().next().expect("a char at a boundary");
+            out.push(next);
+            i += next.len_utf8();
+        }
     }
-    redis::Script::new(&source)
+    Ok(out)
+}
+
+/// A script of `parts` (a shared piece first, then the script's own), its names expanded.
+pub(crate) fn load(parts: &[&str]) -> redis::Script {
+    let source: String = parts.iter().flat_map(|p| [*p, "\n"]).collect();
+    redis::Script::new(&expand(&source).unwrap_or_else(|e| panic!("a store script: {e}")))
 }
 
 #[cfg(test)]
@@ -46,12 +60,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_prelude_names_every_field_status_and_kind() {
-        let lua = prelude();
-        assert!(lua.contains("step_round = 's_round'"), "{lua}");
-        assert!(lua.contains("dead_lettered = 'dead_lettered'"), "{lua}");
-        assert!(lua.contains("tool_call = 'tool_call'"), "{lua}");
-        assert_eq!(lua.lines().count(), 6);
+    fn names_are_replaced_by_their_values_and_an_unknown_one_is_refused() {
+        let lua = "if r[F.status] == S.dead_lettered and kind == K.tool_call then KEYS.F = F end";
+        let expanded = expand(lua).unwrap();
+        assert_eq!(expanded, "if r['status'] == 'dead_lettered' and kind == 'tool_call' then KEYS.F = F end");
+        assert_eq!(expand("x = F.step_round").unwrap(), "x = 's_round'");
+        assert_eq!(expand("x = S.finished").unwrap_err(), "S.finished names nothing");
+    }
+
+    #[test]
+    fn every_script_expands() {
+        for (path, text) in scripts() {
+            if let Err(e) = expand(&text) {
+                panic!("{}: {e}", path.display());
+            }
+        }
     }
 
     /// Every `.lua` file under `src/store`, with its text.
@@ -86,7 +109,7 @@ mod tests {
                 let quoted = format!("'{name}'");
                 // A script's answer may start with a tag that happens to share a name.
                 let spelled = text.match_indices(&quoted).any(|(at, _)| !text[..at].ends_with("return {"));
-                assert!(!spelled, "{} spells {quoted}: read it from the prelude's F, S or K", path.display());
+                assert!(!spelled, "{} spells {quoted}: name it F.<name>, S.<name> or K.<name>", path.display());
             }
         }
     }
