@@ -17,6 +17,26 @@ const MIN_SK_KEY_LEN: usize = 20;
 /// The schemes whose credential is redacted wherever the scheme appears as a word.
 const SCHEMES: [&str; 2] = ["bearer", "basic"];
 
+/// Names whose value is a credential wherever the name appears as a word and is given a value
+/// (`api_key='…'`, `"password": "…"`, `token=…`), longest first. Any case.
+const CREDENTIAL_NAMES: [&str; 12] = [
+    "refresh_token",
+    "access_token",
+    "client_secret",
+    "secret_key",
+    "auth_token",
+    "password",
+    "api_key",
+    "api-key",
+    "apikey",
+    "passwd",
+    "secret",
+    "token",
+];
+
+/// The shortest value given to a credential name that is redacted.
+const MIN_NAMED_VALUE_LEN: usize = 4;
+
 /// Replaces the process's configured secrets, and anything shaped like a credential, with
 /// [`REDACTED`]. Built once from the configuration; its `Debug` never shows a secret.
 #[derive(Clone, Default)]
@@ -49,6 +69,7 @@ impl Redactor {
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut spans = self.secret_spans(text);
         spans.extend(credential_spans(text));
+        spans.extend(named_credential_spans(text));
         if spans.is_empty() {
             return Cow::Borrowed(text);
         }
@@ -178,6 +199,38 @@ fn credential_spans(text: &str) -> Vec<(usize, usize)> {
             }
         }
         i += 1;
+    }
+    spans
+}
+
+/// The spans of values given to a credential name (`CREDENTIAL_NAMES`): the name as a word, then
+/// quotes or spaces, `=` or `:`, quotes or spaces, and the value.
+fn named_credential_spans(text: &str) -> Vec<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let skip =
+        |from: usize| from + bytes[from..].iter().take_while(|b| matches!(b, b' ' | b'\t' | b'\'' | b'"')).count();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let word_start = i == 0 || !bytes[i - 1].is_ascii_alphanumeric();
+        let named = word_start
+            .then(|| CREDENTIAL_NAMES.iter().find(|n| starts_with_ignore_case(&bytes[i..], n.as_bytes())))
+            .flatten();
+        let Some(name) = named else {
+            i += 1;
+            continue;
+        };
+        let after = skip(i + name.len());
+        if !matches!(bytes.get(after), Some(b'=' | b':')) {
+            i += name.len();
+            continue;
+        }
+        let start = skip(after + 1);
+        let end = start + bytes[start..].iter().take_while(|b| is_credential_byte(**b)).count();
+        if end - start >= MIN_NAMED_VALUE_LEN {
+            spans.push((start, end));
+        }
+        i = end.max(i + name.len());
     }
     spans
 }
@@ -375,5 +428,19 @@ mod tests {
         assert_eq!(short, "abc", "too short to be a secret");
         let both = "whsec_tool_secret_0001 and sk-test-SECRET-0123456789abcdef";
         assert_eq!(r.redact_with(Some("whsec_tool_secret_0001"), both), "[redacted] and [redacted]");
+    }
+
+    #[test]
+    fn a_value_given_to_a_credential_name_is_redacted() {
+        let r = Redactor::default();
+        let text = r#"rejected api_key='sk-live-51HxQ2' password: "pa55w0rd-x" token=abcd1234, Secret : s3cr3t!"#;
+        assert_eq!(
+            r.redact(text),
+            r#"rejected api_key='[redacted]' password: "[redacted]" token=[redacted], Secret : [redacted]!"#
+        );
+        assert_eq!(r.redact(&r.redact(text)), r.redact(text), "applying it twice changes nothing");
+        for kept in ["completion_tokens: 12", "max_tokens=100", "the token is spent", "password: no", "tokens=5"] {
+            assert_eq!(r.redact(kept), kept);
+        }
     }
 }

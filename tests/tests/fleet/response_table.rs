@@ -152,7 +152,8 @@ async fn proxy_environment_variables_do_not_route_callbacks_around_the_ssrf_guar
 fn assert_clean(what: &str, error: &str) {
     assert!(error.chars().count() <= 512, "{what}: {} chars", error.chars().count());
     assert!(!error.chars().any(char::is_control), "{what} has control characters: {error:?}");
-    for leak in ["hunter2", "admin:", "token=", "abc123", "at com.example", "Foo.java", "\u{1b}"] {
+    for leak in ["hunter2", "admin:", "token=", "abc123", "at com.example", "Foo.java", "\u{1b}", "sk-live-51HxQ2", "pa55w0rd-x"]
+    {
         assert!(!error.contains(leak), "{what} contains {leak:?}: {error:?}");
     }
 }
@@ -160,7 +161,7 @@ fn assert_clean(what: &str, error: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_errors_are_one_short_line_without_credentials_or_query_strings() {
     let body = format!(
-        "upstream https://admin:hunter2@internal.example/api?token=abc123 failed\r\n\u{1b}[31mjava.lang.IllegalStateException: boom\u{7}\n\tat com.example.Foo.bar(Foo.java:42)\n\tat com.example.Main.main(Main.java:7)\n{}",
+        "rejected api_key='sk-live-51HxQ2' password: \"pa55w0rd-x\" upstream https://admin:hunter2@internal.example/api?token=abc123 failed\r\n\u{1b}[31mjava.lang.IllegalStateException: boom\u{7}\n\tat com.example.Foo.bar(Foo.java:42)\n\tat com.example.Main.main(Main.java:7)\n{}",
         "padding ".repeat(200)
     );
     let receiver = Receiver::start(SECRET, move |_, _| reply(500, &body)).await;
