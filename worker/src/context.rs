@@ -162,8 +162,8 @@ impl KnownTool {
     }
 }
 
-/// Webhook subscribers by event.
-pub(crate) type SubscriberCache = TtlCache<std::sync::Arc<Vec<StoredWebhook>>>;
+/// Webhook subscribers by event, with when (ms) their lookup was asked.
+pub(crate) type SubscriberCache = TtlCache<(i64, std::sync::Arc<Vec<StoredWebhook>>)>;
 
 impl Cx<'_> {
     /// A registered tool (cached).
@@ -184,13 +184,19 @@ impl Cx<'_> {
             .unwrap_or_default())
     }
 
-    /// The webhooks subscribed to `event` (cached).
-    pub(crate) async fn subscribers_of(&self, event: &str) -> Result<std::sync::Arc<Vec<StoredWebhook>>, StoreError> {
-        if let Some(hooks) = self.subscribers.get(event) {
+    /// The webhooks subscribed to `event` for work that started at `since_ms`: a lookup kept from
+    /// before then is asked again, so a webhook registered before the work started is among them.
+    pub(crate) async fn subscribers_of(
+        &self,
+        event: &str,
+        since_ms: i64,
+    ) -> Result<std::sync::Arc<Vec<StoredWebhook>>, StoreError> {
+        if let Some((_, hooks)) = self.subscribers.get(event).filter(|(asked, _)| *asked >= since_ms) {
             return Ok(hooks);
         }
+        let asked_ms = fleet_platform::now_ms();
         let hooks = std::sync::Arc::new(self.store.registry().subscribers(event).await?);
-        self.subscribers.put(event, hooks.clone());
+        self.subscribers.put(event, (asked_ms, hooks.clone()));
         Ok(hooks)
     }
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use fleet_platform::broker::Outgoing;
 use fleet_platform::now_ms;
-use fleet_platform::store::NewExecution;
+use fleet_platform::store::{NewExecution, StoredWebhook};
 use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, Job, JobKind, WebhookJob};
 use fleet_protocol::events;
@@ -15,9 +15,27 @@ use fleet_protocol::events;
 use crate::context::Cx;
 use crate::publish::trace_headers;
 
-/// Publishes (confirmed) a signed delivery of `payload` to every subscriber of `event`.
-pub(crate) async fn notify(cx: &Cx<'_>, source: &str, event: &str, payload: Value) -> Result<(), String> {
-    let hooks = cx.subscribers_of(event).await.map_err(|e| e.to_string())?;
+/// Publishes (confirmed) a signed delivery of `payload` to every subscriber of `event` for work
+/// that started at `since_ms` (`Cx::subscribers_of`).
+pub(crate) async fn notify(
+    cx: &Cx<'_>,
+    source: &str,
+    event: &str,
+    payload: Value,
+    since_ms: i64,
+) -> Result<(), String> {
+    let hooks = cx.subscribers_of(event, since_ms).await.map_err(|e| e.to_string())?;
+    deliver(cx, &hooks, source, event, payload).await
+}
+
+/// Publishes (confirmed) a signed delivery of `payload` to each of `hooks`.
+pub(crate) async fn deliver(
+    cx: &Cx<'_>,
+    hooks: &[StoredWebhook],
+    source: &str,
+    event: &str,
+    payload: Value,
+) -> Result<(), String> {
     if hooks.is_empty() {
         return Ok(());
     }
@@ -57,8 +75,9 @@ pub(crate) async fn notify(cx: &Cx<'_>, source: &str, event: &str, payload: Valu
 }
 
 /// `tool.callback.failed` and `tool.callback.dead_letter` for a tool call that failed for good.
-pub(crate) async fn emit_failure_events(cx: &Cx<'_>, dead: &DeadLetterRecord) -> Result<(), String> {
+/// `since_ms`: when the call was enqueued.
+pub(crate) async fn emit_failure_events(cx: &Cx<'_>, dead: &DeadLetterRecord, since_ms: i64) -> Result<(), String> {
     let source = dead.execution_id.clone().unwrap_or_default();
-    notify(cx, &source, events::TOOL_CALLBACK_FAILED, dead.failed_event_payload()).await?;
-    notify(cx, &source, events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload()).await
+    notify(cx, &source, events::TOOL_CALLBACK_FAILED, dead.failed_event_payload(), since_ms).await?;
+    notify(cx, &source, events::TOOL_CALLBACK_DEAD_LETTER, dead.event_payload(), since_ms).await
 }

@@ -92,3 +92,33 @@ async fn failed_calls_notify_subscribed_webhooks() {
     let (status, _) = fleet.request(Method::DELETE, "/v1/webhooks/chat", None).await;
     assert_eq!(status, 204);
 }
+
+/// A webhook registered before a turn starts gets that turn's message, even when a worker looked
+/// up the event's subscribers (and found none) a moment before: the lookup a worker keeps is not
+/// older than the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_registered_just_before_a_turn_gets_its_message() {
+    let llm = fleet_tests::llm::MockLlm::start(|_, _| fleet_tests::llm::LlmReply::text("hello")).await;
+    let hooks = Receiver::start(HOOK_SECRET, |_, _| Reply::status(200)).await;
+    // A long cache, so a stale lookup could not have expired on its own during the test.
+    let fleet = spawn_fleet(fleet_tests::turn::llm_fleet(&llm).env("FLEET_REGISTRY_CACHE", "60")).await;
+    let body = |session: &str| fleet_tests::turn::turn_body(session, "hi", &[]);
+    let first = fleet_tests::turn::post_turn(&fleet, &body("s_before")).await;
+    fleet.wait_status(&first, "succeeded", Duration::from_secs(20)).await;
+
+    let hook = json!({"url": hooks.url("/chat"), "secret": HOOK_SECRET, "events": ["agent.room.message"]});
+    let (status, _) = fleet.request(Method::PUT, "/v1/webhooks/chat", Some(&hook)).await;
+    assert_eq!(status, 201);
+    let second = fleet_tests::turn::post_turn(&fleet, &body("s_after")).await;
+    fleet.wait_status(&second, "succeeded", Duration::from_secs(20)).await;
+    let got = wait_for("the turn's message delivered", Duration::from_secs(20), || async {
+        hooks.received().into_iter().find(|r| r.json["data"]["execution_id"] == second.as_str())
+    })
+    .await;
+    assert!(got.verified.is_ok(), "signed with the webhook's secret");
+    assert_eq!(got.json["event"], "agent.room.message");
+    assert!(
+        hooks.received().iter().all(|r| r.json["data"]["execution_id"] != first.as_str()),
+        "the turn before the webhook is not delivered to it"
+    );
+}

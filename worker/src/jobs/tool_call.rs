@@ -28,7 +28,9 @@ pub(super) async fn aftermath(
     call: &ToolCallJob,
     dead: &DeadLetterRecord,
 ) -> Result<(), String> {
-    crate::notify::emit_failure_events(cx, dead).await.map_err(|e| format!("cannot emit failure events: {e}"))?;
+    crate::notify::emit_failure_events(cx, dead, envelope.enqueued_at_ms)
+        .await
+        .map_err(|e| format!("cannot emit failure events: {e}"))?;
     let Some(parent) = Parent::of(call) else { return Ok(()) };
     let error = json!({"error": dead.last_error, "dead_lettered": true});
     let told = parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok: false, result: error }).await;

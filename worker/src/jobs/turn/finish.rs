@@ -79,7 +79,12 @@ pub(super) async fn complete(
         Fence::Owed(_) => u64::MAX,
     };
     let session = &state.session_id;
-    let finished = cx.store.sessions().session_finish(session, turn_id, lock_fence, &append_id, &entries).await;
+    // The message's subscribers are looked up beside the session's finish (one round trip on the
+    // connection for both), for the turn as it started.
+    let (finished, hooks) = tokio::join!(
+        cx.store.sessions().session_finish(session, turn_id, lock_fence, &append_id, &entries),
+        cx.subscribers_of(events::AGENT_ROOM_MESSAGE, envelope.enqueued_at_ms),
+    );
     let next = match finished.map_err(|_| Outcome::Parked(cx.soon()))? {
         SessionFinish::SteerPending => return go_on(cx, envelope, state, fence).await,
         SessionFinish::Stale => return Err(Outcome::Fenced),
@@ -91,7 +96,8 @@ pub(super) async fn complete(
     };
     let message = state.final_message.clone().unwrap_or_default();
     let payload = json!({"event": events::AGENT_ROOM_MESSAGE, "data": {"room_id": fleet_protocol::tenant::session_key_shown(session), "assistant_id": state.assistant.id, "execution_id": turn_id, "message": message}});
-    if let Err(e) = crate::notify::notify(cx, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
+    let hooks = hooks.map_err(|_| Outcome::Parked(cx.soon()))?;
+    if let Err(e) = crate::notify::deliver(cx, &hooks, turn_id, events::AGENT_ROOM_MESSAGE, payload).await {
         tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries; the step comes back");
         return Err(Outcome::Parked(cx.soon()));
     }
