@@ -9,6 +9,7 @@ pub mod binaries;
 pub mod cdp;
 pub mod console;
 pub mod container;
+pub mod contract;
 pub mod fleet;
 pub mod llm;
 pub mod load;

@@ -5,6 +5,7 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use fleet_tests::contract::Operation;
 use fleet_tests::{spawn_fleet, FleetOptions};
 
 /// Every operation of docs/openapi.json that needs one of `SCOPES`, read from the document (the
@@ -12,24 +13,19 @@ use fleet_tests::{spawn_fleet, FleetOptions};
 /// filled in, its scope, and a body (empty JSON) for one that takes one. A new route is walked as
 /// soon as it is declared.
 fn scoped_routes() -> Vec<(Method, String, String, Option<Value>)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap();
-    let doc: Value = serde_json::from_str(&text).unwrap();
     let mut routes = Vec::new();
-    for (path, item) in doc["paths"].as_object().unwrap() {
-        for (method, op) in item.as_object().unwrap() {
-            let scope = op["security"][0]["bearer"].as_array().and_then(|names| names[0].as_str()).unwrap_or_default();
-            if !SCOPES.contains(&scope) || path.starts_with("/v2/") {
-                continue;
-            }
-            let concrete: String = path
-                .split('/')
-                .map(|segment| if segment.starts_with('{') { "x1" } else { segment })
-                .collect::<Vec<_>>()
-                .join("/");
-            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let body = op.get("requestBody").map(|_| json!({}));
-            routes.push((method, concrete, scope.to_string(), body));
+    for Operation { method, path, op } in fleet_tests::contract::operations() {
+        let scope = op["security"][0]["bearer"].as_array().and_then(|names| names[0].as_str()).unwrap_or_default();
+        if !SCOPES.contains(&scope) || path.starts_with("/v2/") {
+            continue;
         }
+        let concrete: String = path
+            .split('/')
+            .map(|segment| if segment.starts_with('{') { "x1" } else { segment })
+            .collect::<Vec<_>>()
+            .join("/");
+        let body = op.get("requestBody").map(|_| json!({}));
+        routes.push((method, concrete, scope.to_string(), body));
     }
     routes
 }
@@ -114,7 +110,7 @@ async fn the_openapi_document_is_served_without_a_token_and_is_the_checked_in_on
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.headers()["content-type"], "application/json");
     let served = resp.text().await.unwrap();
-    let checked_in = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap();
+    let checked_in = fleet_tests::contract::checked_in();
     assert_eq!(served, checked_in, "the served document is docs/openapi.json");
     let doc: Value = serde_json::from_str(&served).unwrap();
     assert_eq!(doc["openapi"], "3.1.0");

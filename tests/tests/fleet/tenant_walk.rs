@@ -42,24 +42,20 @@ enum Expect {
 /// `x-tenancy`); an operation that needs no token reads nothing of a tenant's (`Own`). A route
 /// whose answers do not match what it declares fails below.
 fn table() -> Vec<(Method, String, Expect)> {
-    use Expect::*;
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap();
-    let doc: Value = serde_json::from_str(&text).unwrap();
+    use fleet_dispatcher::scopes::TenantView;
     let mut ops = vec![];
-    for (path, item) in doc["paths"].as_object().unwrap() {
-        for (method, op) in item.as_object().unwrap() {
-            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let expect = match op["x-tenancy"].as_str() {
-                Some("resource") => NotFound,
-                Some("listing") => Listed,
-                Some("bulk") => NoneDone,
-                Some("operator") => OperatorOnly,
-                Some("own") => Own,
-                None if op["security"] == json!([{}]) => Own,
-                other => panic!("{method} {path} declares no tenancy this walk knows: {other:?}"),
-            };
-            ops.push((method, path.clone(), expect));
-        }
+    for fleet_tests::contract::Operation { method, path, op } in fleet_tests::contract::operations() {
+        let declared = op[TenantView::EXTENSION].as_str().map(|v| TenantView::parse(v).ok_or(v));
+        let expect = match declared {
+            Some(Ok(TenantView::Resource)) => Expect::NotFound,
+            Some(Ok(TenantView::Listing)) => Expect::Listed,
+            Some(Ok(TenantView::Bulk)) => Expect::NoneDone,
+            Some(Ok(TenantView::Operator)) => Expect::OperatorOnly,
+            Some(Ok(TenantView::Own)) => Expect::Own,
+            None if op["security"] == json!([{}]) => Expect::Own,
+            other => panic!("{method} {path} declares no tenancy this walk knows: {other:?}"),
+        };
+        ops.push((method, path, expect));
     }
     ops
 }
