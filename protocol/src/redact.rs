@@ -69,7 +69,6 @@ impl Redactor {
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut spans = self.secret_spans(text);
         spans.extend(credential_spans(text));
-        spans.extend(named_credential_spans(text));
         if spans.is_empty() {
             return Cow::Borrowed(text);
         }
@@ -166,73 +165,69 @@ fn is_key_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
 }
 
-/// The spans of credentials recognised by their shape: after `Bearer `/`Basic ` (a word of its
-/// own, any case, then spaces) and `sk-…` keys. One pass over the bytes; every span starts and
-/// ends at an ASCII byte, so it is a `str` boundary.
+/// The spans of credentials recognised by their shape, in one pass over the bytes: at a word's
+/// start, an `sk-…` key, the credential after `Bearer `/`Basic ` (any case, then spaces), or the
+/// value given to a credential name (`named_value`). Every span starts and ends at an ASCII byte,
+/// so it is a `str` boundary.
 fn credential_spans(text: &str) -> Vec<(usize, usize)> {
     let bytes = text.as_bytes();
-    let run_from = |from: usize, of: fn(u8) -> bool| from + bytes[from..].iter().take_while(|b| of(**b)).count();
     let mut spans = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
         let word_start = i == 0 || !bytes[i - 1].is_ascii_alphanumeric();
-        if !word_start || !matches!(bytes[i], b'b' | b'B' | b's') {
+        if !word_start {
             i += 1;
             continue;
         }
-        if bytes[i..].starts_with(b"sk-") {
-            let end = run_from(i + 3, is_key_byte);
-            if end - (i + 3) >= MIN_SK_KEY_LEN {
-                spans.push((i, end));
-                i = end;
-                continue;
-            }
+        if let Some(span) = sk_key(bytes, i).or_else(|| scheme_credential(bytes, i)) {
+            spans.push(span);
+            i = span.1;
+        } else if let Some(span) = named_value(bytes, i) {
+            spans.push(span);
+            // The value may itself be a scheme's word, whose credential follows it.
+            i = span.0;
+        } else {
+            i += 1;
         }
-        if let Some(scheme) = SCHEMES.iter().find(|s| starts_with_ignore_case(&bytes[i..], s.as_bytes())) {
-            let after = i + scheme.len();
-            let start = after + bytes[after..].iter().take_while(|b| **b == b' ' || **b == b'\t').count();
-            let end = run_from(start, is_credential_byte);
-            if start > after && end - start >= MIN_SECRET_LEN {
-                spans.push((start, end));
-                i = end;
-                continue;
-            }
-        }
-        i += 1;
     }
     spans
 }
 
-/// The spans of values given to a credential name (`CREDENTIAL_NAMES`): the name as a word, then
-/// quotes or spaces, `=` or `:`, quotes or spaces, and the value.
-fn named_credential_spans(text: &str) -> Vec<(usize, usize)> {
-    let bytes = text.as_bytes();
-    let skip =
-        |from: usize| from + bytes[from..].iter().take_while(|b| matches!(b, b' ' | b'\t' | b'\'' | b'"')).count();
-    let mut spans = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        let word_start = i == 0 || !bytes[i - 1].is_ascii_alphanumeric();
-        let named = word_start
-            .then(|| CREDENTIAL_NAMES.iter().find(|n| starts_with_ignore_case(&bytes[i..], n.as_bytes())))
-            .flatten();
-        let Some(name) = named else {
-            i += 1;
-            continue;
-        };
-        let after = skip(i + name.len());
-        if !matches!(bytes.get(after), Some(b'=' | b':')) {
-            i += name.len();
-            continue;
-        }
-        let start = skip(after + 1);
-        let end = start + bytes[start..].iter().take_while(|b| is_credential_byte(**b)).count();
-        if end - start >= MIN_NAMED_VALUE_LEN {
-            spans.push((start, end));
-        }
-        i = end.max(i + name.len());
+/// How far from `from` bytes satisfying `of` run.
+fn run_from(bytes: &[u8], from: usize, of: impl Fn(u8) -> bool) -> usize {
+    from + bytes[from..].iter().take_while(|b| of(**b)).count()
+}
+
+/// An `sk-…` API key starting at `i`.
+fn sk_key(bytes: &[u8], i: usize) -> Option<(usize, usize)> {
+    if !bytes[i..].starts_with(b"sk-") {
+        return None;
     }
-    spans
+    let end = run_from(bytes, i + 3, is_key_byte);
+    (end - (i + 3) >= MIN_SK_KEY_LEN).then_some((i, end))
+}
+
+/// The credential after a scheme (`Bearer`, `Basic`) starting at `i`.
+fn scheme_credential(bytes: &[u8], i: usize) -> Option<(usize, usize)> {
+    let scheme = SCHEMES.iter().find(|s| starts_with_ignore_case(&bytes[i..], s.as_bytes()))?;
+    let after = i + scheme.len();
+    let start = run_from(bytes, after, |b| b == b' ' || b == b'\t');
+    let end = run_from(bytes, start, is_credential_byte);
+    (start > after && end - start >= MIN_SECRET_LEN).then_some((start, end))
+}
+
+/// The value given to a credential name (`CREDENTIAL_NAMES`) starting at `i`: the name, quotes or
+/// spaces, `=` or `:`, quotes or spaces, and the value.
+fn named_value(bytes: &[u8], i: usize) -> Option<(usize, usize)> {
+    let quote_or_space = |b: u8| matches!(b, b' ' | b'\t' | b'\'' | b'"');
+    let name = CREDENTIAL_NAMES.iter().find(|n| starts_with_ignore_case(&bytes[i..], n.as_bytes()))?;
+    let after = run_from(bytes, i + name.len(), quote_or_space);
+    if !matches!(bytes.get(after), Some(b'=' | b':')) {
+        return None;
+    }
+    let start = run_from(bytes, after + 1, quote_or_space);
+    let end = run_from(bytes, start, is_credential_byte);
+    (end - start >= MIN_NAMED_VALUE_LEN).then_some((start, end))
 }
 
 fn starts_with_ignore_case(haystack: &[u8], prefix: &[u8]) -> bool {
@@ -439,6 +434,7 @@ mod tests {
             r#"rejected api_key='[redacted]' password: "[redacted]" token=[redacted], Secret : [redacted]!"#
         );
         assert_eq!(r.redact(&r.redact(text)), r.redact(text), "applying it twice changes nothing");
+        assert_eq!(r.redact("token: Bearer abcdefgh12"), "token: [redacted] [redacted]");
         for kept in ["completion_tokens: 12", "max_tokens=100", "the token is spent", "password: no", "tokens=5"] {
             assert_eq!(r.redact(kept), kept);
         }
