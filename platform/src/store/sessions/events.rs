@@ -62,7 +62,17 @@ impl Sessions {
     /// Appends `events` to the session's stream in order, each its own entry with its own id, and
     /// announces them once: one round trip for a run of tokens that arrived together.
     pub async fn publish_events(&self, session_id: &str, events: &[Value]) -> Result<Vec<String>, StoreError> {
-        let mut invocation = PUBLISH_MANY_SCRIPT.key(self.redis.keys().session(session_id, "events"));
+        let mut invocation = PUBLISH_MANY_SCRIPT.prepare_invoke();
+        self.publish_to(&mut invocation, session_id, events);
+        let r: Result<Vec<String>, _> = invocation.invoke_async(&mut self.redis.conn().await?).await;
+        self.redis.count(r)
+    }
+
+    /// Adds `publish_many.lua`'s key and arguments after whatever `invocation` holds: the
+    /// session's stream, what it keeps and for how long, the channel and the session announced,
+    /// then the events.
+    fn publish_to(&self, invocation: &mut redis::ScriptInvocation<'_>, session_id: &str, events: &[Value]) {
+        invocation.key(self.redis.keys().session(session_id, "events"));
         invocation
             .arg(EVENTS_KEPT)
             .arg(EVENTS_TTL_SECS)
@@ -71,8 +81,6 @@ impl Sessions {
         for event in events {
             invocation.arg(event.to_string());
         }
-        let r: Result<Vec<String>, _> = invocation.invoke_async(&mut self.redis.conn().await?).await;
-        self.redis.count(r)
     }
 
     /// Appends `entry` to the session's message log (once per message id), then `events` to its
@@ -85,15 +93,7 @@ impl Sessions {
         events: &[Value],
     ) -> Result<Vec<String>, StoreError> {
         let mut invocation = self.log_invocation(&LOG_AND_PUBLISH_SCRIPT, session_id, entry);
-        invocation.key(self.redis.keys().session(session_id, "events"));
-        invocation
-            .arg(EVENTS_KEPT)
-            .arg(EVENTS_TTL_SECS)
-            .arg(self.redis.keys().session_events_channel())
-            .arg(session_id);
-        for event in events {
-            invocation.arg(event.to_string());
-        }
+        self.publish_to(&mut invocation, session_id, events);
         let r: Result<Vec<String>, _> = invocation.invoke_async(&mut self.redis.conn().await?).await;
         self.redis.count(r)
     }
