@@ -64,6 +64,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The production code of every `.rs` file of `krate`, by path.
+fn production_files(krate: &str) -> Vec<(PathBuf, String)> {
+    let mut paths = Vec::new();
+    rust_files(&workspace().join(krate).join("src"), &mut paths);
+    paths.into_iter().map(|p| (p.clone(), production_code(&std::fs::read_to_string(&p).unwrap()))).collect()
+}
+
 /// The module a file under `src/` is: `jobs/turn/mod.rs` is `jobs::turn`, `lib.rs` the root.
 fn module_of(relative: &Path) -> Module {
     let mut parts: Module = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
@@ -331,18 +338,18 @@ fn resolve(path: &[String], modules: &BTreeMap<Module, PathBuf>) -> Option<Modul
 /// The module graph of crate `name`'s production code.
 fn read_crate(name: &str) -> Crate {
     let src = workspace().join(name).join("src");
-    let mut paths = Vec::new();
-    rust_files(&src, &mut paths);
+    let mut sources = production_files(name);
     // `main.rs` beside `lib.rs` is a binary of its own, reaching the library by its crate name:
     // the root is the library's, so `lib.rs` comes last and its entry wins.
-    paths.sort_by_key(|p| p.ends_with("lib.rs"));
+    sources.sort_by_key(|(p, _)| p.ends_with("lib.rs"));
     let files: BTreeMap<Module, PathBuf> =
-        paths.into_iter().map(|p| (module_of(p.strip_prefix(&src).unwrap()), p)).collect();
+        sources.iter().map(|(p, _)| (module_of(p.strip_prefix(&src).unwrap()), p.clone())).collect();
+    let code_of: BTreeMap<&PathBuf, &String> = sources.iter().map(|(p, code)| (p, code)).collect();
     let mut edges: BTreeMap<Module, BTreeMap<Module, BTreeSet<String>>> = BTreeMap::new();
     for (module, file) in &files {
-        let code = production_code(&std::fs::read_to_string(file).unwrap());
+        let code = code_of[file];
         let out = edges.entry(module.clone()).or_default();
-        for path in references(&code, module, &child_modules(&code)) {
+        for path in references(code, module, &child_modules(code)) {
             if let Some(target) = resolve(&path, &files).filter(|t| t != module) {
                 let named: Vec<&str> = path.iter().map(String::as_str).filter(|s| *s != "self").collect();
                 out.entry(target).or_default().insert(named.join("::"));
@@ -609,11 +616,9 @@ fn no_type_name_is_defined_twice_in_production_code() {
     let root = workspace();
     let mut defined: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for krate in PRODUCTION {
-        let mut files = Vec::new();
-        rust_files(&root.join(krate).join("src"), &mut files);
+        let mut files = production_files(krate);
         files.sort();
-        for file in files {
-            let code = production_code(&std::fs::read_to_string(&file).unwrap());
+        for (file, code) in files {
             let at = file.strip_prefix(&root).unwrap().display().to_string();
             for (name, line) in type_definitions(&code) {
                 defined.entry(name).or_default().push(format!("{at}:{line}"));
@@ -698,13 +703,6 @@ fn type_definitions_are_items_not_associated_types() {
     let names: Vec<(String, usize)> = type_definitions(&code);
     let expected = [("A", 1), ("T", 3), ("E", 4), ("Alias", 5), ("Local", 6)];
     assert_eq!(names, expected.map(|(n, l)| (n.to_string(), l)), "{code}");
-}
-
-/// The production code of every `.rs` file of `krate`, by path.
-fn production_files(krate: &str) -> Vec<(PathBuf, String)> {
-    let mut paths = Vec::new();
-    rust_files(&workspace().join(krate).join("src"), &mut paths);
-    paths.into_iter().map(|p| (p.clone(), production_code(&std::fs::read_to_string(&p).unwrap()))).collect()
 }
 
 #[test]
