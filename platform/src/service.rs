@@ -41,9 +41,8 @@ where
             return ExitCode::from(2);
         }
     };
-    if let Err(e) =
-        crate::tls::startup_check(&config.common().amqp_urls, &config.common().redis_url, &config.common().tls).await
-    {
+    let common = config.common();
+    if let Err(e) = crate::tls::startup_check(&common.amqp_urls, &common.redis_url, &common.tls).await {
         eprintln!("{name}: {e}");
         return ExitCode::from(2);
     }
