@@ -44,9 +44,47 @@ pub fn is_terminal(event: &Value) -> bool {
     matches!(event["type"].as_str(), Some("done" | "client_tool_pending"))
 }
 
-/// The input event a seed 001 input makes, appended before its turn is published.
-pub fn input_message_event(execution_id: &str, messages: &[String], surface: Option<&Value>) -> Value {
-    let messages: Vec<Value> = messages.iter().map(|c| json!({"type": "text", "content": c})).collect();
+/// One input of a seed 001 message, as its event shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputPart {
+    Text(String),
+    /// A skill by name, and the content it loads.
+    Skill(String, String),
+}
+
+impl InputPart {
+    fn shown(&self) -> Value {
+        match self {
+            InputPart::Text(content) => json!({"type": "text", "content": content}),
+            InputPart::Skill(name, _) => json!({"type": "skill", "skill_name": name}),
+        }
+    }
+
+    /// What the model reads for it: the text, or the skill's content under its name.
+    pub fn for_model(&self) -> String {
+        match self {
+            InputPart::Text(content) => content.clone(),
+            InputPart::Skill(name, content) => format!("[skill {name}]\n{content}"),
+        }
+    }
+}
+
+/// The events a seed 001 input makes, appended before its turn is published: its input event,
+/// then one skill-load event per skill it invokes.
+pub fn input_events(execution_id: &str, parts: &[InputPart], surface: Option<&Value>) -> Vec<Value> {
+    let mut events = vec![input_message_event(execution_id, parts, surface)];
+    for part in parts {
+        if let InputPart::Skill(name, content) = part {
+            events.push(
+                json!({"type": "skill_load", "skill_name": name, "content": content, "execution_id": execution_id}),
+            );
+        }
+    }
+    events
+}
+
+fn input_message_event(execution_id: &str, parts: &[InputPart], surface: Option<&Value>) -> Value {
+    let messages: Vec<Value> = parts.iter().map(InputPart::shown).collect();
     let mut event = json!({"type": "input_message", "messages": messages, "execution_id": execution_id});
     if let Some(surface) = surface {
         event["surface_description"] = surface.clone();
@@ -115,6 +153,10 @@ pub fn to_v2(stream_id: &str, event: &Value) -> Option<Value> {
         }
         "client_tool_pending" => ("client_tool_pending", object(json!({"pending_calls": event["pending_calls"]}))),
         "compaction" => ("compaction", compaction_fields(event)),
+        "skill_load" => ("skill_load", copied(event, &["skill_name", "content"])),
+        "step_transition" => ("step_transition", copied(event, &["from_step", "to_step", "content"])),
+        "structured_output" => ("structured_output", copied(event, &["schema_name", "content"])),
+        "transition_limit_exceeded" => ("transition_limit_exceeded", copied(event, &["transition_limit", "message"])),
         _ => return None,
     };
     fields.insert("id".into(), json!(event_id(stream_id)));
@@ -167,11 +209,30 @@ fn error_fields(error: &Value) -> Map<String, Value> {
 }
 
 fn compaction_fields(event: &Value) -> Map<String, Value> {
-    let mut fields = Map::new();
-    for key in ["turns_compacted", "events_compacted", "summary_text", "summary_key"] {
-        fields.insert(key.into(), event[key].clone());
-    }
-    fields
+    copied(event, &["turns_compacted", "events_compacted", "summary_text", "summary_key"])
+}
+
+fn copied(event: &Value, keys: &[&str]) -> Map<String, Value> {
+    keys.iter().map(|k| (k.to_string(), event[*k].clone())).collect()
+}
+
+/// The agent moved from one step to another; `content` is the handoff message.
+pub fn step_transition_event(from: &str, to: &str, content: &str, message_id: &str) -> Value {
+    json!({"type": "step_transition", "from_step": from, "to_step": to, "content": content, "message_id": message_id})
+}
+
+/// The answer, checked against its output schema.
+pub fn structured_output_event(schema_name: &str, content: &Value, message_id: &str) -> Value {
+    json!({"type": "structured_output", "schema_name": schema_name, "content": content, "message_id": message_id})
+}
+
+/// The turn asked for more step transitions than its agent allows, and ended.
+pub fn transition_limit_event(limit: u32, message_id: &str) -> Value {
+    let message = format!(
+        "the agent made more than {limit} step transitions in one turn (its transition_limit); the turn ended. \
+         Send a new input to go on, or raise the agent's transition_limit"
+    );
+    json!({"type": "transition_limit_exceeded", "transition_limit": limit, "message": message, "message_id": message_id})
 }
 
 #[cfg(test)]
@@ -198,7 +259,7 @@ mod tests {
         assert_eq!(turn_of_message("msg_0af9_3"), Some("exec_0af9".into()));
         assert_eq!(turn_of_message("msg_"), None);
         assert_eq!(turn_of_message("nope"), None);
-        let input = input_message_event("exec_ab", &["hi".into()], None);
+        let input = input_message_event("exec_ab", &[InputPart::Text("hi".into())], None);
         assert_eq!(turn_of(&input), Some("exec_ab".into()));
         assert_eq!(turn_of(&turn::done_event("msg_ab_2")), Some("exec_ab".into()));
     }
@@ -206,7 +267,7 @@ mod tests {
     #[test]
     fn every_v2_event_has_the_base_fields() {
         let events = [
-            input_message_event("exec_ab", &["hi".into()], Some(&json!({"type": "slack"}))),
+            input_message_event("exec_ab", &[InputPart::Text("hi".into())], Some(&json!({"type": "slack"}))),
             turn::tool_call_event(
                 &turn::ToolCall { id: "c1".into(), name: "t".into(), arguments: "{}".into() },
                 &json!({"q": 1}),

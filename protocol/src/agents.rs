@@ -7,6 +7,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use std::collections::BTreeMap;
+
+use crate::agent_config::{AgentConfig, AgentStep, Skill, ToolConfiguration, MAX_SECRET_BYTES};
 use crate::timefmt::rfc3339_from_millis;
 use crate::turn::{self, Behavior, ModelConfig};
 
@@ -53,6 +56,9 @@ pub struct AssistantRecord {
     /// it. `None`: an operator's (an unbound token's), which every tenant sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Seed 001's parts: steps, skills, tool configurations, secrets (sealed), output schemas.
+    #[serde(default, skip_serializing_if = "AgentConfig::is_empty")]
+    pub agent: AgentConfig,
 }
 
 impl AssistantRecord {
@@ -102,6 +108,35 @@ pub struct AssistantInput {
     /// (`unknown_tool`) naming it.
     #[serde(default)]
     pub enabled_tools: Option<Vec<String>>,
+    /// Seed 001's steps: name → the step's instructions, description, `next_steps` and
+    /// `output_schema`. Given on an update: replaces them all.
+    #[serde(default)]
+    pub steps: Option<BTreeMap<String, AgentStep>>,
+    /// The step a new session starts in (a key of `steps`; required with steps).
+    #[serde(default)]
+    pub first_step_name: Option<String>,
+    /// Name → content an input `{"type": "skill", "skill_name"}` loads. Replaces them all.
+    #[serde(default)]
+    pub skills: Option<BTreeMap<String, Skill>>,
+    /// Name → a configured use of a registered tool, with argument overrides (literals or
+    /// `$ref`s to `secrets.`, `metadata.`, `tool_outputs.`). Replaces them all.
+    #[serde(default)]
+    pub tool_configurations: Option<BTreeMap<String, ToolConfiguration>>,
+    /// Name → value (at most 4 KiB), stored encrypted and shown only as `****`; on an update each
+    /// given name is set, and `null` removes it.
+    #[serde(default)]
+    pub secrets: Option<BTreeMap<String, Option<String>>>,
+    /// Name → a JSON Schema (type `object`) that answers end with. Replaces them all.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<BTreeMap<String, Object>>))]
+    #[serde(default)]
+    pub output_schemas: Option<BTreeMap<String, Value>>,
+    /// The output schema the agent's answers end with when their step names none.
+    #[serde(default)]
+    pub output_schema: Option<String>,
+    /// The most step transitions one turn may make (1-100; default 100).
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 100))]
+    #[serde(default)]
+    pub transition_limit: Option<u32>,
 }
 
 /// An assistant as the API shows it: the seed's assistant object, plus `version` and `updated_at`.
@@ -125,6 +160,49 @@ pub struct AssistantOut {
     /// RFC 3339.
     pub created_at: String,
     pub updated_at: String,
+    /// Seed 001's parts, each secret's value shown as `****`.
+    #[serde(flatten)]
+    pub agent: AgentConfigOut,
+}
+
+/// An agent's seed 001 parts as the API shows them (only those it has).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct AgentConfigOut {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub steps: BTreeMap<String, AgentStep>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_step_name: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub skills: BTreeMap<String, Skill>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_configurations: BTreeMap<String, ToolConfiguration>,
+    /// Each value `****`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+    #[cfg_attr(feature = "schema", schema(value_type = BTreeMap<String, Object>))]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub output_schemas: BTreeMap<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transition_limit: Option<u32>,
+}
+
+impl From<AgentConfig> for AgentConfigOut {
+    fn from(a: AgentConfig) -> Self {
+        let a = a.masked();
+        AgentConfigOut {
+            steps: a.steps,
+            first_step_name: a.first_step_name,
+            skills: a.skills,
+            tool_configurations: a.tool_configurations,
+            secrets: a.secrets,
+            output_schemas: a.output_schemas,
+            output_schema: a.output_schema,
+            transition_limit: a.transition_limit,
+        }
+    }
 }
 
 /// The schemas of an assistant's `model_config`: a turn's, with the seed's temperature range.
@@ -175,7 +253,16 @@ pub struct ModelDefaults<'a> {
 
 impl AssistantInput {
     /// A new assistant from a create request; the error names the field.
-    pub fn create(self, id: String, defaults: &ModelDefaults<'_>, now_ms: i64) -> Result<AssistantRecord, String> {
+    /// `seal` encrypts a secret's value (its name, the value) for the new assistant's id.
+    pub fn create(
+        self,
+        id: String,
+        defaults: &ModelDefaults<'_>,
+        now_ms: i64,
+        seal: &dyn Fn(&str, &str, &str) -> String,
+    ) -> Result<AssistantRecord, String> {
+        let mut agent = AgentConfig::default();
+        self.apply_agent(&id, &mut agent, seal)?;
         let required = |v: Option<String>, field: &str| v.ok_or_else(|| format!("{field} is required"));
         let given = self.model_config.unwrap_or_default();
         let record = AssistantRecord {
@@ -195,14 +282,21 @@ impl AssistantInput {
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             tenant: None,
+            agent,
         };
         check_assistant(&record)?;
         Ok(record)
     }
 
     /// `current` with this update's fields applied, as the next version; the error names the field.
-    pub fn apply(self, current: &AssistantRecord, now_ms: i64) -> Result<AssistantRecord, String> {
+    pub fn apply(
+        self,
+        current: &AssistantRecord,
+        now_ms: i64,
+        seal: &dyn Fn(&str, &str, &str) -> String,
+    ) -> Result<AssistantRecord, String> {
         let mut next = current.clone();
+        self.apply_agent(&current.id, &mut next.agent, seal)?;
         if let Some(name) = self.name {
             next.name = name;
         }
@@ -229,6 +323,47 @@ impl AssistantInput {
         next.updated_at_ms = now_ms.max(current.updated_at_ms);
         check_assistant(&next)?;
         Ok(next)
+    }
+
+    /// This request's seed 001 parts applied to `agent` (of assistant `id`), each secret sealed
+    /// (`seal(id, name, value)`): the plain value never reaches the record.
+    fn apply_agent(
+        &self,
+        id: &str,
+        agent: &mut AgentConfig,
+        seal: &dyn Fn(&str, &str, &str) -> String,
+    ) -> Result<(), String> {
+        macro_rules! replace {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &self.$field {
+                    agent.$field = v.clone();
+                }
+            )*};
+        }
+        replace!(steps, skills, tool_configurations, output_schemas);
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if self.$field.is_some() {
+                    agent.$field = self.$field.clone();
+                }
+            )*};
+        }
+        set!(first_step_name, output_schema, transition_limit);
+        for (name, value) in self.secrets.iter().flatten() {
+            crate::agent_config::check_name("secrets key", name)?;
+            match value {
+                None => {
+                    agent.secrets.remove(name);
+                }
+                Some(v) if v.is_empty() || v.len() > MAX_SECRET_BYTES => {
+                    return Err(format!("secrets.{name} must be 1 byte to 4 KiB"));
+                }
+                Some(v) => {
+                    agent.secrets.insert(name.clone(), seal(id, name, v));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -299,7 +434,7 @@ pub fn check_assistant(a: &AssistantRecord) -> Result<(), String> {
             return Err(format!("enabled_tools[{i}] names {t:?} twice"));
         }
     }
-    Ok(())
+    a.agent.check(&a.enabled_tools)
 }
 
 impl AssistantRecord {
@@ -322,7 +457,15 @@ impl AssistantRecord {
             version: self.version,
             created_at: rfc3339_from_millis(self.created_at_ms),
             updated_at: rfc3339_from_millis(self.updated_at_ms),
+            agent: self.agent.clone().into(),
         }
+    }
+
+    /// The seed 001 parts a turn of this agent carries (none for an assistant without them),
+    /// entering `entry_step` first if given.
+    pub fn agent_turn(&self, entry_step: Option<String>) -> Option<Box<turn::AgentTurn>> {
+        (!self.agent.is_empty() || entry_step.is_some())
+            .then(|| Box::new(turn::AgentTurn { config: self.agent.clone(), entry_step, ..Default::default() }))
     }
 
     /// The copy a turn runs with: taken when a message is sent, so an update made while the turn
@@ -599,9 +742,13 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn seal(_: &str, _: &str, v: &str) -> String {
+        format!("sealed:{v}")
+    }
+
     fn quick_start() -> AssistantRecord {
         input(json!({"name": "helper", "title": "Helper", "instructions": "You are a helpful assistant."}))
-            .create(new_assistant_id(), &DEFAULTS, 1_000)
+            .create(new_assistant_id(), &DEFAULTS, 1_000, &seal)
             .unwrap()
     }
 
@@ -640,7 +787,7 @@ mod tests {
             (json!({"name": "n", "instructions": "i"}), "title"),
             (json!({"name": "n", "title": "T"}), "instructions"),
         ] {
-            let e = input(body).create(new_assistant_id(), &DEFAULTS, 0).unwrap_err();
+            let e = input(body).create(new_assistant_id(), &DEFAULTS, 0, &seal).unwrap_err();
             assert!(e.starts_with(field), "{e}");
         }
         assert!(serde_json::from_value::<AssistantInput>(json!({"nmae": "x"})).is_err(), "unknown fields are refused");
@@ -662,7 +809,7 @@ mod tests {
         let with = |k: &str, v: Value| {
             let mut b = base.clone();
             b[k] = v;
-            input(b).create(new_assistant_id(), &DEFAULTS, 0)
+            input(b).create(new_assistant_id(), &DEFAULTS, 0, &seal)
         };
         assert!(with("model_config", json!({"temperature": 1.5})).unwrap_err().contains("temperature"));
         assert!(with("model_config", json!({"temperature": 1.0})).is_ok());
@@ -685,14 +832,14 @@ mod tests {
         let b = input(
             json!({"instructions": "Updated instructions with more detail...", "model_config": {"temperature": 0.5}}),
         )
-        .apply(&a, 2_000)
+        .apply(&a, 2_000, &seal)
         .unwrap();
         assert_eq!(b.instructions, "Updated instructions with more detail...");
         assert_eq!(b.model_config.temperature, Some(0.5));
         assert_eq!(b.model_config.model.as_deref(), Some("gpt-4o"), "a field left out keeps its value");
         assert_eq!((b.name.as_str(), b.title.as_str()), ("helper", "Helper"));
         assert_eq!((b.version, b.created_at_ms, b.updated_at_ms), (2, 1_000, 2_000));
-        assert!(input(json!({"name": "Bad"})).apply(&a, 3_000).is_err());
+        assert!(input(json!({"name": "Bad"})).apply(&a, 3_000, &seal).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! a 429 mean for the retry") is a plain function so that it can be unit-tested without a broker.
 
 pub mod activity;
+pub mod agent_config;
 pub mod agent_session;
 pub mod agents;
 pub mod budget;

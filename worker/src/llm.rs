@@ -109,6 +109,9 @@ pub struct ChatRequest<'a> {
     pub max_tokens: u32,
     pub messages: Vec<Value>,
     pub tools: Vec<Value>,
+    /// The provider's JSON-schema response format (`{"type": "json_schema", …}`), when the
+    /// answer must match an output schema.
+    pub response_format: Option<Value>,
 }
 
 /// Why reading a response body stopped early.
@@ -245,6 +248,9 @@ impl LlmClient {
         }
         if !req.tools.is_empty() {
             body["tools"] = Value::Array(req.tools);
+        }
+        if let Some(format) = req.response_format {
+            body["response_format"] = format;
         }
         let mut request = self.http.post(format!("{base}/chat/completions")).json(&body);
         if let Some(key) = &self.api_key {

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{AssistantVersion, AssistantWrite};
+use fleet_protocol::agent_config::secret_owner;
 use fleet_protocol::agents::{self, AssistantInput, AssistantOut, AssistantRecord, ListRequest, ModelDefaults};
 
 use crate::error::ApiError;
@@ -55,7 +56,14 @@ async fn check_with_fleet(state: &AppState, assistant: &AssistantRecord) -> Resu
             known.join(", ")
         )));
     }
-    crate::routes::tools::require_registered(state, "enabled_tools", &assistant.enabled_tools).await
+    crate::routes::tools::require_registered(state, "enabled_tools", &assistant.enabled_tools).await?;
+    let configured: Vec<String> = assistant.agent.tool_configurations.values().map(|c| c.tool_name.clone()).collect();
+    crate::routes::tools::require_registered(state, "tool_configurations' tool_name", &configured).await
+}
+
+/// Seals an agent secret's value with `FLEET_SECRETS_KEY`, for its agent and name only.
+fn sealer(state: &AppState) -> impl Fn(&str, &str, &str) -> String + '_ {
+    move |agent, name, value| state.config.secrets_key.encrypt(&secret_owner(agent, name), value)
 }
 
 /// The assistant `id` names, as stored, if the caller sees it (an id of the wrong shape names
@@ -98,7 +106,8 @@ pub(crate) async fn create_assistant(
 ) -> Result<(StatusCode, Json<Data<AssistantOut>>), ApiError> {
     let routing = &state.config.common.llm;
     let defaults = ModelDefaults { provider: &routing.default_provider, model: &routing.default_model };
-    let mut assistant = input.create(agents::new_assistant_id(), &defaults, now_ms()).map_err(ApiError::invalid)?;
+    let mut assistant =
+        input.create(agents::new_assistant_id(), &defaults, now_ms(), &sealer(&state)).map_err(ApiError::invalid)?;
     // A tenant-bound token's assistant is its tenant's; an unbound token's is shared by all.
     assistant.tenant = tenancy.bound;
     check_with_fleet(&state, &assistant).await?;
@@ -184,7 +193,7 @@ pub(crate) async fn update_assistant(
 ) -> Result<Json<Data<AssistantOut>>, ApiError> {
     for _ in 0..WRITE_ATTEMPTS {
         let current = find_to_change(&state, &tenancy, &id).await?;
-        let next = input.clone().apply(&current.record, now_ms()).map_err(ApiError::invalid)?;
+        let next = input.clone().apply(&current.record, now_ms(), &sealer(&state)).map_err(ApiError::invalid)?;
         check_with_fleet(&state, &next).await?;
         match state.store.registry().write_assistant(&next, Some(&current)).await? {
             AssistantWrite::Written => return Ok(Data::json(next.to_api())),

@@ -214,6 +214,7 @@ pub(crate) async fn send_message(
         behavior: input.behavior,
         tenant: None,
         priority: Default::default(),
+        agent: assistant.agent_turn(None),
     };
     check_turn(&state, &tenancy, &mut turn, &format!("assistant {}'s enabled_tools", assistant.id)).await?;
     let canonical = json!({"room_id": room.id, "role": "user", "content": input.content, "behavior": input.behavior});

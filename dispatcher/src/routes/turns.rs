@@ -85,10 +85,11 @@ pub(crate) struct NewTurn {
     announce: Option<Announcement>,
 }
 
-/// A seed 001 input's `input_message` event, appended with the turn's record (before its job is
-/// published, so every event of the turn comes after it); its stream id once appended.
+/// A seed 001 input's `input_message` event (and its skills' `skill_load` events), appended with
+/// the turn's record (before its job is published, so every event of the turn comes after it);
+/// the input event's stream id once appended.
 struct Announcement {
-    texts: Vec<String>,
+    parts: Vec<agent_session::InputPart>,
     surface: Option<Value>,
     appended: Arc<OnceLock<String>>,
 }
@@ -101,18 +102,25 @@ impl NewTurn {
 
     /// The turn appends its input's `input_message` event (seed 001) when it is recorded; the
     /// event's stream id can be read once the turn is accepted.
-    pub(crate) fn announcing(mut self, texts: Vec<String>, surface: Option<Value>) -> (Self, Arc<OnceLock<String>>) {
+    pub(crate) fn announcing(
+        mut self,
+        parts: Vec<agent_session::InputPart>,
+        surface: Option<Value>,
+    ) -> (Self, Arc<OnceLock<String>>) {
         let appended = Arc::new(OnceLock::new());
-        self.announce = Some(Announcement { texts, surface, appended: appended.clone() });
+        self.announce = Some(Announcement { parts, surface, appended: appended.clone() });
         (self, appended)
     }
 
     async fn append_input_event(&self, state: &AppState, execution_id: &str) -> Result<(), ApiError> {
         let Some(announce) = &self.announce else { return Ok(()) };
-        let event = agent_session::input_message_event(execution_id, &announce.texts, announce.surface.as_ref());
-        let event = turn::with_base_fields(event, &self.input.session_id, self.sent_at_ms);
-        let id = state.store.sessions().publish_event(&self.input.session_id, &event).await?;
-        let _ = announce.appended.set(id);
+        let events = agent_session::input_events(execution_id, &announce.parts, announce.surface.as_ref());
+        let events: Vec<Value> =
+            events.into_iter().map(|e| turn::with_base_fields(e, &self.input.session_id, self.sent_at_ms)).collect();
+        let ids = state.store.sessions().publish_events(&self.input.session_id, &events).await?;
+        if let Some(first) = ids.into_iter().next() {
+            let _ = announce.appended.set(first);
+        }
         Ok(())
     }
 

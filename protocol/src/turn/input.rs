@@ -114,6 +114,10 @@ pub struct TurnInput {
     /// provider's budget (it never moves a turn ahead of another tenant's).
     #[serde(default)]
     pub priority: Priority,
+    /// A seed 001 agent's parts and entry step, set by the route that sends its input (never read
+    /// from a body).
+    #[serde(skip)]
+    pub agent: Option<Box<super::state::AgentTurn>>,
 }
 
 impl TurnInput {

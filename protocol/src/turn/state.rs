@@ -114,6 +114,42 @@ pub struct TurnState {
     /// A compaction of the session's history (seed 001) rather than an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<crate::compaction::Compaction>,
+    /// A seed 001 agent's turn: its parts as they were when the input was sent, and its step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Box<AgentTurn>>,
+}
+
+/// A seed 001 agent's turn: the agent's parts as the turn started (a later version of the agent
+/// changes only later turns), the step the input asked to enter, and where the turn stands.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentTurn {
+    pub config: crate::agent_config::AgentConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_step: Option<String>,
+    /// The step the turn is in; known once its first step read the session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub step_known: bool,
+    /// Step transitions the turn made.
+    #[serde(default)]
+    pub transitions: u32,
+    /// Events the turn's end sends before its answer's (`structured_output`, or why it could not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closing: Vec<Value>,
+}
+
+impl AgentTurn {
+    /// Enters the turn's first step (the input's `entry_step`, else the session's `session_step`,
+    /// else the agent's first), once; the system prompt then tells it. Returns whether it did.
+    pub fn enter(&mut self, session_step: Option<&str>) -> bool {
+        if self.step_known {
+            return false;
+        }
+        self.step_known = true;
+        self.step = self.config.starting_step(self.entry_step.as_deref(), session_step);
+        true
+    }
 }
 
 /// A model call that began: its message id and the attempt it belongs to.
@@ -186,6 +222,25 @@ impl TurnState {
             steers_taken: vec![],
             steers_unanswered: vec![],
             compaction: None,
+            agent: input.agent.clone(),
+        }
+    }
+
+    /// The step the turn is in (seed 001), once known.
+    pub fn step(&self) -> Option<&str> {
+        self.agent.as_ref().filter(|a| a.step_known).and_then(|a| a.step.as_deref())
+    }
+
+    /// The system prompt for the turn's step (the agent's instructions, the step's, its
+    /// handoffs), put in place of the first message.
+    pub fn tell_step(&mut self) {
+        let Some(agent) = &self.agent else { return };
+        if self.assistant.instructions.is_empty() {
+            return;
+        }
+        let prompt = agent.config.system_prompt(&self.assistant.instructions, agent.step.as_deref());
+        if let Some(first) = self.conversation.first_mut().filter(|m| m.role == "system") {
+            first.content = Some(prompt);
         }
     }
 

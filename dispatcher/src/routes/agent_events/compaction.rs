@@ -88,6 +88,7 @@ impl Submission for NewCompaction {
             behavior: Behavior::FollowUp,
             tenant: self.tenant.clone(),
             priority: Default::default(),
+            agent: None,
         };
         let mut turn = TurnState::new(&input, turn::model_call_message_id(execution_id, 0));
         turn.conversation.clear();

@@ -27,7 +27,7 @@ pub(super) async fn submit(
     headers: &HeaderMap,
     tenancy: &crate::tenancy::Tenancy,
 ) -> Result<Started, ApiError> {
-    let texts = request.texts().map_err(bad_request)?;
+    let parts = request.parts(&agent.agent).map_err(bad_request)?;
     let since = request.since().map_err(bad_request)?;
     if request.behavior.is_none() && since.is_none() && state.store.sessions().session_busy(session).await? {
         return Err(ApiError::new(
@@ -44,16 +44,17 @@ pub(super) async fn submit(
         // As the client named it: `check_turn` applies the caller's tenancy again.
         session_id: fleet_protocol::tenant::session_key_shown(session).to_string(),
         assistant: agent.snapshot(),
-        messages: texts.iter().map(|t| InputMessage { role: "user".into(), content: t.clone() }).collect(),
+        messages: parts.iter().map(|p| InputMessage { role: "user".into(), content: p.for_model() }).collect(),
         behavior,
         tenant: None,
         priority: Default::default(),
+        agent: agent.agent_turn(request.entry_step.clone()),
     };
     check_turn(state, tenancy, &mut input, "the agent's enabled_tools").await?;
     let surface = request.surface_description.as_ref().map(|s| serde_json::to_value(s).unwrap_or_default());
     // Joined before anything is appended: no event of the turn can be missed.
     let subscription = state.streams.join(session).await?;
-    let (turn, announced) = NewTurn::new(input, String::new(), ROUTE).announcing(texts, surface);
+    let (turn, announced) = NewTurn::new(input, String::new(), ROUTE).announcing(parts, surface);
     let accepted = submit_job(state, None, headers, turn).await?;
     let own = announced.get().and_then(|id| StreamId::parse(id)).unwrap_or(StreamId::ZERO);
     let after = match since {

@@ -5,7 +5,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use fleet_protocol::agent_session::stream_id_of;
+use fleet_protocol::agent_config::AgentConfig;
+use fleet_protocol::agent_session::{stream_id_of, InputPart};
 
 /// One seed 001 event: `input_message` (`messages`), `tool_input` (`tool_call_id`, `tool_name`,
 /// `tool_configuration_name`, `tool_input`), `tool_output` (the same with `tool_output`,
@@ -78,7 +79,8 @@ pub(crate) struct InputRequest {
     pub since: Option<String>,
     #[serde(default)]
     pub behavior: Option<InputBehavior>,
-    /// The fleet's agents have no steps: refused when given.
+    /// The step the agent enters before this input: a key of the agent's `steps`. Absent: the
+    /// session's current step (a new session's: the agent's `first_step_name`).
     #[serde(default)]
     pub entry_step: Option<String>,
 }
@@ -90,7 +92,7 @@ pub(crate) enum AgentInput {
     Text {
         content: String,
     },
-    /// Refused: the fleet's agents have no skills.
+    /// Loads the agent's skill of that name into the conversation.
     Skill {
         skill_name: String,
     },
@@ -166,10 +168,17 @@ const MAX_TEXT_BYTES: usize = 256 * 1024;
 const MAX_ITEMS: usize = 100;
 
 impl InputRequest {
-    /// The texts to send, checked; the error names the field.
-    pub(crate) fn texts(&self) -> Result<Vec<String>, String> {
-        if self.entry_step.is_some() {
-            return Err("entry_step: this fleet's agents have no steps".into());
+    /// The inputs to send, each skill's content loaded from `agent`, checked; the error names
+    /// the field.
+    pub(crate) fn parts(&self, agent: &AgentConfig) -> Result<Vec<InputPart>, String> {
+        if let Some(step) = &self.entry_step {
+            if !agent.steps.contains_key(step) {
+                let known: Vec<&str> = agent.steps.keys().map(String::as_str).collect();
+                return Err(format!(
+                    "entry_step {step:?} is not a step of this agent (its steps: [{}])",
+                    known.join(", ")
+                ));
+            }
         }
         if self.messages.is_empty() || self.messages.len() > MAX_ITEMS {
             return Err(format!("messages must hold 1 to {MAX_ITEMS} inputs"));
@@ -182,10 +191,11 @@ impl InputRequest {
                 AgentInput::Text { content } if content.len() > MAX_TEXT_BYTES => {
                     Err(format!("messages[{i}].content is longer than 256 KiB"))
                 }
-                AgentInput::Text { content } => Ok(content.clone()),
-                AgentInput::Skill { skill_name } => Err(format!(
-                    "messages[{i}]: skill {skill_name:?} cannot be invoked: this fleet's agents have no skills"
-                )),
+                AgentInput::Text { content } => Ok(InputPart::Text(content.clone())),
+                AgentInput::Skill { skill_name } => match agent.skills.get(skill_name) {
+                    Some(skill) => Ok(InputPart::Skill(skill_name.clone(), skill.content.clone())),
+                    None => Err(format!("messages[{i}].skill_name {skill_name:?} is not a skill of this agent")),
+                },
             })
             .collect()
     }
@@ -260,7 +270,7 @@ mod tests {
     fn the_seeds_three_bodies_parse() {
         let input = parse(json!({"type": "input", "messages": [{"type": "text", "content": "hi"}], "behavior": "steer", "since": "start"})).unwrap();
         let SessionInput::Input(input) = input else { panic!("an input") };
-        assert_eq!(input.texts().unwrap(), ["hi"]);
+        assert_eq!(input.parts(&AgentConfig::default()).unwrap(), [InputPart::Text("hi".into())]);
         assert_eq!((input.behavior, input.since().unwrap()), (Some(InputBehavior::Steer), Some(Since::Start)));
         let outputs = parse(json!({"type": "tool_output", "tool_outputs": [
             {"event_id": "aev_1-0", "type": "success", "output": {"t": 1}},
@@ -292,13 +302,13 @@ mod tests {
         else {
             panic!()
         };
-        assert!(skill.texts().unwrap_err().starts_with("messages[0]"));
+        assert!(skill.parts(&AgentConfig::default()).unwrap_err().starts_with("messages[0].skill_name \"s\""));
         let SessionInput::Input(stepped) =
             parse(json!({"type": "input", "messages": [{"type": "text", "content": "x"}], "entry_step": "a"})).unwrap()
         else {
             panic!()
         };
-        assert!(stepped.texts().unwrap_err().starts_with("entry_step"));
+        assert!(stepped.parts(&AgentConfig::default()).unwrap_err().starts_with("entry_step \"a\""));
         let SessionInput::Input(bad_since) =
             parse(json!({"type": "input", "messages": [{"type": "text", "content": "x"}], "since": "yesterday"}))
                 .unwrap()

@@ -75,7 +75,7 @@ impl Sessions {
         Ok(parse_entries(&self.redis.count(r)?.0))
     }
 
-    /// Forgets the session's history and its message log. The sequence counters stay (they expire
+    /// Forgets the session's history, its message log and its step (seed 001). The sequence counters stay (they expire
     /// on their own), so a cursor from before never names a later message.
     pub async fn history_delete(&self, session_id: &str) -> Result<(), StoreError> {
         let r: Result<(), _> = self
@@ -88,6 +88,7 @@ impl Sessions {
                 self.redis.keys().session(session_id, "history_bytes"),
                 self.redis.keys().session(session_id, "messages"),
                 self.redis.keys().session(session_id, "messages_ids"),
+                self.redis.keys().session(session_id, "step"),
             ])
             .await;
         self.redis.count(r)

@@ -94,6 +94,8 @@ const CALL_OUTCOME_LUA: &str = include_str!("lua/call_outcome.lua");
 pub struct Opened {
     pub history: Option<Vec<HistoryEntry>>,
     pub steers: Vec<String>,
+    /// The session's current step (seed 001), read with its history.
+    pub step: Option<String>,
 }
 
 /// What `session_acquire` found.
@@ -295,17 +297,19 @@ impl Sessions {
     ) -> Result<SessionSlot, StoreError> {
         let script = &*SESSION_ACQUIRE_SCRIPT;
         let mut inv = script.prepare_invoke();
-        for part in ["lock", "queue", "history", "history_seq", "steer"] {
+        for part in ["lock", "queue", "history", "history_seq", "steer", "step"] {
             inv.key(self.redis.keys.session(session_id, part));
         }
         let history_ttl = if with_history { HISTORY_TTL_SECS.to_string() } else { String::new() };
         inv.arg(execution_id).arg(fence).arg(IDEMPOTENCY_TTL_SECS).arg(history_ttl);
-        let r: Result<(String, Vec<String>, Vec<String>), _> = inv.invoke_async(&mut self.redis.conn().await?).await;
-        let (answer, history, steers) = self.redis.count(r)?;
+        let r: Result<(String, Vec<String>, Vec<String>, String), _> =
+            inv.invoke_async(&mut self.redis.conn().await?).await;
+        let (answer, history, steers, step) = self.redis.count(r)?;
         Ok(match answer.as_str() {
             "acquired" | "held" => SessionSlot::Acquired(Opened {
                 history: with_history.then(|| super::history::parse_entries(&history)),
                 steers,
+                step: Some(step).filter(|s| !s.is_empty()),
             }),
             "stale" => SessionSlot::Stale,
             _ => SessionSlot::Wait,
@@ -360,21 +364,22 @@ impl Sessions {
     }
 
     /// A turn's finish in its session (see `SESSION_FINISH_LUA`): its exchange `entries` join the
-    /// history once per `append_id`, and the session goes to the next turn, unless steers wait.
+    /// history once per `append_id`, the session stays in `step` (seed 001; `None`: unchanged),
+    /// and the session goes to the next turn, unless steers wait.
     pub async fn session_finish(
         &self,
         session_id: &str,
         execution_id: &str,
         fence: u64,
-        append_id: &str,
+        (append_id, step): (&str, Option<&str>),
         entries: &[HistoryEntry],
     ) -> Result<SessionFinish, StoreError> {
         let script = &*SESSION_FINISH_SCRIPT;
         let mut inv = script.prepare_invoke();
-        for part in ["lock", "queue", "steer", "history", "history_seq", "history_turns", "history_bytes"] {
+        for part in ["lock", "queue", "steer", "history", "history_seq", "history_turns", "history_bytes", "step"] {
             inv.key(self.redis.keys.session(session_id, part));
         }
-        inv.arg(execution_id).arg(fence).arg(append_id).arg(HISTORY_TTL_SECS);
+        inv.arg(execution_id).arg(fence).arg(append_id).arg(HISTORY_TTL_SECS).arg(step.unwrap_or_default());
         for e in entries {
             inv.arg(serde_json::to_string(e).expect("an entry serialises"));
         }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use fleet_platform::broker::Outgoing;
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, NewExecution, Transition};
+use fleet_protocol::agent_config::TRANSITION_TOOL;
 use fleet_protocol::agent_session::{self, ClientCall, PendingClientCall};
 use fleet_protocol::circuit::TOOL_UNAVAILABLE;
 use fleet_protocol::derived_execution_id;
@@ -37,6 +38,11 @@ pub(super) async fn fan_out(
     let cx = &step.cx;
     let round = step.job.round;
     completion.name_calls(round);
+    if let Some(limit) = transitions_exhausted(state, &completion) {
+        // The handoff would pass the agent's limit: the turn ends here, saying so.
+        completion.tool_calls.clear();
+        return super::finish::finish_beyond_transitions(step, state, completion, record, limit).await;
+    }
     state.conversation.push(Message {
         role: "assistant".into(),
         content: (!completion.content.is_empty()).then(|| completion.content.clone()),
@@ -45,6 +51,13 @@ pub(super) async fn fan_out(
     });
     let mut pending = Vec::new();
     for (position, call) in completion.tool_calls.iter().enumerate() {
+        if call.name == TRANSITION_TOOL && state.agent.is_some() {
+            match hand_off(step, state, round, position as u32, call).await {
+                Ok(planned) => pending.push(planned),
+                Err(stop) => return stop,
+            }
+            continue;
+        }
         match plan(step, state, round, position as u32, call).await {
             Ok(planned) => pending.push(planned),
             Err(stop) => return stop,
@@ -74,6 +87,56 @@ pub(super) async fn fan_out(
         _ => publish_next_step(cx, step.envelope, state).await,
     };
     published.unwrap_or_else(|stop| stop)
+}
+
+/// The agent's transition limit, if this answer asks for a handoff beyond it.
+fn transitions_exhausted(state: &TurnState, completion: &Completion) -> Option<u32> {
+    let agent = state.agent.as_ref()?;
+    let handoffs = completion.tool_calls.iter().filter(|c| c.name == TRANSITION_TOOL).count() as u32;
+    let limit = agent.config.transitions_allowed();
+    (handoffs > 0 && agent.transitions + handoffs > limit).then_some(limit)
+}
+
+/// A call of the transition tool: answered at once. Allowed, the turn enters the step (its
+/// system prompt and tools are the step's from the next model call on, saved with the round) and
+/// the client gets `step_transition` with the handoff message; refused, the model is told why.
+async fn hand_off(
+    step: &ClaimedStep<'_>,
+    state: &mut TurnState,
+    round: u32,
+    position: u32,
+    call: &ToolCall,
+) -> Result<PendingCall, Outcome> {
+    let cx = &step.cx;
+    let key = call_key(round, position);
+    let arguments = turn::parse_arguments(&call.arguments).unwrap_or_default();
+    let to = arguments["step_name"].as_str().unwrap_or_default().to_string();
+    let handoff = arguments["handoff_message"].as_str().unwrap_or_default().to_string();
+    let from = state.step().unwrap_or_default().to_string();
+    let agent = state.agent.as_mut().expect("only an agent's turn hands off");
+    let outcome = match agent.config.check_transition(Some(&from), &to) {
+        Ok(()) => {
+            agent.step = Some(to.clone());
+            agent.transitions += 1;
+            CallOutcome { ok: true, result: json!({"step": to}) }
+        }
+        Err(refused) => CallOutcome { ok: false, result: json!(refused) },
+    };
+    if cx.store.sessions().record_call_outcome(step.turn_id(), &key, &outcome, round + 1).await.is_err() {
+        return Err(step.release_and_park().await);
+    }
+    if outcome.ok {
+        state.tell_step();
+        let event = agent_session::step_transition_event(&from, &to, &handoff, &state.message_id);
+        emit(cx, &state.session_id, event).await;
+    }
+    Ok(PendingCall {
+        call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        execution_id: None,
+        key,
+        client_event: None,
+    })
 }
 
 /// The answer that made the calls joins the session's message log, as it is made (once: its id is

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{ClaimAfter, Fence, SessionFinish, Transition};
+use fleet_protocol::agent_session;
 use fleet_protocol::dead_letters::{DeadLetterReason, DeadLetterRecord};
 use fleet_protocol::envelope::{Envelope, Job, TurnJob};
 use fleet_protocol::events;
@@ -30,6 +31,48 @@ pub(super) async fn finish(
     completion: Completion,
     record: AttemptRecord,
 ) -> Outcome {
+    let closing = structured_output(state, &completion.content);
+    finish_with(step, state, completion, record, closing).await
+}
+
+/// A seed 001 agent's answer given under an output schema ends with the checked content
+/// (`structured_output`), or with an error naming why it does not match: never a silent pass.
+fn structured_output(state: &TurnState, answer: &str) -> Vec<serde_json::Value> {
+    let Some((name, schema)) = state.agent.as_ref().and_then(|a| a.config.answer_schema(state.step())) else {
+        return vec![];
+    };
+    let message_id = &state.message_id;
+    match fleet_protocol::agent_config::check_answer(name, schema, answer) {
+        Ok(content) => vec![agent_session::structured_output_event(name, &content, message_id)],
+        Err(problem) => vec![turn::error_event("structured_output_invalid", &problem, None, message_id)],
+    }
+}
+
+/// The answer of a turn whose model asked for a handoff beyond its agent's transition limit:
+/// what it said so far, then the limit's error.
+pub(super) async fn finish_beyond_transitions(
+    step: &ClaimedStep<'_>,
+    state: &mut TurnState,
+    completion: Completion,
+    record: AttemptRecord,
+    limit: u32,
+) -> Outcome {
+    let closing = vec![agent_session::transition_limit_event(limit, &state.message_id)];
+    finish_with(step, state, completion, record, closing).await
+}
+
+/// Saves the answer (with the agent's `closing` events, sent before `message_complete`) owing
+/// the finish, then completes it.
+async fn finish_with(
+    step: &ClaimedStep<'_>,
+    state: &mut TurnState,
+    completion: Completion,
+    record: AttemptRecord,
+    closing: Vec<serde_json::Value>,
+) -> Outcome {
+    if let Some(agent) = state.agent.as_mut() {
+        agent.closing = closing;
+    }
     let mut message = json!({
         "id": state.message_id,
         "role": "assistant",
@@ -82,7 +125,7 @@ pub(super) async fn complete(
     // The message's subscribers are looked up beside the session's finish (one round trip on the
     // connection for both), for the turn as it started.
     let (finished, hooks) = tokio::join!(
-        cx.store.sessions().session_finish(session, turn_id, lock_fence, &append_id, &entries),
+        cx.store.sessions().session_finish(session, turn_id, lock_fence, (&append_id, state.step()), &entries),
         cx.subscribers_of(events::AGENT_ROOM_MESSAGE, envelope.enqueued_at_ms),
     );
     let next = match finished.map_err(|_| Outcome::Parked(cx.soon()))? {
@@ -152,8 +195,10 @@ pub(super) async fn announce(cx: &Cx<'_>, envelope: &Envelope, state: &TurnState
     // The log entry and both events in one write, in order.
     let session = &state.session_id;
     let now = now_ms();
-    let events = [turn::message_complete_event(&message), turn::done_event(&state.message_id)]
-        .map(|event| turn::with_base_fields(event, session, now));
+    let closing = state.agent.as_ref().map(|a| a.closing.clone()).unwrap_or_default();
+    let last = [turn::message_complete_event(&message), turn::done_event(&state.message_id)];
+    let events: Vec<_> =
+        closing.into_iter().chain(last).map(|event| turn::with_base_fields(event, session, now)).collect();
     if let Err(e) = cx.store.sessions().log_and_publish(session, &entry, &events).await {
         tracing::warn!(error = %e, "the answer is not in the session's message log, nor its last events in the stream");
     }

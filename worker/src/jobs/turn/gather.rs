@@ -28,6 +28,10 @@ pub(super) async fn collect(
     // Read only on a first step whose state has not taken it yet (`session::take`).
     if let Some(history) = opened.history {
         state.insert_history(history.iter().map(HistoryEntry::to_message).collect());
+        // A seed 001 agent enters its step as it reads its session (saved with the call's state).
+        if state.agent.as_mut().is_some_and(|a| a.enter(opened.step.as_deref())) {
+            state.tell_step();
+        }
     }
     if !state.pending.is_empty() {
         let Ok(outcomes) = cx.store.sessions().call_outcomes(step.turn_id()).await else {

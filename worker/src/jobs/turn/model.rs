@@ -67,6 +67,7 @@ pub(super) async fn call(
         max_tokens,
         messages: state.conversation.iter().map(Message::to_openai).collect(),
         tools: if purpose == Purpose::Answer { tool_specs(cx, state).await } else { vec![] },
+        response_format: if purpose == Purpose::Answer { response_format(state) } else { None },
     };
     let (message_id, session) = (state.message_id.clone(), state.session_id.clone());
     let label = model_label(cx, &model);
@@ -268,7 +269,9 @@ fn attempt_record(
     }
 }
 
-/// The registered, enabled tools as OpenAI function specs.
+/// The registered, enabled tools as OpenAI function specs, then a seed 001 agent's: its tool
+/// configurations (each overridden argument hidden) and, in a step that may hand off, the
+/// transition tool.
 async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     let mut specs = Vec::new();
     for name in &state.assistant.enabled_tools {
@@ -277,7 +280,26 @@ async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
             specs.push(json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}));
         }
     }
+    let Some(agent) = &state.agent else { return specs };
+    for (name, configured) in &agent.config.tool_configurations {
+        if let Ok(Some(known)) = cx.tool(&configured.tool_name).await {
+            let tool = &known.stored;
+            let mut parameters = tool.parameters.clone();
+            for path in configured.argument_overrides.keys() {
+                fleet_protocol::agent_config::hide_path(&mut parameters, path);
+            }
+            let description = configured.description.as_ref().unwrap_or(&tool.description);
+            specs.push(json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}));
+        }
+    }
+    specs.extend(agent.config.transition_spec(state.step()));
     specs
+}
+
+/// The JSON-schema response format an answer in the turn's step must match, if any.
+fn response_format(state: &TurnState) -> Option<Value> {
+    let (name, schema) = state.agent.as_ref()?.config.answer_schema(state.step())?;
+    Some(json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": false}}))
 }
 
 /// Every model attempt leaves a log line, like a callback attempt: duration, outcome, tokens.

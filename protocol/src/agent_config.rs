@@ -1,0 +1,616 @@
+//! Seed 001's agent beyond a seed 000 assistant, as plain data: steps and their handoffs, skills,
+//! tool configurations with argument overrides, secrets (stored sealed), output schemas and the
+//! transition limit; the checks each passes (the error names the field), and the system prompt
+//! and transition tool a step gives the model.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::schema::ToolSchema;
+
+/// The tool the model moves between steps with. Offered only in a step that names `next_steps`;
+/// no tool configuration or enabled tool of a stepped agent may take its name.
+pub const TRANSITION_TOOL: &str = "transition_to_step";
+/// Steps, skills, tool configurations, secrets or output schemas one agent may have, each.
+pub const MAX_PARTS: usize = 64;
+/// A step's instructions or a skill's content, at most this many bytes.
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// A secret's value, at most this many bytes.
+pub const MAX_SECRET_BYTES: usize = 4 * 1024;
+/// An output schema, as JSON, at most this many bytes.
+pub const MAX_SCHEMA_BYTES: usize = 32 * 1024;
+/// The most step transitions a `transition_limit` may allow (and the limit when none is set).
+pub const MAX_TRANSITIONS: u32 = 100;
+/// What a secret's value shows as wherever the agent is shown.
+pub const MASK: &str = "****";
+
+/// The seed 001 parts of an agent as stored (secrets sealed) and as a running turn carries them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub steps: BTreeMap<String, AgentStep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skills: BTreeMap<String, Skill>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_configurations: BTreeMap<String, ToolConfiguration>,
+    /// Name → the value sealed with `FLEET_SECRETS_KEY` (`secrets::SecretsKey`, owner
+    /// `secret_owner`): never the value itself.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub output_schemas: BTreeMap<String, Value>,
+    /// The output schema the agent's answers end with, when its step names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition_limit: Option<u32>,
+}
+
+/// One step of an agent: what the model is told in it and where it may hand off to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentStep {
+    /// Told to the model after the agent's instructions while the session is in this step
+    /// (1 byte to 64 KiB).
+    pub instructions: String,
+    /// What the step is for: shown to the model in the steps that may hand off to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The steps the model may hand off to from here (with the `transition_to_step` tool); none:
+    /// the step is final.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next_steps: Vec<String>,
+    /// The output schema (a key of `output_schemas`) answers in this step end with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<String>,
+}
+
+/// Content an input of `{"type": "skill", "skill_name"}` loads into the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Skill {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// 1 byte to 64 KiB.
+    pub content: String,
+}
+
+/// One configured use of a registered tool: the model calls it by the configuration's name, and
+/// the overrides fill arguments the model neither sees nor chooses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfiguration {
+    /// A registered tool.
+    pub tool_name: String,
+    /// Told to the model instead of the tool's own description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Dot-notation leaf path (`api_key`, `config.auth.token`, `items[0]`) → a literal, or
+    /// `{"$ref": "secrets.NAME" | "metadata.KEY[.path]" | "tool_outputs.CONFIGURATION[.path]"}`
+    /// resolved against the session at each launch.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[cfg_attr(feature = "schema", schema(value_type = Object))]
+    pub argument_overrides: Map<String, Value>,
+}
+
+/// What a `$ref` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reference {
+    /// One of the agent's secrets.
+    Secret(String),
+    /// The session's metadata (a room's), then a path in it.
+    Metadata(String, String),
+    /// The newest output of a tool configuration in the session, then a path in it.
+    ToolOutput(String, String),
+}
+
+impl Reference {
+    /// Reads `{"$ref": "…"}`; `Ok(None)` for a literal.
+    pub fn of(value: &Value) -> Result<Option<Reference>, String> {
+        let Some(text) = value.as_object().filter(|o| o.len() == 1).and_then(|o| o.get("$ref")) else {
+            return Ok(None);
+        };
+        let text = text.as_str().ok_or("a $ref must be a string")?;
+        let (root, rest) = text.split_once('.').ok_or_else(|| format!("$ref {text:?} names no field"))?;
+        let (name, path) = rest.split_once('.').map_or((rest, ""), |(n, p)| (n, p));
+        if name.is_empty() {
+            return Err(format!("$ref {text:?} names no field"));
+        }
+        match root {
+            "secrets" if path.is_empty() => Ok(Some(Reference::Secret(name.into()))),
+            "secrets" => Err(format!("$ref {text:?}: a secret is a whole value (secrets.NAME)")),
+            "metadata" => Ok(Some(Reference::Metadata(name.into(), path.into()))),
+            "tool_outputs" => Ok(Some(Reference::ToolOutput(name.into(), path.into()))),
+            _ => Err(format!("$ref {text:?} must start with secrets., metadata. or tool_outputs.")),
+        }
+    }
+}
+
+/// The owner a secret of `agent_id` is sealed for: a sealed value copied to another agent or
+/// name does not open.
+pub fn secret_owner(agent_id: &str, name: &str) -> String {
+    format!("{agent_id}/secrets/{name}")
+}
+
+/// A step, skill, tool configuration, secret or schema name: 1-64 of `A-Z a-z 0-9 _ -`.
+pub fn check_name(field: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!("{field} {name:?} must be 1-64 letters, digits, '_' or '-'"));
+    }
+    Ok(())
+}
+
+fn bounded_text(field: &str, text: &str) -> Result<(), String> {
+    if text.trim().is_empty() || text.len() > MAX_TEXT_BYTES {
+        return Err(format!("{field} must be 1 byte to 64 KiB and not blank"));
+    }
+    Ok(())
+}
+
+/// A dot-notation leaf path: names separated by `.`, each optionally indexed (`items[0]`).
+pub fn parse_path(path: &str) -> Option<Vec<PathPart>> {
+    let mut parts = Vec::new();
+    for segment in path.split('.') {
+        let (name, mut indexes) = segment.find('[').map_or((segment, ""), |at| segment.split_at(at));
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return None;
+        }
+        parts.push(PathPart::Key(name.to_string()));
+        while let Some(rest) = indexes.strip_prefix('[') {
+            let (n, after) = rest.split_once(']')?;
+            parts.push(PathPart::Index(n.parse().ok()?));
+            indexes = after;
+        }
+        if !indexes.is_empty() {
+            return None;
+        }
+    }
+    Some(parts)
+}
+
+/// One step of a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathPart {
+    Key(String),
+    Index(usize),
+}
+
+/// The value at `path` (dot notation; empty: the whole value).
+pub fn read_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    if path.is_empty() {
+        return Some(value);
+    }
+    parse_path(path)?.iter().try_fold(value, |v, part| match part {
+        PathPart::Key(k) => v.get(k),
+        PathPart::Index(i) => v.get(i),
+    })
+}
+
+/// Sets `path` in `target` to `value`, making the objects and arrays on the way.
+pub fn write_path(target: &mut Value, path: &str, value: Value) {
+    let Some(parts) = parse_path(path) else { return };
+    let mut at = target;
+    for part in parts {
+        at = match part {
+            PathPart::Key(k) => {
+                if !at.is_object() {
+                    *at = json!({});
+                }
+                at.as_object_mut().expect("made an object").entry(k).or_insert(Value::Null)
+            }
+            PathPart::Index(i) => {
+                if !at.is_array() {
+                    *at = json!([]);
+                }
+                let items = at.as_array_mut().expect("made an array");
+                if items.len() <= i {
+                    items.resize(i + 1, Value::Null);
+                }
+                &mut items[i]
+            }
+        };
+    }
+    *at = value;
+}
+
+/// Removes what `path` names from a tool's JSON Schema `parameters` (its property and its place in
+/// `required`), so the model neither sees nor chooses an overridden argument.
+pub fn hide_path(schema: &mut Value, path: &str) {
+    let Some(parts) = parse_path(path) else { return };
+    let mut at = schema;
+    let last = parts.len() - 1;
+    for (i, part) in parts.iter().enumerate() {
+        let PathPart::Key(key) = part else { return };
+        if i == last || matches!(parts.get(i + 1), Some(PathPart::Index(_))) {
+            if let Some(props) = at.get_mut("properties").and_then(Value::as_object_mut) {
+                props.remove(key);
+            }
+            if let Some(required) = at.get_mut("required").and_then(Value::as_array_mut) {
+                required.retain(|r| r != key);
+            }
+            return;
+        }
+        match at.get_mut("properties").and_then(|p| p.get_mut(key)) {
+            Some(inner) => at = inner,
+            None => return,
+        }
+    }
+}
+
+impl AgentConfig {
+    pub fn is_empty(&self) -> bool {
+        *self == AgentConfig::default()
+    }
+
+    /// Checks every part; `secret_names` are the agent's secrets once this change is applied.
+    /// `enabled_tools` may not share a name with a tool configuration.
+    pub fn check(&self, enabled_tools: &[String]) -> Result<(), String> {
+        self.check_steps()?;
+        for (name, skill) in &self.skills {
+            check_name("skills key", name)?;
+            bounded_text(&format!("skills.{name}.content"), &skill.content)?;
+        }
+        for (name, schema) in &self.output_schemas {
+            check_name("output_schemas key", name)?;
+            check_output_schema(&format!("output_schemas.{name}"), schema)?;
+        }
+        if let Some(name) = &self.output_schema {
+            self.schema_named("output_schema", name)?;
+        }
+        for name in self.secrets.keys() {
+            check_name("secrets key", name)?;
+        }
+        for (name, config) in &self.tool_configurations {
+            self.check_configuration(name, config, enabled_tools)?;
+        }
+        let counts = [
+            ("steps", self.steps.len()),
+            ("skills", self.skills.len()),
+            ("tool_configurations", self.tool_configurations.len()),
+            ("secrets", self.secrets.len()),
+            ("output_schemas", self.output_schemas.len()),
+        ];
+        if let Some((field, _)) = counts.iter().find(|(_, n)| *n > MAX_PARTS) {
+            return Err(format!("{field} has more than {MAX_PARTS} entries"));
+        }
+        if self.transition_limit.is_some_and(|n| !(1..=MAX_TRANSITIONS).contains(&n)) {
+            return Err(format!("transition_limit must be 1-{MAX_TRANSITIONS}"));
+        }
+        Ok(())
+    }
+
+    fn check_steps(&self) -> Result<(), String> {
+        match (&self.first_step_name, self.steps.is_empty()) {
+            (None, false) => return Err("first_step_name is required when steps are given".into()),
+            (Some(first), _) if !self.steps.contains_key(first) => {
+                return Err(format!("first_step_name {first:?} is not a key of steps"));
+            }
+            _ => {}
+        }
+        for (name, step) in &self.steps {
+            check_name("steps key", name)?;
+            bounded_text(&format!("steps.{name}.instructions"), &step.instructions)?;
+            for (i, next) in step.next_steps.iter().enumerate() {
+                if !self.steps.contains_key(next) {
+                    return Err(format!("steps.{name}.next_steps[{i}] {next:?} is not a key of steps"));
+                }
+            }
+            if let Some(schema) = &step.output_schema {
+                self.schema_named(&format!("steps.{name}.output_schema"), schema)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn schema_named(&self, field: &str, name: &str) -> Result<(), String> {
+        if self.output_schemas.contains_key(name) {
+            Ok(())
+        } else {
+            Err(format!("{field} {name:?} is not a key of output_schemas"))
+        }
+    }
+
+    fn check_configuration(&self, name: &str, config: &ToolConfiguration, enabled: &[String]) -> Result<(), String> {
+        check_name("tool_configurations key", name)?;
+        let field = format!("tool_configurations.{name}");
+        if name == TRANSITION_TOOL || enabled.iter().any(|t| t == name) {
+            return Err(format!("{field}: the name is taken (an enabled tool, or {TRANSITION_TOOL:?})"));
+        }
+        check_name(&format!("{field}.tool_name"), &config.tool_name)?;
+        for (path, value) in &config.argument_overrides {
+            if parse_path(path).is_none() {
+                return Err(format!("{field}.argument_overrides: {path:?} is not a dot-notation path"));
+            }
+            let at = format!("{field}.argument_overrides.{path}");
+            match Reference::of(value).map_err(|e| format!("{at}: {e}"))? {
+                Some(Reference::Secret(secret)) if !self.secrets.contains_key(&secret) => {
+                    return Err(format!("{at}: $ref names secret {secret:?}, which the agent does not have"));
+                }
+                Some(Reference::ToolOutput(other, _)) if !self.tool_configurations.contains_key(&other) => {
+                    return Err(format!(
+                        "{at}: $ref names tool configuration {other:?}, which the agent does not have"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The step a turn runs in: the input's `entry_step`, else the session's, else the first.
+    pub fn starting_step(&self, entry: Option<&str>, session: Option<&str>) -> Option<String> {
+        let known = |s: &&str| self.steps.contains_key(*s);
+        entry.or(session.filter(known)).or(self.first_step_name.as_deref()).map(str::to_string)
+    }
+
+    /// The output schema an answer given in `step` ends with: the step's, else the agent's.
+    pub fn answer_schema(&self, step: Option<&str>) -> Option<(&str, &Value)> {
+        let named = step.and_then(|s| self.steps.get(s)).and_then(|s| s.output_schema.as_ref());
+        let name = named.or(self.output_schema.as_ref())?;
+        self.output_schemas.get_key_value(name).map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The system prompt in `step`: the agent's instructions, then the step's, then the steps it
+    /// may hand off to.
+    pub fn system_prompt(&self, instructions: &str, step: Option<&str>) -> String {
+        let Some((name, current)) = step.and_then(|s| self.steps.get_key_value(s)) else {
+            return instructions.to_string();
+        };
+        let mut prompt = format!("{instructions}\n\n## Current step: {name}\n{}", current.instructions);
+        if !current.next_steps.is_empty() {
+            prompt.push_str(&format!(
+                "\n\nWhen this step is done, hand off with the `{TRANSITION_TOOL}` tool to one of:"
+            ));
+            for next in &current.next_steps {
+                let about = self.steps.get(next).and_then(|s| s.description.as_deref()).unwrap_or("");
+                prompt.push_str(&format!("\n- {next}: {about}"));
+            }
+        }
+        prompt
+    }
+
+    /// The transition tool's OpenAI function spec in `step`, if the step may hand off.
+    pub fn transition_spec(&self, step: Option<&str>) -> Option<Value> {
+        let next = &self.steps.get(step?)?.next_steps;
+        (!next.is_empty()).then(|| {
+            json!({"type": "function", "function": {
+                "name": TRANSITION_TOOL,
+                "description": "Hand the conversation off to another step of this agent.",
+                "parameters": {"type": "object", "properties": {
+                    "step_name": {"type": "string", "enum": next},
+                    "handoff_message": {"type": "string", "description": "What the next step must know."}
+                }, "required": ["step_name", "handoff_message"]}
+            }})
+        })
+    }
+
+    /// Whether `from` may hand off to `to`; the error is what the model is told.
+    pub fn check_transition(&self, from: Option<&str>, to: &str) -> Result<(), String> {
+        let allowed = from.and_then(|f| self.steps.get(f)).map(|s| s.next_steps.as_slice()).unwrap_or_default();
+        if allowed.iter().any(|n| n == to) {
+            Ok(())
+        } else {
+            Err(format!("step {to:?} is not one this step may hand off to (allowed: {})", allowed.join(", ")))
+        }
+    }
+
+    /// How many transitions one turn may make.
+    pub fn transitions_allowed(&self) -> u32 {
+        self.transition_limit.unwrap_or(MAX_TRANSITIONS)
+    }
+
+    /// The agent as the API shows it: every secret's value masked.
+    pub fn masked(&self) -> AgentConfig {
+        let secrets = self.secrets.keys().map(|k| (k.clone(), MASK.to_string())).collect();
+        AgentConfig { secrets, ..self.clone() }
+    }
+}
+
+/// An output schema: a valid JSON Schema for an object (what providers' JSON-schema response
+/// formats take), at most 32 KiB.
+fn check_output_schema(field: &str, schema: &Value) -> Result<(), String> {
+    if serde_json::to_vec(schema).map_or(0, |v| v.len()) > MAX_SCHEMA_BYTES {
+        return Err(format!("{field} is larger than 32 KiB"));
+    }
+    if schema.get("type") != Some(&json!("object")) {
+        return Err(format!("{field} must be a JSON Schema whose type is \"object\""));
+    }
+    ToolSchema::compile(schema).map(|_| ()).map_err(|e| {
+        let text = e.0.strip_prefix("parameters").unwrap_or(&e.0);
+        format!("{field} is not a valid JSON Schema: {field}{text}")
+    })
+}
+
+/// Checks an answer against its output schema: the content parsed as JSON (a fenced ```json
+/// block too), or the problem the error event names.
+pub fn check_answer(schema_name: &str, schema: &Value, answer: &str) -> Result<Value, String> {
+    let trimmed = answer.trim();
+    let body = trimmed
+        .strip_prefix("```json")
+        .or_else(|| trimmed.strip_prefix("```"))
+        .and_then(|s| s.strip_suffix("```"))
+        .unwrap_or(trimmed);
+    let content: Value = serde_json::from_str(body.trim())
+        .map_err(|e| format!("the answer is not JSON for output schema {schema_name:?}: {e}"))?;
+    let compiled = ToolSchema::compile(schema).map_err(|e| e.0)?;
+    compiled.check(&content).map_err(|e| {
+        let text = e.to_string().replace("parameters", "content");
+        format!("the answer does not match output schema {schema_name:?}: {text}")
+    })?;
+    Ok(content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stepped() -> AgentConfig {
+        serde_json::from_value(json!({
+            "steps": {
+                "triage": {"instructions": "Find out what the user needs.", "next_steps": ["billing"]},
+                "billing": {"instructions": "Settle the bill.", "description": "money matters", "output_schema": "invoice"}
+            },
+            "first_step_name": "triage",
+            "skills": {"refunds": {"content": "Refunds take 5 days."}},
+            "secrets": {"crm_key": "v1.sealed"},
+            "tool_configurations": {"crm_lookup": {"tool_name": "crm", "argument_overrides": {
+                "auth.key": {"$ref": "secrets.crm_key"}, "region": "eu", "account": {"$ref": "metadata.account_id"}}}},
+            "output_schemas": {"invoice": {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}},
+            "transition_limit": 3
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_whole_agent_passes_and_each_problem_names_its_field() {
+        assert_eq!(stepped().check(&[]), Ok(()));
+        type Change = Box<dyn Fn(&mut AgentConfig)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|a| a.first_step_name = Some("nowhere".into())), "first_step_name \"nowhere\""),
+            (Box::new(|a| a.first_step_name = None), "first_step_name is required"),
+            (
+                Box::new(|a| a.steps.get_mut("triage").unwrap().next_steps.push("x".into())),
+                "steps.triage.next_steps[1]",
+            ),
+            (
+                Box::new(|a| a.steps.get_mut("billing").unwrap().output_schema = Some("y".into())),
+                "steps.billing.output_schema",
+            ),
+            (Box::new(|a| a.skills.get_mut("refunds").unwrap().content = " ".into()), "skills.refunds.content"),
+            (
+                Box::new(|a| {
+                    a.tool_configurations
+                        .get_mut("crm_lookup")
+                        .unwrap()
+                        .argument_overrides
+                        .insert("k".into(), json!({"$ref": "secrets.none"}));
+                }),
+                "tool_configurations.crm_lookup.argument_overrides.k: $ref names secret \"none\"",
+            ),
+            (
+                Box::new(|a| {
+                    a.tool_configurations
+                        .get_mut("crm_lookup")
+                        .unwrap()
+                        .argument_overrides
+                        .insert("k".into(), json!({"$ref": "env.HOME"}));
+                }),
+                "tool_configurations.crm_lookup.argument_overrides.k: $ref \"env.HOME\"",
+            ),
+            (
+                Box::new(|a| {
+                    a.tool_configurations
+                        .get_mut("crm_lookup")
+                        .unwrap()
+                        .argument_overrides
+                        .insert("a..b".into(), json!(1));
+                }),
+                "tool_configurations.crm_lookup.argument_overrides: \"a..b\"",
+            ),
+            (
+                Box::new(|a| {
+                    a.output_schemas.insert("bad".into(), json!({"type": "object", "properties": {"q": {"type": 5}}}));
+                }),
+                "output_schemas.bad is not a valid JSON Schema",
+            ),
+            (
+                Box::new(|a| {
+                    a.output_schemas.insert("list".into(), json!({"type": "array"}));
+                }),
+                "output_schemas.list must be",
+            ),
+            (Box::new(|a| a.transition_limit = Some(0)), "transition_limit"),
+        ];
+        for (change, expected) in cases {
+            let mut agent = stepped();
+            change(&mut agent);
+            let e = agent.check(&[]).unwrap_err();
+            assert!(e.starts_with(expected), "{e} should start with {expected}");
+        }
+        let e = stepped().check(&["crm_lookup".into()]).unwrap_err();
+        assert!(e.contains("the name is taken"), "{e}");
+    }
+
+    #[test]
+    fn references_read_their_root_and_path() {
+        assert_eq!(Reference::of(&json!({"$ref": "secrets.k"})), Ok(Some(Reference::Secret("k".into()))));
+        assert_eq!(
+            Reference::of(&json!({"$ref": "metadata.user.id"})),
+            Ok(Some(Reference::Metadata("user".into(), "id".into())))
+        );
+        assert_eq!(
+            Reference::of(&json!({"$ref": "tool_outputs.search.items[0].id"})),
+            Ok(Some(Reference::ToolOutput("search".into(), "items[0].id".into())))
+        );
+        assert_eq!(Reference::of(&json!("literal")), Ok(None));
+        assert_eq!(Reference::of(&json!({"$ref": "x", "other": 1})), Ok(None), "not only a $ref: a literal object");
+        assert!(Reference::of(&json!({"$ref": "secrets.k.sub"})).is_err());
+    }
+
+    #[test]
+    fn paths_read_write_and_hide() {
+        let mut v = json!({});
+        write_path(&mut v, "config.auth.token", json!("t"));
+        write_path(&mut v, "items[1]", json!(2));
+        assert_eq!(v, json!({"config": {"auth": {"token": "t"}}, "items": [null, 2]}));
+        assert_eq!(read_path(&v, "config.auth.token"), Some(&json!("t")));
+        assert_eq!(read_path(&v, "items[1]"), Some(&json!(2)));
+        assert_eq!(read_path(&v, ""), Some(&v));
+        assert_eq!(
+            parse_path("a[0][1].b"),
+            Some(vec![PathPart::Key("a".into()), PathPart::Index(0), PathPart::Index(1), PathPart::Key("b".into())])
+        );
+        for bad in ["", "a.", ".a", "a[x]", "a[0", "a]"] {
+            assert_eq!(parse_path(bad), None, "{bad}");
+        }
+        let mut schema = json!({"type": "object", "properties": {"q": {"type": "string"}, "auth": {"type": "object",
+            "properties": {"key": {"type": "string"}, "user": {"type": "string"}}, "required": ["key", "user"]}},
+            "required": ["q", "auth"]});
+        hide_path(&mut schema, "auth.key");
+        assert_eq!(schema["properties"]["auth"]["required"], json!(["user"]));
+        assert!(schema["properties"]["auth"]["properties"].get("key").is_none());
+        hide_path(&mut schema, "q");
+        assert_eq!(schema["required"], json!(["auth"]));
+    }
+
+    #[test]
+    fn a_step_tells_its_instructions_and_where_it_may_hand_off() {
+        let agent = stepped();
+        assert_eq!(agent.starting_step(None, None).as_deref(), Some("triage"));
+        assert_eq!(agent.starting_step(None, Some("billing")).as_deref(), Some("billing"));
+        assert_eq!(agent.starting_step(None, Some("gone")).as_deref(), Some("triage"), "a step since removed");
+        assert_eq!(agent.starting_step(Some("billing"), Some("triage")).as_deref(), Some("billing"));
+        let prompt = agent.system_prompt("Be kind.", Some("triage"));
+        assert!(prompt.starts_with("Be kind.\n\n## Current step: triage\nFind out"), "{prompt}");
+        assert!(prompt.contains("- billing: money matters"), "{prompt}");
+        assert_eq!(
+            agent.transition_spec(Some("triage")).unwrap()["function"]["parameters"]["properties"]["step_name"]["enum"],
+            json!(["billing"])
+        );
+        assert_eq!(agent.transition_spec(Some("billing")), None, "a final step offers no handoff");
+        assert!(agent.check_transition(Some("triage"), "billing").is_ok());
+        assert!(agent.check_transition(Some("billing"), "triage").unwrap_err().contains("not one this step"));
+        assert_eq!(agent.answer_schema(Some("billing")).map(|(n, _)| n), Some("invoice"));
+        assert_eq!(agent.answer_schema(Some("triage")), None);
+        assert_eq!(agent.masked().secrets["crm_key"], MASK);
+    }
+
+    #[test]
+    fn answers_are_checked_against_their_schema() {
+        let agent = stepped();
+        let (name, schema) = agent.answer_schema(Some("billing")).unwrap();
+        assert_eq!(check_answer(name, schema, "{\"total\": 12.5}"), Ok(json!({"total": 12.5})));
+        assert_eq!(check_answer(name, schema, "```json\n{\"total\": 1}\n```"), Ok(json!({"total": 1})));
+        assert!(check_answer(name, schema, "twelve").unwrap_err().contains("is not JSON"));
+        let e = check_answer(name, schema, "{\"total\": \"x\"}").unwrap_err();
+        assert!(e.contains("content/total"), "{e}");
+    }
+}

@@ -1,0 +1,240 @@
+//! Seed 001's agent as a client written from the seed uses it: steps entered by `entry_step` or
+//! carried by the session, handoffs as `step_transition` events with the next step's prompt and
+//! tools, the transition limit; skills loaded by name; answers checked against output schemas
+//! (`structured_output`, or an error event); secrets stored sealed and shown only as `****`; and
+//! every bad definition or input refused naming its field, changing nothing. Real dispatcher,
+//! workers, broker and Redis; the model is scripted.
+
+use serde_json::{json, Value};
+
+use fleet_tests::fleet::redis_values_containing;
+use fleet_tests::llm::{LlmReply, MockLlm};
+use fleet_tests::turn::llm_fleet;
+use fleet_tests::{spawn_fleet, Fleet};
+
+const SECRET: &str = "sk-crm-7f3a9c41e2b8d6";
+
+fn events_path(agent: &str, session: &str) -> String {
+    format!("/v2/agents/{agent}/sessions/{session}/events")
+}
+
+fn input(text: &str) -> Value {
+    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
+}
+
+fn kinds(resp: &Value) -> Vec<String> {
+    resp["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap().to_string()).collect()
+}
+
+fn of_type<'a>(resp: &'a Value, kind: &str) -> Vec<&'a Value> {
+    resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// A support agent in two steps: triage may hand off to billing, whose answers end with an invoice.
+fn stepped_agent(name: &str) -> Value {
+    json!({
+        "name": name, "title": "Support", "instructions": "You are helpful.",
+        "steps": {
+            "triage": {"instructions": "TRIAGE: find out what the user needs.", "next_steps": ["billing"]},
+            "billing": {"instructions": "BILLING: settle the bill.", "description": "money matters", "output_schema": "invoice"}
+        },
+        "first_step_name": "triage",
+        "skills": {"refunds": {"description": "refund policy", "content": "REFUND POLICY: refunds take 5 days."}},
+        "secrets": {"crm_key": SECRET},
+        "output_schemas": {"invoice": {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}},
+        "transition_limit": 2
+    })
+}
+
+async fn create(fleet: &Fleet, body: &Value) -> Value {
+    let (status, resp) = fleet.post("/v1/agents/assistants", body).await;
+    assert_eq!(status, 201, "{resp}");
+    resp["data"].clone()
+}
+
+/// The system prompt of a model request.
+fn system_of(body: &Value) -> String {
+    body["messages"][0]["content"].as_str().unwrap_or_default().to_string()
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"].as_array().into_iter().flatten().map(|t| t["function"]["name"].as_str().unwrap().to_string()).collect()
+}
+
+fn handoff(to: &str, message: &str) -> LlmReply {
+    let arguments = json!({"step_name": to, "handoff_message": message}).to_string();
+    LlmReply::ToolCalls(vec![("call_1".into(), "transition_to_step".into(), arguments)])
+}
+
+/// A model that hands off from triage to billing, then answers billing with an invoice (or, asked
+/// for "bad invoice", with text that is not one).
+fn support_model(body: &Value, _: usize) -> LlmReply {
+    let system = system_of(body);
+    let last_user = body["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "user").unwrap();
+    let said = last_user["content"].as_str().unwrap_or_default().to_string();
+    let answered_handoff = body["messages"].as_array().unwrap().last().is_some_and(|m| m["role"] == "tool");
+    if system.contains("TRIAGE") && !answered_handoff {
+        return handoff("billing", "The user wants their invoice.");
+    }
+    if said.contains("bad invoice") {
+        return LlmReply::text("I cannot say.");
+    }
+    LlmReply::text("{\"total\": 42.5}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_hand_off_and_the_session_stays_in_its_step_with_checked_structured_output() {
+    let llm = MockLlm::start(support_model).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    create(&fleet, &stepped_agent("support")).await;
+
+    let (status, resp) = fleet.post(&events_path("support", "s1"), &input("Where is my invoice?")).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(kinds(&resp), ["input_message", "step_transition", "structured_output", "agent_output"], "{resp}");
+    let transition = of_type(&resp, "step_transition")[0];
+    assert_eq!(
+        (&transition["from_step"], &transition["to_step"], &transition["content"]),
+        (&json!("triage"), &json!("billing"), &json!("The user wants their invoice.")),
+        "{transition}"
+    );
+    let structured = of_type(&resp, "structured_output")[0];
+    assert_eq!((&structured["schema_name"], &structured["content"]), (&json!("invoice"), &json!({"total": 42.5})));
+    println!("steps: {}", serde_json::to_string(&resp["events"]).unwrap());
+
+    // The first call was triage's (with the handoff tool), the second billing's (with its schema).
+    let calls = llm.requests();
+    assert!(system_of(&calls[0].body).contains("## Current step: triage"), "{}", system_of(&calls[0].body));
+    assert!(system_of(&calls[0].body).contains("- billing: money matters"));
+    assert_eq!(tool_names(&calls[0].body), ["transition_to_step"]);
+    assert!(calls[0].body.get("response_format").is_none(), "triage has no output schema");
+    assert!(system_of(&calls[1].body).contains("## Current step: billing"));
+    assert!(tool_names(&calls[1].body).is_empty(), "billing is final: no handoff");
+    assert_eq!(calls[1].body["response_format"]["json_schema"]["name"], "invoice");
+
+    // The session stays in billing: the next input starts there, and an answer that does not
+    // match the schema ends with an error event naming it, never a silent pass.
+    let (status, resp) = fleet.post(&events_path("support", "s1"), &input("bad invoice please")).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(kinds(&resp), ["input_message", "error", "agent_output"], "{resp}");
+    let error = of_type(&resp, "error")[0];
+    assert_eq!(error["code"], "structured_output_invalid", "{error}");
+    assert!(error["messages"][0].as_str().unwrap().contains("output schema \"invoice\""), "{error}");
+    assert!(system_of(&llm.requests()[2].body).contains("## Current step: billing"));
+
+    // `entry_step` enters a step before the input.
+    let mut entered = input("Hello again");
+    entered["entry_step"] = json!("triage");
+    let (status, resp) = fleet.post(&events_path("support", "s1"), &entered).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(of_type(&resp, "step_transition")[0]["from_step"], "triage", "{resp}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_past_its_transition_limit_ends_with_the_limits_error() {
+    // A model that never stops handing off between two steps.
+    let llm = MockLlm::start(|body, _| {
+        if system_of(body).contains("Current step: ping") {
+            handoff("pong", "over")
+        } else {
+            handoff("ping", "back")
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let body = json!({"name": "bouncer", "title": "B", "instructions": "Bounce.",
+        "steps": {"ping": {"instructions": "ping", "next_steps": ["pong"]}, "pong": {"instructions": "pong", "next_steps": ["ping"]}},
+        "first_step_name": "ping", "transition_limit": 2});
+    create(&fleet, &body).await;
+    let (status, resp) = fleet.post(&events_path("bouncer", "s1"), &input("go")).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(
+        kinds(&resp),
+        ["input_message", "step_transition", "step_transition", "transition_limit_exceeded"],
+        "{resp}"
+    );
+    let limit = of_type(&resp, "transition_limit_exceeded")[0];
+    assert_eq!(limit["transition_limit"], 2, "{limit}");
+    assert!(limit["message"].as_str().unwrap().contains("transition_limit"), "{limit}");
+    println!("limit: {limit}");
+    assert_eq!(llm.requests().len(), 3, "the third handoff was not made");
+    // The session is free again: the next input runs (and starts in the step the turn left it in).
+    let mut next = input("again");
+    next["behavior"] = json!("follow_up");
+    let (status, _) = fleet.post(&events_path("bouncer", "s1"), &next).await;
+    assert_eq!(status, 201);
+    assert!(system_of(&llm.requests()[3].body).contains("Current step: ping"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skill_input_loads_its_content_and_the_event_records_it() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("{\"total\": 1}")).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    create(&fleet, &stepped_agent("skilled")).await;
+    let body = json!({"type": "input", "entry_step": "billing", "messages": [
+        {"type": "skill", "skill_name": "refunds"}, {"type": "text", "content": "Can I get my money back?"}]});
+    let (status, resp) = fleet.post(&events_path("skilled", "s1"), &body).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(kinds(&resp)[..2], ["input_message", "skill_load"], "{resp}");
+    assert_eq!(of_type(&resp, "input_message")[0]["messages"][0], json!({"type": "skill", "skill_name": "refunds"}));
+    let loaded = of_type(&resp, "skill_load")[0];
+    assert_eq!(
+        (&loaded["skill_name"], &loaded["content"]),
+        (&json!("refunds"), &json!("REFUND POLICY: refunds take 5 days."))
+    );
+    println!("skill: {loaded}");
+    let seen = llm.requests()[0].contents();
+    assert!(seen.iter().any(|c| c.contains("REFUND POLICY")), "the model read the skill: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_sealed_masked_and_bad_definitions_and_inputs_name_their_field() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("{\"total\": 1}")).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let created = create(&fleet, &stepped_agent("vault")).await;
+    assert_eq!(created["secrets"], json!({"crm_key": "****"}), "{created}");
+    assert_eq!(created["first_step_name"], "triage");
+    let id = created["id"].as_str().unwrap().to_string();
+    let (_, shown) = fleet.get(&format!("/v1/agents/assistants/{id}")).await;
+    assert_eq!(shown["data"]["secrets"], json!({"crm_key": "****"}), "{shown}");
+    // A secret is set by name and removed with null; the others stay.
+    let (status, updated) =
+        fleet.request(reqwest::Method::PUT, &format!("/v1/agents/assistants/{id}"), Some(&json!({"secrets": {"extra": "x-value-2"}}))).await;
+    assert_eq!(status, 200, "{updated}");
+    assert_eq!(updated["data"]["secrets"], json!({"crm_key": "****", "extra": "****"}));
+    let (_, updated) = fleet.request(reqwest::Method::PUT, &format!("/v1/agents/assistants/{id}"), Some(&json!({"secrets": {"extra": null}}))).await;
+    assert_eq!(updated["data"]["secrets"], json!({"crm_key": "****"}));
+
+    let refused = [
+        (json!({"first_step_name": "nowhere"}), "first_step_name \"nowhere\""),
+        (json!({"steps": {"a": {"instructions": "x", "next_steps": ["b"]}}, "first_step_name": "a"}), "steps.a.next_steps[0]"),
+        (json!({"output_schemas": {"invoice": {"type": "object"}, "bad": {"type": "object", "properties": {"q": {"type": 5}}}}}),
+            "output_schemas.bad"),
+        (json!({"tool_configurations": {"c": {"tool_name": "t", "argument_overrides": {"k": {"$ref": "secrets.missing"}}}}}),
+            "tool_configurations.c.argument_overrides.k"),
+        (json!({"transition_limit": 0}), "transition_limit"),
+    ];
+    for (change, field) in refused {
+        let (status, resp) = fleet.request(reqwest::Method::PUT, &format!("/v1/agents/assistants/{id}"), Some(&change)).await;
+        assert_eq!(status, 422, "{change}: {resp}");
+        assert!(resp["error"]["message"].as_str().unwrap().contains(field), "{change}: {resp}");
+    }
+    let (_, unchanged) = fleet.get(&format!("/v1/agents/assistants/{id}")).await;
+    assert_eq!(unchanged["data"]["version"], 3, "a refused update changed nothing: {unchanged}");
+
+    let bad_inputs = [
+        (json!({"type": "input", "entry_step": "nowhere", "messages": [{"type": "text", "content": "x"}]}), "entry_step \"nowhere\""),
+        (json!({"type": "input", "messages": [{"type": "skill", "skill_name": "juggling"}]}), "messages[0].skill_name \"juggling\""),
+    ];
+    for (body, field) in bad_inputs {
+        let (status, resp) = fleet.post(&events_path("vault", "s9"), &body).await;
+        assert_eq!(status, 400, "{body}: {resp}");
+        assert!(resp["error"]["message"].as_str().unwrap().contains(field), "{body}: {resp}");
+    }
+    let (status, resp) = fleet.post(&events_path("vault", "s1"), &input("hi")).await;
+    assert_eq!(status, 201, "{resp}");
+
+    // The secret's value is nowhere: not in Redis (only sealed), not in any answer, not in a log.
+    assert_eq!(redis_values_containing(&fleet, SECRET).await, Vec::<String>::new());
+    assert!(!resp.to_string().contains(SECRET));
+    assert!(!fleet.logs().contains(SECRET), "a log line holds the secret");
+}
