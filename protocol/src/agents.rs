@@ -189,6 +189,7 @@ impl AssistantInput {
                 model: Some(given.model.unwrap_or_else(|| defaults.model.to_string())),
                 temperature: Some(given.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
                 max_tokens: given.max_tokens,
+                context_window: given.context_window,
             },
             enabled_tools: self.enabled_tools.unwrap_or_default(),
             version: 1,
@@ -221,6 +222,7 @@ impl AssistantInput {
             config.model = given.model.or(config.model.take());
             config.temperature = given.temperature.or(config.temperature);
             config.max_tokens = given.max_tokens.or(config.max_tokens);
+            config.context_window = given.context_window.or(config.context_window);
         }
         if let Some(tools) = self.enabled_tools {
             next.enabled_tools = tools;
@@ -286,6 +288,11 @@ pub fn check_assistant(a: &AssistantRecord) -> Result<(), String> {
     if let Some(n) = config.max_tokens {
         if !(1..=1_000_000).contains(&n) {
             return Err("model_config.max_tokens must be between 1 and 1000000".into());
+        }
+    }
+    if let Some(n) = config.context_window {
+        if !(1..=turn::MAX_CONTEXT_WINDOW).contains(&n) {
+            return Err("model_config.context_window must be between 1 and 10000000".into());
         }
     }
     if a.enabled_tools.len() > MAX_ENABLED_TOOLS {
