@@ -146,10 +146,17 @@ pub fn to_v2(stream_id: &str, event: &Value) -> Option<Value> {
         "tool_call" => ("tool_input", tool_input_fields(&event["tool_call"])),
         "tool_result" => ("tool_output", tool_output_fields(&event["tool_call"])),
         "error" if event["error"]["tool_call_id"].is_string() => ("tool_output", tool_error_fields(&event["error"])),
+        "error" if event["error"]["code"] == crate::turn::CONTEXT_LIMIT_EXCEEDED => {
+            ("context_limit_exceeded", context_limit_fields(&event["error"]))
+        }
         "error" => ("error", error_fields(&event["error"])),
         "message_complete" => {
             let content = event["message"]["content"].as_str().filter(|c| !c.is_empty())?;
             ("agent_output", object(json!({"content": content})))
+        }
+        "reasoning" => {
+            let content = event["content"].as_str().filter(|c| !c.is_empty())?;
+            ("reasoning", object(json!({"content": content})))
         }
         "client_tool_pending" => ("client_tool_pending", object(json!({"pending_calls": event["pending_calls"]}))),
         "compaction" => ("compaction", compaction_fields(event)),
@@ -206,6 +213,12 @@ fn tool_error_fields(error: &Value) -> Map<String, Value> {
 fn error_fields(error: &Value) -> Map<String, Value> {
     let message = error["message"].as_str().unwrap_or("the turn failed");
     object(json!({"messages": [message], "code": error["code"]}))
+}
+
+/// Seed 001's `context_limit_exceeded`: the window, the prompt's estimate, and what to do.
+fn context_limit_fields(error: &Value) -> Map<String, Value> {
+    object(json!({"context_limit": error["context_limit"], "actual_tokens": error["actual_tokens"],
+        "message": error["message"]}))
 }
 
 fn compaction_fields(event: &Value) -> Map<String, Value> {
@@ -276,6 +289,7 @@ mod tests {
             turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!("text") }, "msg_ab"),
             turn::error_event("tool_callback_failed", "HTTP 500", Some(("c1", "t")), "msg_ab"),
             turn::error_event("llm_error", "bad", None, "msg_ab"),
+            turn::reasoning_event("Thinking.", "msg_ab"),
             turn::message_complete_event(&json!({"id": "msg_ab", "content": "Hello"})),
             client_tool_pending_event(
                 &[PendingClientCall { event_id: "aev_1-0".into(), tool_name: "t".into(), arguments: json!({}) }],
@@ -300,6 +314,7 @@ mod tests {
                 "tool_output",
                 "tool_output",
                 "error",
+                "reasoning",
                 "agent_output",
                 "client_tool_pending"
             ]
@@ -323,12 +338,33 @@ mod tests {
     }
 
     #[test]
+    fn a_context_overflow_is_seed_001s_context_limit_exceeded() {
+        let over = turn::ContextOverflow { context_limit: 50, actual_tokens: 260 };
+        let v2 = to_v2("3-0", &stamped(over.error_event("msg_ab"))).unwrap();
+        assert_eq!(v2["type"], "context_limit_exceeded");
+        assert_eq!((v2["context_limit"].as_u64(), v2["actual_tokens"].as_u64()), (Some(50), Some(260)));
+        assert_eq!(v2["message"], over.message());
+        assert_eq!((v2["id"].as_str(), v2["session_key"].as_str()), (Some("aev_3-0"), Some("s1")));
+        assert!(!is_terminal(&v2), "the turn's `done` ends the answer");
+    }
+
+    #[test]
+    fn reasoning_is_shown_with_its_content_alone() {
+        let v2 = to_v2("2-0", &stamped(turn::reasoning_event("Let me think.", "msg_ab"))).unwrap();
+        let mut keys: Vec<&str> = v2.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["content", "created_at", "id", "session_key", "type"]);
+        assert_eq!((v2["type"].as_str(), v2["content"].as_str()), (Some("reasoning"), Some("Let me think.")));
+    }
+
+    #[test]
     fn tokens_retries_done_and_empty_answers_have_no_v2_event() {
         for e in [
             turn::token_event("x", 0, "m"),
             turn::retry_event("m", 1, "llm_retry", "e"),
             turn::done_event("m"),
             turn::message_complete_event(&json!({"id": "m", "content": ""})),
+            turn::reasoning_event("", "m"),
         ] {
             assert_eq!(to_v2("1-0", &stamped(e.clone())), None, "{e}");
         }

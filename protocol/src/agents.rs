@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use std::collections::BTreeMap;
 
-use crate::agent_config::{AgentConfig, AgentStep, Skill, ToolConfiguration, MAX_SECRET_BYTES};
+use crate::agent_config::{AgentConfig, AgentStep, AgentTurn, Skill, ToolConfiguration, MAX_SECRET_BYTES};
 use crate::timefmt::rfc3339_from_millis;
 use crate::turn::{self, Behavior, ModelConfig};
 
@@ -276,6 +276,7 @@ impl AssistantInput {
                 model: Some(given.model.unwrap_or_else(|| defaults.model.to_string())),
                 temperature: Some(given.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
                 max_tokens: given.max_tokens,
+                context_window: given.context_window,
             },
             enabled_tools: self.enabled_tools.unwrap_or_default(),
             version: 1,
@@ -315,6 +316,7 @@ impl AssistantInput {
             config.model = given.model.or(config.model.take());
             config.temperature = given.temperature.or(config.temperature);
             config.max_tokens = given.max_tokens.or(config.max_tokens);
+            config.context_window = given.context_window.or(config.context_window);
         }
         if let Some(tools) = self.enabled_tools {
             next.enabled_tools = tools;
@@ -423,6 +425,11 @@ pub fn check_assistant(a: &AssistantRecord) -> Result<(), String> {
             return Err("model_config.max_tokens must be between 1 and 1000000".into());
         }
     }
+    if let Some(n) = config.context_window {
+        if !(1..=turn::MAX_CONTEXT_WINDOW).contains(&n) {
+            return Err("model_config.context_window must be between 1 and 10000000".into());
+        }
+    }
     if a.enabled_tools.len() > MAX_ENABLED_TOOLS {
         return Err(format!("enabled_tools names more than {MAX_ENABLED_TOOLS} tools"));
     }
@@ -463,9 +470,9 @@ impl AssistantRecord {
 
     /// The seed 001 parts a turn of this agent carries (none for an assistant without them),
     /// entering `entry_step` first if given.
-    pub fn agent_turn(&self, entry_step: Option<String>) -> Option<Box<turn::AgentTurn>> {
+    pub fn agent_turn(&self, entry_step: Option<String>) -> Option<Box<AgentTurn>> {
         (!self.agent.is_empty() || entry_step.is_some())
-            .then(|| Box::new(turn::AgentTurn { config: self.agent.clone(), entry_step, ..Default::default() }))
+            .then(|| Box::new(AgentTurn { config: self.agent.clone(), entry_step, ..Default::default() }))
     }
 
     /// The copy a turn runs with: taken when a message is sent, so an update made while the turn

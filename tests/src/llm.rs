@@ -1,5 +1,5 @@
-//! A small OpenAI-compatible chat-completions server for tests: it streams SSE chunks (content
-//! tokens, `delta.tool_calls` fragments, usage), or answers with a status, as each test scripts it,
+//! A small OpenAI-compatible chat-completions server for tests: it streams SSE chunks (reasoning
+//! and content tokens, `delta.tool_calls` fragments, usage), or answers with a status, as each test scripts it,
 //! and records every request with its start and end time.
 
 use std::net::SocketAddr;
@@ -41,11 +41,27 @@ pub enum LlmReply {
     After(Duration, Box<LlmReply>),
     /// `reply` with these response headers (`Retry-After`, `x-ratelimit-*`).
     Headers(Vec<(String, String)>, Box<LlmReply>),
+    /// A reasoning model: `reasoning` streamed first, one chunk per piece, under the delta field
+    /// `field` (`reasoning_content`, as DeepSeek and vLLM name it, or `reasoning`, as OpenRouter
+    /// and Ollama do), then `then` (`Text` or `ToolCalls`; a `Whole` answer carries it whole).
+    Reasoning { field: &'static str, reasoning: Vec<String>, then: Box<LlmReply> },
 }
 
 impl LlmReply {
     pub fn text(t: &str) -> Self {
         LlmReply::Text { tokens: t.split_inclusive(' ').map(str::to_string).collect(), delay: Duration::ZERO }
+    }
+    /// This reply after the model reasoned `reasoning` (in pieces), under `reasoning_content`.
+    pub fn reasoning(reasoning: &[&str], then: LlmReply) -> Self {
+        let reasoning = reasoning.iter().map(|r| r.to_string()).collect();
+        LlmReply::Reasoning { field: "reasoning_content", reasoning, then: Box::new(then) }
+    }
+    /// The same reasoning reply with its reasoning under the delta field `field` instead.
+    pub fn reasoning_as(self, field: &'static str) -> Self {
+        match self {
+            LlmReply::Reasoning { reasoning, then, .. } => LlmReply::Reasoning { field, reasoning, then },
+            other => other,
+        }
     }
     /// This reply, sent after `delay`.
     pub fn after(self, delay: Duration) -> Self {
@@ -173,6 +189,12 @@ async fn complete(
 }
 
 fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
+    // A reasoning model's reasoning goes before whatever its answer is (not sent with a raw stream,
+    // an error or a runaway, which script their bytes themselves).
+    let (thought, reply) = match reply {
+        LlmReply::Reasoning { field, reasoning, then } => (Some((field, reasoning)), *then),
+        other => (None, other),
+    };
     let finish = {
         let inner = inner.clone();
         move || inner.requests.lock().unwrap()[index].ended = Some(Instant::now())
@@ -187,7 +209,7 @@ fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
         return endless_error(*code, inner.clone());
     }
     let chunk = |delta: Value, finish_reason: Value| json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]});
-    let frames: Vec<(Duration, String)> = match reply {
+    let mut frames: Vec<(Duration, String)> = match reply {
         LlmReply::Status(code) => {
             finish();
             return (StatusCode::from_u16(code).unwrap(), Json(json!({"error": {"message": "scripted failure"}})))
@@ -204,14 +226,19 @@ fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
         }
         LlmReply::Whole(text) => {
             finish();
-            return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})).into_response();
+            let mut message = json!({"role": "assistant", "content": text});
+            if let Some((field, reasoning)) = &thought {
+                message[*field] = json!(reasoning.concat());
+            }
+            return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})).into_response();
         }
         LlmReply::Raw(_)
         | LlmReply::Runaway
         | LlmReply::EndlessError(_)
         | LlmReply::After(..)
-        | LlmReply::Headers(..) => {
-            unreachable!("answered above")
+        | LlmReply::Headers(..)
+        | LlmReply::Reasoning { .. } => {
+            unreachable!("answered above, or not an answer a reasoning reply wraps")
         }
         LlmReply::Text { tokens, delay } => {
             let mut f =
@@ -241,6 +268,11 @@ fn answer(inner: Arc<Inner>, index: usize, reply: LlmReply) -> Response {
             f
         }
     };
+    // The reasoning comes after the role's chunk and before the answer, as reasoning servers send it.
+    if let Some((field, reasoning)) = thought {
+        let pieces = reasoning.iter().map(|r| (Duration::ZERO, chunk(json!({field: r}), Value::Null).to_string()));
+        frames.splice(1..1, pieces);
+    }
     let usage = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3}});
     let stream = futures::stream::unfold(
         (frames.into_iter(), Some(usage), false, Some(finish)),

@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     /// The models the fleet is configured with (`FLEET_LLM_DEFAULT_MODEL` and `FLEET_LLM_MODELS`):
     /// the `model` label's values, any other model counting as `other`.
     pub llm_models: Vec<String>,
+    /// `FLEET_LLM_CONTEXT_WINDOWS`: each listed model's context window (tokens), for assistants
+    /// whose `model_config` names none; a prompt estimated over it ends the turn before its call.
+    pub llm_context_windows: std::collections::BTreeMap<String, u32>,
     /// Model rounds a turn may take.
     pub max_rounds: u32,
     /// `FLEET_TENANT_DAILY_TOKENS`: tokens (prompt and completion) each listed tenant may use per
@@ -167,6 +170,10 @@ impl WorkerConfig {
             llm_max_tokens: src.parse("FLEET_LLM_MAX_TOKENS", 4096)?,
             llm_max_response_bytes: src.parse("FLEET_LLM_MAX_RESPONSE_BYTES", 4 * 1024 * 1024)?,
             llm_models,
+            llm_context_windows: fleet_protocol::turn::parse_context_windows(
+                src.get("FLEET_LLM_CONTEXT_WINDOWS").unwrap_or(""),
+            )
+            .map_err(|why| ConfigError::new("FLEET_LLM_CONTEXT_WINDOWS", why))?,
             max_rounds: src.parse("FLEET_TURN_MAX_ROUNDS", fleet_protocol::turn::DEFAULT_MAX_ROUNDS)?,
             tenant_daily_tokens: fleet_protocol::tenant::parse_daily_caps(
                 src.get("FLEET_TENANT_DAILY_TOKENS").unwrap_or(""),

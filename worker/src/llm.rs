@@ -2,7 +2,7 @@
 //! UTF-8 event stream, so a network split inside a character or an event changes nothing;
 //! `delta.tool_calls` fragments assembled into whole calls), with a non-streaming fallback when the
 //! server answers with a plain JSON completion. What the worker holds of a response is bounded,
-//! and every text the provider sends (content, tool calls, errors) passes the worker's `Redactor`
+//! and every text the provider sends (content, reasoning, tool calls, errors) passes the worker's `Redactor`
 //! before it goes anywhere: a provider may echo the key it was called with.
 
 use std::sync::Arc;
@@ -359,11 +359,13 @@ impl LlmClient {
         sanitize_error(&format!("LLM answered HTTP {status}: {text}"))
     }
 
-    /// A completion as the fleet may keep it: its text and its tool calls' arguments redacted (a
-    /// secret inside a JSON string is replaced by text that keeps the JSON whole).
+    /// A completion as the fleet may keep it: its text, its reasoning and its tool calls' arguments
+    /// redacted (a secret inside a JSON string is replaced by text that keeps the JSON whole).
     fn redacted(&self, mut completion: Completion) -> Completion {
-        if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&completion.content) {
-            completion.content = clean;
+        for text in [&mut completion.content, &mut completion.reasoning] {
+            if let std::borrow::Cow::Owned(clean) = self.redactor.redact(text) {
+                *text = clean;
+            }
         }
         for call in &mut completion.tool_calls {
             if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&call.arguments) {

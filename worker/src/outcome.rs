@@ -66,6 +66,8 @@ pub(crate) enum Finished {
     Cancelled,
     /// A turn's call answered `tool_unavailable` (its tool's circuit is open).
     ToolUnavailable,
+    /// A turn whose prompt exceeds its model's context window, ended before its model call.
+    ContextLimit,
 }
 
 impl Finished {
@@ -77,6 +79,7 @@ impl Finished {
             Finished::Steered => "steered",
             Finished::Cancelled => "cancelled",
             Finished::ToolUnavailable => "tool_unavailable",
+            Finished::ContextLimit => "context_limit_exceeded",
         }
     }
 }
@@ -127,6 +130,7 @@ mod tests {
             Finished::Steered,
             Finished::Cancelled,
             Finished::ToolUnavailable,
+            Finished::ContextLimit,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|f| f.label()).collect();
         assert_eq!(labels.len(), all.len());

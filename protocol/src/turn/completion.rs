@@ -1,5 +1,7 @@
 //! Assembling an OpenAI-compatible model response, streamed (`chat.completion.chunk`s with content
-//! tokens and `delta.tool_calls` fragments) or whole, into one completion.
+//! tokens and `delta.tool_calls` fragments) or whole, into one completion. A reasoning model's
+//! thinking (`reasoning_content`, or `reasoning` on some servers) is assembled apart from the
+//! answer: it is shown once as its own event, and never joins the conversation.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -10,6 +12,9 @@ use super::state::ToolCall;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completion {
     pub content: String,
+    /// What a reasoning model thought before it answered (empty: it said nothing of it). Never
+    /// part of the answer, the history or a later prompt.
+    pub reasoning: String,
     pub tool_calls: Vec<ToolCall>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
@@ -44,8 +49,23 @@ pub struct ChunkChoice {
 pub struct Delta {
     #[serde(default)]
     pub content: Option<String>,
+    /// A reasoning model's thinking, as DeepSeek, vLLM and llama.cpp name it.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    /// The same, as OpenRouter and Ollama name it.
+    #[serde(default)]
+    pub reasoning: Option<String>,
     #[serde(default)]
     pub tool_calls: Vec<ToolCallDelta>,
+}
+
+impl Delta {
+    /// The reasoning this delta (or whole message) carries, under either name. A server that sends
+    /// both sends the same text twice: `reasoning_content` is read, `reasoning` only without it.
+    fn thinking(&mut self) -> Option<String> {
+        let named = self.reasoning_content.take().filter(|t| !t.is_empty());
+        named.or_else(|| self.reasoning.take()).filter(|t| !t.is_empty())
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -136,9 +156,12 @@ impl CompletionBuilder {
         if let Some(reason) = choice.finish_reason {
             self.completion.finish_reason = Some(reason);
         }
-        let delta = choice.delta?;
-        for fragment in delta.tool_calls {
+        let mut delta = choice.delta?;
+        for fragment in std::mem::take(&mut delta.tool_calls) {
             self.tool_call_fragment(fragment);
+        }
+        if let Some(thought) = delta.thinking() {
+            self.completion.reasoning.push_str(&thought);
         }
         let token = delta.content.filter(|t| !t.is_empty())?;
         self.completion.content.push_str(&token);
@@ -192,7 +215,8 @@ impl CompletionBuilder {
         b.usage(chunk.usage.as_ref());
         if let Some(choice) = chunk.choices.into_iter().next() {
             b.completion.finish_reason = choice.finish_reason;
-            let message = choice.message.unwrap_or_default();
+            let mut message = choice.message.unwrap_or_default();
+            b.completion.reasoning = message.thinking().unwrap_or_default();
             b.completion.content = message.content.unwrap_or_default();
             for (i, mut c) in message.tool_calls.into_iter().enumerate() {
                 c.index = Some(i as u64);
@@ -309,5 +333,42 @@ mod tests {
         assert_eq!(c.content, "");
         assert_eq!(c.tool_calls[0].name, "t");
         assert_eq!(c.prompt_tokens, Some(3));
+    }
+
+    #[test]
+    fn streamed_reasoning_is_assembled_apart_from_the_answer_under_either_name() {
+        for name in ["reasoning_content", "reasoning"] {
+            let mut b = CompletionBuilder::default();
+            let chunks = [
+                json!({"choices":[{"delta":{"role":"assistant","content":""}}]}),
+                json!({"choices":[{"delta":{name:"Think "}}]}),
+                json!({"choices":[{"delta":{name:"hard.", "content":null}}]}),
+                json!({"choices":[{"delta":{"content":"Answer."}}]}),
+                json!({"choices":[{"delta":{},"finish_reason":"stop"}]}),
+            ];
+            let tokens: Vec<String> = chunks.iter().filter_map(|c| b.push_chunk(c)).collect();
+            assert_eq!(tokens, ["Answer."], "{name}: reasoning is never an answer token");
+            let c = b.finish();
+            assert_eq!((c.reasoning.as_str(), c.content.as_str()), ("Think hard.", "Answer."), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_delta_naming_its_reasoning_twice_is_read_once() {
+        let mut b = CompletionBuilder::default();
+        b.push_chunk(&json!({"choices":[{"delta":{"reasoning_content":"once","reasoning":"once"}}]}));
+        b.push_chunk(&json!({"choices":[{"delta":{"reasoning_content":"","reasoning":" more"}}]}));
+        assert_eq!(b.finish().reasoning, "once more");
+    }
+
+    #[test]
+    fn whole_responses_carry_their_reasoning_under_either_name() {
+        for name in ["reasoning_content", "reasoning"] {
+            let body = json!({"choices":[{"message":{"role":"assistant","content":"42", name:"Let me count."},"finish_reason":"stop"}]});
+            let c = CompletionBuilder::from_response(&body);
+            assert_eq!((c.reasoning.as_str(), c.content.as_str()), ("Let me count.", "42"), "{name}");
+        }
+        let plain = CompletionBuilder::from_response(&json!({"choices":[{"message":{"content":"hi"}}]}));
+        assert_eq!(plain.reasoning, "", "no reasoning: nothing to show");
     }
 }

@@ -22,6 +22,12 @@ pub fn message_complete_event(message: &Value) -> Value {
     json!({"type": "message_complete", "message": message, "message_id": message["id"]})
 }
 
+/// What a reasoning model thought before its answer or tool calls (one event per model call, once
+/// the call ended): shown to the client, never kept in the conversation.
+pub fn reasoning_event(content: &str, message_id: &str) -> Value {
+    json!({"type": "reasoning", "content": content, "message_id": message_id})
+}
+
 pub fn tool_call_event(call: &ToolCall, parameters: &Value, message_id: &str) -> Value {
     json!({"type": "tool_call", "tool_call": {"id": call.id, "tool_name": call.name, "parameters": parameters, "status": "pending"}, "message_id": message_id})
 }

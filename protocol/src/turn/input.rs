@@ -41,6 +41,14 @@ pub struct ModelConfig {
     #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 1000000))]
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The most tokens the model accepts in one request (its context window), 1-10000000; default
+    /// the fleet's for the model (`FLEET_LLM_CONTEXT_WINDOWS`), else unchecked. A turn whose prompt
+    /// is estimated (about 4 bytes a token) to exceed it ends before its model call, with the error
+    /// `context_limit_exceeded`: nothing is spent, and the session stays usable (compact it, or
+    /// start a new one).
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 10000000))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
 }
 
 /// The seed's assistant object. Its descriptive fields (`name`, `title`, `description`,
@@ -117,7 +125,7 @@ pub struct TurnInput {
     /// A seed 001 agent's parts and entry step, set by the route that sends its input (never read
     /// from a body).
     #[serde(skip)]
-    pub agent: Option<Box<super::state::AgentTurn>>,
+    pub agent: Option<Box<crate::agent_config::AgentTurn>>,
 }
 
 impl TurnInput {
@@ -185,6 +193,11 @@ impl TurnInput {
         if let Some(n) = self.assistant.model_config.max_tokens {
             if !(1..=1_000_000).contains(&n) {
                 return Err("assistant.model_config.max_tokens must be between 1 and 1000000".into());
+            }
+        }
+        if let Some(n) = self.assistant.model_config.context_window {
+            if !(1..=super::MAX_CONTEXT_WINDOW).contains(&n) {
+                return Err("assistant.model_config.context_window must be between 1 and 10000000".into());
             }
         }
         if self.assistant.instructions.len() > 64 * 1024 {

@@ -116,40 +116,7 @@ pub struct TurnState {
     pub compaction: Option<crate::compaction::Compaction>,
     /// A seed 001 agent's turn: its parts as they were when the input was sent, and its step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<Box<AgentTurn>>,
-}
-
-/// A seed 001 agent's turn: the agent's parts as the turn started (a later version of the agent
-/// changes only later turns), the step the input asked to enter, and where the turn stands.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentTurn {
-    pub config: crate::agent_config::AgentConfig,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entry_step: Option<String>,
-    /// The step the turn is in; known once its first step read the session's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<String>,
-    #[serde(default)]
-    pub step_known: bool,
-    /// Step transitions the turn made.
-    #[serde(default)]
-    pub transitions: u32,
-    /// Events the turn's end sends before its answer's (`structured_output`, or why it could not).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub closing: Vec<Value>,
-}
-
-impl AgentTurn {
-    /// Enters the turn's first step (the input's `entry_step`, else the session's `session_step`,
-    /// else the agent's first), once; the system prompt then tells it. Returns whether it did.
-    pub fn enter(&mut self, session_step: Option<&str>) -> bool {
-        if self.step_known {
-            return false;
-        }
-        self.step_known = true;
-        self.step = self.config.starting_step(self.entry_step.as_deref(), session_step);
-        true
-    }
+    pub agent: Option<Box<crate::agent_config::AgentTurn>>,
 }
 
 /// A model call that began: its message id and the attempt it belongs to.

@@ -3,7 +3,8 @@
 //! with steers that arrived), subscribers get `agent.room.message`, the next turn is woken, the
 //! record says `succeeded`, and only then the client gets `message_complete` and `done`. A worker
 //! lost anywhere in between leaves the rest owed to the next copy of the step. Abandoned (a dead
-//! letter of any kind) or cancelled: the client gets the error, and its session moves on.
+//! letter of any kind), cancelled, or over its model's context window: the client gets the error,
+//! and its session moves on.
 
 use serde_json::json;
 
@@ -217,7 +218,8 @@ pub(crate) async fn abandon(
     code: Option<&'static str>,
 ) -> Result<(), String> {
     let code = code.unwrap_or(failure_code(dead.reason));
-    end_turn(cx, envelope, &job.session_id, code, &dead.last_error).await.map_err(|_| "cannot end the turn".to_string())
+    let error = |message_id: &str| turn::error_event(code, &dead.last_error, None, message_id);
+    end_turn(cx, envelope, &job.session_id, error).await.map_err(|_| "cannot end the turn".to_string())
 }
 
 /// A turn a client cancelled (`POST /v1/executions/{id}/cancel`), found by its step before the
@@ -225,8 +227,8 @@ pub(crate) async fn abandon(
 /// on), then its record says `cancelled`, and copies of its step are only acked.
 pub(super) async fn cancel(step: &ClaimedStep<'_>, _state: &TurnState) -> Outcome {
     tracing::info!("the turn was cancelled; it ends before its model call");
-    let error = "the turn was cancelled";
-    if let Err(stop) = end_turn(&step.cx, step.envelope, &step.job.session_id, "cancelled", error).await {
+    let error = |message_id: &str| turn::error_event("cancelled", "the turn was cancelled", None, message_id);
+    if let Err(stop) = end_turn(&step.cx, step.envelope, &step.job.session_id, error).await {
         return stop;
     }
     let cancelled = Transition::new(ClaimAfter::Release("cancelled")).status(ExecutionStatus::Cancelled);
@@ -236,13 +238,44 @@ pub(super) async fn cancel(step: &ClaimedStep<'_>, _state: &TurnState) -> Outcom
     }
 }
 
-/// Ends a turn that will not finish: the client gets `error` (`code`) and `done` once (the state
-/// says it was told), and its session moves on to the next turn in line.
-async fn end_turn(cx: &Cx<'_>, envelope: &Envelope, session_id: &str, code: &str, error: &str) -> Result<(), Outcome> {
+/// A turn whose prompt does not fit its model's window, found before its model call (no budget
+/// taken, no request made): the client's input is the problem, so it is no dead letter. The step's
+/// claim is checked first (a fenced write naming the error), then the client gets
+/// `context_limit_exceeded` and `done`, the session moves on (and stays usable: a compaction or a
+/// shorter input runs next), and the record says `failed`, with the error as its result.
+pub(super) async fn overflow(step: &ClaimedStep<'_>, over: turn::ContextOverflow) -> Outcome {
+    let (limit, tokens) = (over.context_limit, over.actual_tokens);
+    tracing::info!(context_limit = limit, actual_tokens = tokens, "the prompt exceeds the model's context window");
+    let message = over.message();
+    if let Err(stop) = step.write(&Transition::new(ClaimAfter::Keep).last_error(&message)).await {
+        return stop;
+    }
+    let error = |message_id: &str| over.error_event(message_id);
+    if let Err(stop) = end_turn(&step.cx, step.envelope, &step.job.session_id, error).await {
+        return stop;
+    }
+    let result = json!({"error": {"code": turn::CONTEXT_LIMIT_EXCEEDED, "message": message,
+        "context_limit": limit, "actual_tokens": tokens}});
+    let failed = Transition::new(ClaimAfter::Complete(&result)).status(ExecutionStatus::Failed).last_error(&message);
+    match step.write(&failed).await {
+        Ok(()) => Outcome::Done(Finished::ContextLimit),
+        Err(stop) => stop,
+    }
+}
+
+/// Ends a turn that will not finish: the client gets the `error` event `error` makes (given the
+/// turn's message id) and `done` once (the state says it was told), and its session moves on to
+/// the next turn in line.
+async fn end_turn(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    session_id: &str,
+    error: impl FnOnce(&str) -> serde_json::Value,
+) -> Result<(), Outcome> {
     let turn_id = &envelope.execution_id;
     let state = cx.store.sessions().load_turn(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
     if let Some(mut state) = state.filter(|s| !s.dead_lettered) {
-        emit(cx, session_id, turn::error_event(code, error, None, &state.message_id)).await;
+        emit(cx, session_id, error(&state.message_id)).await;
         emit(cx, session_id, turn::done_event(&state.message_id)).await;
         state.dead_lettered = true;
         cx.store.sessions().save_turn(turn_id, &state).await.map_err(|_| Outcome::Parked(cx.soon()))?;

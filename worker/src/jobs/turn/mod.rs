@@ -158,6 +158,10 @@ async fn model_step(
         return Ok(compact::compact(step, state).await);
     }
     let taken = gather::collect(step, state, opened).await?;
+    // Before any budget is taken: a prompt that cannot fit would spend it on a call bound to fail.
+    if let Some(over) = model::overflow(step, state).await {
+        return Ok(finish::overflow(step, over).await);
+    }
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     let abandoned = gather::prepare(step, state);
     let (unanswered, called) = {
@@ -171,6 +175,7 @@ async fn model_step(
     state.steers_unanswered = unanswered;
     let (completion, record) = called?;
     model::add_usage(state, &completion);
+    model::show_reasoning(&step.cx, state, &completion).await;
     Ok(if completion.tool_calls.is_empty() {
         finish::finish(step, state, completion, record).await
     } else {

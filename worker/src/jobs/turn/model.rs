@@ -18,7 +18,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
 use super::budget::{self, BudgetReservation};
-use super::ClaimedStep;
+use super::{emit, ClaimedStep};
 use crate::context::Cx;
 use crate::jobs::claim::renewing;
 use crate::jobs::stream::batched;
@@ -46,6 +46,17 @@ pub(super) async fn reserve(
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
     let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
     budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
+}
+
+/// Whether the turn's answer call would overflow its model's context window (the assistant's, else
+/// the fleet's for the model; neither known: never). Estimated from what the call would send.
+pub(super) async fn overflow(step: &ClaimedStep<'_>, state: &TurnState) -> Option<turn::ContextOverflow> {
+    let (_, model, _) = step.target(state);
+    let fleet = &step.cx.config.llm_context_windows;
+    let window = turn::context_window(state.assistant.model_config.context_window, fleet, &model)?;
+    let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
+    let tools = tool_specs(&step.cx, state).await;
+    turn::check_context(turn::estimate_prompt_tokens(&messages, &tools), Some(window))
 }
 
 /// The model call, its tokens streamed under the call's message id once `gate` answers `true` (the
@@ -161,6 +172,15 @@ fn finish(
 pub(super) fn add_usage(state: &mut TurnState, completion: &Completion) {
     state.usage.prompt_tokens += completion.prompt_tokens.unwrap_or(0);
     state.usage.completion_tokens += completion.completion_tokens.unwrap_or(0);
+}
+
+/// A reasoning model's thinking, once its call has ended: one event under the call's message id,
+/// before the answer's or the tool calls' events. Only shown: the conversation, the history and
+/// later prompts never hold it (a model is sent its answers, not its thoughts).
+pub(super) async fn show_reasoning(cx: &Cx<'_>, state: &TurnState, completion: &Completion) {
+    if !completion.reasoning.is_empty() {
+        emit(cx, &state.session_id, turn::reasoning_event(&completion.reasoning, &state.message_id)).await;
+    }
 }
 
 /// Whose usage a call of the turn is: its tenant's, assistant's and session's (none without a
