@@ -166,6 +166,91 @@ impl Reference {
     }
 }
 
+/// What a tool configuration's overrides give one call, resolved against the session.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    /// Path → value, as the tool receives them.
+    pub values: Vec<(String, Value)>,
+    /// Path → value as events show them: a secret's `****`.
+    pub shown: Map<String, Value>,
+    /// The secrets' values, for scrubbing anything that echoes them.
+    pub secrets: Vec<String>,
+    /// The paths whose values are secrets.
+    pub secret_paths: Vec<String>,
+}
+
+/// The key of an object standing for a sealed value (`{"$sealed": "v1.…"}`) in what the fleet
+/// keeps: a client tool's arguments hold secrets only so, until they are shown to the client.
+pub const SEALED: &str = "$sealed";
+
+/// Replaces every `{"$sealed": …}` in `value` with what `open` makes of it (`null` if it cannot).
+pub fn unseal(value: &mut Value, open: &dyn Fn(&str) -> Option<String>) {
+    match value {
+        Value::Object(map) if map.len() == 1 && map.get(SEALED).is_some_and(Value::is_string) => {
+            let opened = map[SEALED].as_str().and_then(open);
+            *value = opened.map_or(Value::Null, Value::String);
+        }
+        Value::Object(map) => map.values_mut().for_each(|v| unseal(v, open)),
+        Value::Array(items) => items.iter_mut().for_each(|v| unseal(v, open)),
+        _ => {}
+    }
+}
+
+impl Overrides {
+    /// The model's `arguments` with the overrides laid over them at their paths.
+    pub fn apply(&self, arguments: &Value) -> Value {
+        let mut merged = if arguments.is_object() { arguments.clone() } else { json!({}) };
+        for (path, value) in &self.values {
+            write_path(&mut merged, path, value.clone());
+        }
+        merged
+    }
+
+    /// The same, each secret sealed by `seal` (`{"$sealed": …}`): what a client tool's pending
+    /// call keeps, opened only as it is shown to the client.
+    pub fn apply_sealed(&self, arguments: &Value, seal: &dyn Fn(&str) -> String) -> Value {
+        let mut merged = self.apply(arguments);
+        for path in &self.secret_paths {
+            if let Some(plain) = read_path(&merged, path).and_then(Value::as_str).map(str::to_string) {
+                write_path(&mut merged, path, json!({SEALED: seal(&plain)}));
+            }
+        }
+        merged
+    }
+}
+
+impl ToolConfiguration {
+    /// The paths the overrides fill (what `tool_input` events freeze).
+    pub fn override_paths(&self) -> Vec<String> {
+        self.argument_overrides.keys().cloned().collect()
+    }
+
+    /// Resolves every override: literals as they are, each `$ref` by `lookup` (whose error names
+    /// what is missing); the first unresolved one is the error.
+    pub fn resolve(&self, lookup: &dyn Fn(&Reference) -> Result<Value, String>) -> Result<Overrides, String> {
+        let mut resolved = Overrides::default();
+        for (path, value) in &self.argument_overrides {
+            let (value, shown) = match Reference::of(value)? {
+                None => (value.clone(), value.clone()),
+                Some(reference) => {
+                    let found = lookup(&reference).map_err(|e| format!("argument override {path:?}: {e}"))?;
+                    match reference {
+                        Reference::Secret(_) => {
+                            resolved.secrets.extend(found.as_str().map(str::to_string));
+                            resolved.secret_paths.push(path.clone());
+                            (found, json!(MASK))
+                        }
+                        _ => (found.clone(), found),
+                    }
+                }
+            };
+            resolved.values.push((path.clone(), value));
+            resolved.shown.insert(path.clone(), shown);
+        }
+        Ok(resolved)
+    }
+}
+
 /// The owner a secret of `agent_id` is sealed for: a sealed value copied to another agent or
 /// name does not open.
 pub fn secret_owner(agent_id: &str, name: &str) -> String {
@@ -255,27 +340,28 @@ pub fn write_path(target: &mut Value, path: &str, value: Value) {
 }
 
 /// Removes what `path` names from a tool's JSON Schema `parameters` (its property and its place in
-/// `required`), so the model neither sees nor chooses an overridden argument.
+/// `required`), so the model neither sees nor chooses an overridden argument; an object left with
+/// no property goes too.
 pub fn hide_path(schema: &mut Value, path: &str) {
-    let Some(parts) = parse_path(path) else { return };
-    let mut at = schema;
-    let last = parts.len() - 1;
-    for (i, part) in parts.iter().enumerate() {
-        let PathPart::Key(key) = part else { return };
-        if i == last || matches!(parts.get(i + 1), Some(PathPart::Index(_))) {
-            if let Some(props) = at.get_mut("properties").and_then(Value::as_object_mut) {
-                props.remove(key);
-            }
-            if let Some(required) = at.get_mut("required").and_then(Value::as_array_mut) {
-                required.retain(|r| r != key);
-            }
-            return;
+    if let Some(parts) = parse_path(path) {
+        hide(schema, &parts);
+    }
+}
+
+/// Hides `parts` under `node`; whether `node` is left an object schema with no property.
+fn hide(node: &mut Value, parts: &[PathPart]) -> bool {
+    let Some(PathPart::Key(key)) = parts.first() else { return false };
+    let leaf = parts.len() == 1 || matches!(parts.get(1), Some(PathPart::Index(_)));
+    let emptied = leaf || node.get_mut("properties").and_then(|p| p.get_mut(key)).is_some_and(|c| hide(c, &parts[1..]));
+    if emptied {
+        if let Some(props) = node.get_mut("properties").and_then(Value::as_object_mut) {
+            props.remove(key);
         }
-        match at.get_mut("properties").and_then(|p| p.get_mut(key)) {
-            Some(inner) => at = inner,
-            None => return,
+        if let Some(required) = node.get_mut("required").and_then(Value::as_array_mut) {
+            required.retain(|r| r != key);
         }
     }
+    node.get("properties").and_then(Value::as_object).is_some_and(Map::is_empty)
 }
 
 impl AgentConfig {
@@ -589,6 +675,29 @@ mod tests {
     }
 
     #[test]
+    fn overrides_resolve_lay_over_the_arguments_and_mask_secrets() {
+        let agent = stepped();
+        let config = &agent.tool_configurations["crm_lookup"];
+        assert_eq!(config.override_paths(), ["account", "auth.key", "region"]);
+        let lookup = |r: &Reference| match r {
+            Reference::Secret(name) if name == "crm_key" => Ok(json!("s3cret")),
+            Reference::Metadata(key, _) if key == "account_id" => Ok(json!(7)),
+            other => Err(format!("{other:?} is missing")),
+        };
+        let resolved = config.resolve(&lookup).unwrap();
+        let merged = resolved.apply(&json!({"q": "x", "region": "us"}));
+        assert_eq!(merged, json!({"q": "x", "region": "eu", "account": 7, "auth": {"key": "s3cret"}}));
+        assert_eq!(resolved.shown, *json!({"account": 7, "auth.key": "****", "region": "eu"}).as_object().unwrap());
+        assert_eq!(resolved.secrets, ["s3cret"]);
+        let mut sealed = resolved.apply_sealed(&json!({}), &|v| format!("v1.{}", v.len()));
+        assert_eq!(sealed["auth"]["key"], json!({"$sealed": "v1.6"}));
+        unseal(&mut sealed, &|s| (s == "v1.6").then(|| "s3cret".to_string()));
+        assert_eq!(sealed["auth"]["key"], "s3cret");
+        let missing = |_: &Reference| Err("no such key".to_string());
+        assert!(config.resolve(&missing).unwrap_err().starts_with("argument override \"account\": no such key"));
+    }
+
+    #[test]
     fn paths_read_write_and_hide() {
         let mut v = json!({});
         write_path(&mut v, "config.auth.token", json!("t"));
@@ -612,6 +721,12 @@ mod tests {
         assert!(schema["properties"]["auth"]["properties"].get("key").is_none());
         hide_path(&mut schema, "q");
         assert_eq!(schema["required"], json!(["auth"]));
+        hide_path(&mut schema, "auth.user");
+        assert_eq!(
+            (schema["properties"].clone(), schema["required"].clone()),
+            (json!({}), json!([])),
+            "auth emptied went too"
+        );
     }
 
     #[test]

@@ -103,6 +103,12 @@ pub struct ClientCall {
     /// The model's id for the call.
     pub call_id: String,
     pub tool_name: String,
+    /// The agent's tool configuration the model called, and what its overrides gave the call as
+    /// events show it (secrets `****`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_overrides: Option<Value>,
 }
 
 /// One call a turn waits on the client for.
@@ -111,7 +117,16 @@ pub struct PendingClientCall {
     /// The seed 001 id of the call's `tool_input` event.
     pub event_id: String,
     pub tool_name: String,
+    /// The tool configuration the model called, if it called one.
+    pub configuration: Option<String>,
+    /// The model's arguments with the configuration's overrides laid over (its secrets sealed).
     pub arguments: Value,
+}
+
+/// The owner a client call's sealed secrets are sealed for: its session, so a sealed value copied
+/// into another session's event does not open.
+pub fn client_call_owner(session_id: &str) -> String {
+    format!("client-call/{session_id}")
 }
 
 /// The turn waits for the client's `tool_output` for each of `calls`.
@@ -119,8 +134,8 @@ pub fn client_tool_pending_event(calls: &[PendingClientCall], message_id: &str) 
     let pending: Vec<Value> = calls
         .iter()
         .map(|c| {
-            json!({"event_id": c.event_id, "tool_configuration_name": c.tool_name, "tool_name": c.tool_name,
-                "arguments": c.arguments})
+            json!({"event_id": c.event_id, "tool_configuration_name": c.configuration.as_ref().unwrap_or(&c.tool_name),
+                "tool_name": c.tool_name, "arguments": c.arguments})
         })
         .collect();
     json!({"type": "client_tool_pending", "pending_calls": pending, "message_id": message_id})
@@ -188,10 +203,21 @@ fn input_fields(event: &Value) -> Map<String, Value> {
     fields
 }
 
+/// The configuration a tool event's call used: named on the event, else the tool itself.
+fn configuration_of(inner: &Value, tool: &Value) -> Value {
+    inner.get("tool_configuration_name").cloned().unwrap_or_else(|| tool.clone())
+}
+
 fn tool_input_fields(call: &Value) -> Map<String, Value> {
     let input = if call["parameters"].is_object() { call["parameters"].clone() } else { json!({}) };
-    object(json!({"tool_call_id": call["id"], "tool_configuration_name": call["tool_name"],
-        "tool_name": call["tool_name"], "tool_input": input}))
+    let mut fields = object(
+        json!({"tool_call_id": call["id"], "tool_configuration_name": configuration_of(call, &call["tool_name"]),
+        "tool_name": call["tool_name"], "tool_input": input}),
+    );
+    if let Some(paths) = call.get("argument_override_paths") {
+        fields.insert("argument_override_paths".into(), paths.clone());
+    }
+    fields
 }
 
 /// A result that is not a JSON object is wrapped as `{"content": …}` (`output_wrapped`), so the
@@ -200,14 +226,22 @@ fn tool_output_fields(call: &Value) -> Map<String, Value> {
     let result = &call["result"];
     let (output, wrapped) =
         if result.is_object() { (result.clone(), false) } else { (json!({"content": result}), true) };
-    object(json!({"tool_call_id": call["id"], "tool_configuration_name": call["tool_name"],
-        "tool_name": call["tool_name"], "tool_output": output, "output_wrapped": wrapped, "error": false}))
+    let mut fields = object(
+        json!({"tool_call_id": call["id"], "tool_configuration_name": configuration_of(call, &call["tool_name"]),
+        "tool_name": call["tool_name"], "tool_output": output, "output_wrapped": wrapped, "error": false}),
+    );
+    if let Some(resolved) = call.get("resolved_argument_overrides") {
+        fields.insert("resolved_argument_overrides".into(), resolved.clone());
+    }
+    fields
 }
 
 fn tool_error_fields(error: &Value) -> Map<String, Value> {
     let tool = error["tool_name"].as_str().unwrap_or_default();
-    object(json!({"tool_call_id": error["tool_call_id"], "tool_configuration_name": tool, "tool_name": tool,
-        "tool_output": {"error": error["message"], "code": error["code"]}, "error": true}))
+    object(
+        json!({"tool_call_id": error["tool_call_id"], "tool_configuration_name": configuration_of(error, &json!(tool)), "tool_name": tool,
+        "tool_output": {"error": error["message"], "code": error["code"]}, "error": true}),
+    )
 }
 
 fn error_fields(error: &Value) -> Map<String, Value> {
@@ -227,6 +261,16 @@ fn compaction_fields(event: &Value) -> Map<String, Value> {
 
 fn copied(event: &Value, keys: &[&str]) -> Map<String, Value> {
     keys.iter().map(|k| (k.to_string(), event[*k].clone())).collect()
+}
+
+/// Names the tool configuration a tool event's call used (seed 001), with one more field of it
+/// (`argument_override_paths` on a call, `resolved_argument_overrides` on a result).
+pub fn name_configuration(event: &mut Value, configuration: &str, field: &str, value: Value) {
+    let inner = if event.get("tool_call").is_some() { "tool_call" } else { "error" };
+    if let Some(inner) = event.get_mut(inner).and_then(Value::as_object_mut) {
+        inner.insert("tool_configuration_name".into(), json!(configuration));
+        inner.insert(field.into(), value);
+    }
 }
 
 /// The agent moved from one step to another; `content` is the handoff message.
@@ -292,7 +336,12 @@ mod tests {
             turn::reasoning_event("Thinking.", "msg_ab"),
             turn::message_complete_event(&json!({"id": "msg_ab", "content": "Hello"})),
             client_tool_pending_event(
-                &[PendingClientCall { event_id: "aev_1-0".into(), tool_name: "t".into(), arguments: json!({}) }],
+                &[PendingClientCall {
+                    event_id: "aev_1-0".into(),
+                    tool_name: "t".into(),
+                    configuration: None,
+                    arguments: json!({}),
+                }],
                 "msg_ab",
             ),
         ];

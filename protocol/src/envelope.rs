@@ -89,6 +89,10 @@ pub struct TurnParent {
     /// Absent in jobs published before calls were keyed by position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub position: Option<u32>,
+    /// The agent's tool configuration the model called (seed 001): its argument overrides are
+    /// resolved against the session at each attempt, never carried in the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<String>,
 }
 
 impl TurnParent {

@@ -10,7 +10,7 @@ use fleet_platform::now_ms;
 use fleet_platform::store::Store;
 use fleet_protocol::callback::{async_status_url, resolve_status_url, CallbackBody};
 use fleet_protocol::classify::{classify_status, ResponseClass, TransportFailure};
-use fleet_protocol::envelope::{Job, PollState};
+use fleet_protocol::envelope::{Job, PollState, ToolCallJob};
 use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::secrets::SecretsKey;
@@ -57,6 +57,12 @@ impl AttemptReport {
     fn permanent(error: String) -> Self {
         AttemptReport { verdict: AttemptVerdict::Permanent, http_status: None, error: Some(error), class: "refused" }
     }
+
+    /// Nothing was sent, and trying again later may work (Redis did not answer).
+    fn unsent(error: String) -> Self {
+        let verdict = AttemptVerdict::Retryable { retry_after: None };
+        AttemptReport { verdict, http_status: None, error: Some(error), class: "refused" }
+    }
 }
 
 pub struct CallbackContext<'a> {
@@ -80,6 +86,8 @@ struct Prepared {
     timeout: Duration,
     /// Tool callbacks may answer 202 and be polled; for a webhook a 202 is simply delivered.
     poll_accepted: bool,
+    /// The agent secrets the call's overrides put in it: scrubbed from whatever comes back.
+    scrub: Vec<String>,
 }
 
 /// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery, or one
@@ -92,22 +100,31 @@ pub async fn attempt(
 ) -> AttemptReport {
     // The tool's (or webhook's) own secret is no configured one: an answer echoing it is scrubbed
     // of it with the configured ones, in one pass, where the answer enters the fleet.
-    let (mut report, target) = match prepare(ctx, execution_id, job).await {
-        Ok(prepared) => {
+    let (mut report, target, scrub) = match prepare(ctx, execution_id, job).await {
+        Ok(mut prepared) => {
             let target = Arc::clone(&prepared.target);
+            let scrub = std::mem::take(&mut prepared.scrub);
             let report = match poll {
                 Some(poll) => poll_once(ctx, poll, execution_id, &prepared).await,
                 None => post(ctx, prepared, execution_id).await,
             };
-            (report, Some(target))
+            (report, Some(target), scrub)
         }
-        Err(report) => (report, None),
+        Err(report) => (report, None, vec![]),
     };
     let own = target.as_deref().map(|t| t.secret.as_str());
+    let overridden = (!scrub.is_empty()).then(|| fleet_protocol::redact::Redactor::new(&scrub));
     // Redacted whole before sanitising: the sanitiser's cut could leave a secret's head.
-    report.error = report.error.as_deref().map(|e| sanitize_error(&ctx.redactor.redact_with(own, e)));
+    report.error = report.error.as_deref().map(|e| {
+        let e = ctx.redactor.redact_with(own, e);
+        let e = overridden.as_ref().map_or(e.clone(), |r| std::borrow::Cow::Owned(r.redact(&e).into_owned()));
+        sanitize_error(&e)
+    });
     if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
         ctx.redactor.redact_json(own, result);
+        if let Some(r) = &overridden {
+            r.redact_json(None, result);
+        }
     }
     report
 }
@@ -202,6 +219,28 @@ fn target(
     Ok(Target::new(url, secret, signing))
 }
 
+/// A call of an agent's tool configuration (seed 001): the model's parameters with the
+/// configuration's overrides resolved now, against the live session, and the secrets they hold.
+/// A call whose overrides cannot be resolved fails for good, naming what is missing.
+async fn configured_parameters(
+    ctx: &CallbackContext<'_>,
+    call: &ToolCallJob,
+) -> Result<(Option<serde_json::Value>, Vec<String>), AttemptReport> {
+    let Some(parent) = call.parent.as_ref().filter(|p| p.configuration.is_some()) else { return Ok((None, vec![])) };
+    let configuration = parent.configuration.as_deref().unwrap_or_default();
+    let turn = &parent.turn_execution_id;
+    let state = match ctx.store.sessions().load_turn(turn).await {
+        Ok(Some(state)) => state,
+        Ok(None) => return Err(AttemptReport::permanent("the call's turn is gone".into())),
+        Err(e) => return Err(AttemptReport::unsent(format!("cannot read the call's turn: {e}"))),
+    };
+    let secrets = crate::overrides::Secrets::Opened(ctx.secrets);
+    let resolved = crate::overrides::resolve(ctx.store, secrets, &state, turn, configuration)
+        .await
+        .map_err(AttemptReport::permanent)?;
+    Ok((Some(resolved.apply(&call.parameters)), resolved.secrets))
+}
+
 /// Looks up the target and its secret, and builds the body signed at this attempt's time.
 async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Result<Prepared, AttemptReport> {
     let signed_at_ms = now_ms();
@@ -219,9 +258,10 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                     ctx.targets.put(&owner, target(ctx, &owner, tool.callback_url, keys, signed_at_ms)?)
                 }
             };
+            let (parameters, scrub) = configured_parameters(ctx, call).await?;
             let body = CallbackBody {
                 tool_name: &call.tool_name,
-                parameters: &call.parameters,
+                parameters: parameters.as_ref().unwrap_or(&call.parameters),
                 execution_id,
                 // A tool owner is told the session as its client named it, never a tenant's scope.
                 room_id: call.room_id.as_deref().map(fleet_protocol::tenant::session_key_shown),
@@ -229,7 +269,7 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 timestamp: &timestamp,
             }
             .to_bytes();
-            Ok(Prepared { target, body, signed_at_ms, timeout: ctx.callback_timeout, poll_accepted: true })
+            Ok(Prepared { target, body, signed_at_ms, timeout: ctx.callback_timeout, poll_accepted: true, scrub })
         }
         Job::Turn(_) => Err(AttemptReport::permanent("a turn step is not a callback".into())),
         Job::Webhook(hook) => {
@@ -245,6 +285,7 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 signed_at_ms,
                 timeout: Duration::from_secs(WEBHOOK_TIMEOUT_SECS),
                 poll_accepted: false,
+                scrub: vec![],
             })
         }
     }

@@ -17,6 +17,7 @@ pub mod llm;
 mod memory;
 mod notify;
 mod outcome;
+mod overrides;
 mod provider_budgets;
 mod publish;
 pub mod registry;

@@ -50,6 +50,8 @@ pub(crate) struct Follow {
     catching_up: bool,
     ready: VecDeque<Value>,
     ended: bool,
+    /// Opens a client call's sealed secrets as the client is shown them.
+    secrets: fleet_protocol::secrets::SecretsKey,
 }
 
 impl Follow {
@@ -61,6 +63,7 @@ impl Follow {
         subscription: Subscription,
         window: Window,
         awaited: Awaited,
+        secrets: fleet_protocol::secrets::SecretsKey,
     ) -> Self {
         Follow {
             hub,
@@ -72,6 +75,7 @@ impl Follow {
             catching_up: true,
             ready: VecDeque::new(),
             ended: false,
+            secrets,
         }
     }
 
@@ -123,7 +127,13 @@ impl Follow {
             return;
         }
         self.window.after = event.id;
-        if let Some(shown) = agent_session::to_v2(&event.id.to_string(), &event.data) {
+        if let Some(mut shown) = agent_session::to_v2(&event.id.to_string(), &event.data) {
+            if shown["type"] == "client_tool_pending" {
+                // The client needs the secrets its calls' overrides hold: opened only here.
+                let owner = agent_session::client_call_owner(&self.session_id);
+                let open = |sealed: &str| self.secrets.decrypt(&owner, sealed).ok();
+                fleet_protocol::agent_config::unseal(&mut shown["pending_calls"], &open);
+            }
             self.ready.push_back(shown);
         }
         if event.id > self.window.ends_after && is_terminal(&event.data) {

@@ -32,6 +32,9 @@ pub struct PendingCall {
     /// client's `tool_output` names. None for a call the fleet runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_event: Option<String>,
+    /// The agent's tool configuration the model called by name (seed 001), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<String>,
 }
 
 impl PendingCall {
@@ -281,6 +284,7 @@ mod tests {
             execution_id: None,
             key: String::new(),
             client_event: None,
+            configuration: None,
         };
         assert_eq!(legacy.outcome_key(), "call_0");
         let keyed = PendingCall { key: call_key(1, 0), ..legacy };

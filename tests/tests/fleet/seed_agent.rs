@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use fleet_tests::fleet::redis_values_containing;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::llm_fleet;
-use fleet_tests::{spawn_fleet, Fleet};
+use fleet_tests::{spawn_fleet, Fleet, Receiver, Reply};
 
 const SECRET: &str = "sk-crm-7f3a9c41e2b8d6";
 
@@ -236,5 +236,118 @@ async fn secrets_are_sealed_masked_and_bad_definitions_and_inputs_name_their_fie
     // The secret's value is nowhere: not in Redis (only sealed), not in any answer, not in a log.
     assert_eq!(redis_values_containing(&fleet, SECRET).await, Vec::<String>::new());
     assert!(!resp.to_string().contains(SECRET));
+    assert!(!fleet.logs().contains(SECRET), "a log line holds the secret");
+}
+
+/// Registers `crm` (run by the fleet: its owner echoes what it got) and `fetch` (client-executed).
+async fn register_tools(fleet: &Fleet, crm: &Receiver) {
+    let parameters = json!({"type": "object", "properties": {
+        "query": {"type": "string"}, "region": {"type": "string"}, "account": {"type": "string"}, "ref": {"type": "string"},
+        "auth": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}},
+        "required": ["query", "auth"]});
+    let tool = json!({"description": "the CRM", "parameters": parameters, "callback_url": crm.url("/crm"),
+        "callback_secret": "whsec_test_crm_secret_000000000000"});
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/crm", Some(&tool)).await;
+    assert!(status == 200 || status == 201, "{resp}");
+    let client = json!({"description": "fetch on the device", "execution": "client",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}, "token": {"type": "string"}}}});
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/fetch", Some(&client)).await;
+    assert!(status == 200 || status == 201, "{resp}");
+}
+
+/// A model that looks up the CRM, follows up on the record it found, has the client fetch, then
+/// answers.
+fn configured_model(body: &Value, n: usize) -> LlmReply {
+    let call = |name: &str, args: Value| LlmReply::ToolCalls(vec![(format!("call_{n}"), name.into(), args.to_string())]);
+    let _ = body;
+    match n {
+        0 => call("crm_lookup", json!({"query": "who is A-17?"})),
+        1 => call("crm_follow", json!({"query": "their orders"})),
+        2 => call("fetcher", json!({"url": "https://device.local/file"})),
+        _ => LlmReply::text("done"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_configurations_fill_overrides_from_secrets_metadata_and_prior_outputs() {
+    let llm = MockLlm::start(configured_model).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    // The CRM echoes what it got (the secret included): the fleet must keep none of it.
+    let crm = Receiver::start("whsec_test_crm_secret_000000000000", |r, _| {
+        Reply::result(json!({"id": "rec-9", "got": r.json["parameters"].clone()}))
+    })
+    .await;
+    register_tools(&fleet, &crm).await;
+    let agent = json!({"name": "crm_agent", "title": "CRM", "instructions": "Use the CRM.",
+        "secrets": {"crm_key": SECRET},
+        "tool_configurations": {
+            "crm_lookup": {"tool_name": "crm", "description": "Look a customer up", "argument_overrides": {
+                "auth.key": {"$ref": "secrets.crm_key"}, "region": "eu", "account": {"$ref": "metadata.account_id"}}},
+            "crm_follow": {"tool_name": "crm", "argument_overrides": {
+                "auth.key": {"$ref": "secrets.crm_key"}, "ref": {"$ref": "tool_outputs.crm_lookup.id"}}},
+            "fetcher": {"tool_name": "fetch", "argument_overrides": {"token": {"$ref": "secrets.crm_key"}}}
+        }});
+    let created = create(&fleet, &agent).await;
+    let (status, room) = fleet
+        .post(&format!("/v1/agents/{}/rooms", created["id"].as_str().unwrap()), &json!({"metadata": {"account_id": "A-17"}}))
+        .await;
+    assert_eq!(status, 201, "{room}");
+    let session = room["data"]["id"].as_str().or(room["id"].as_str()).unwrap().to_string();
+
+    let (status, resp) = fleet.post(&events_path("crm_agent", &session), &input("Look up my account")).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(
+        kinds(&resp),
+        ["input_message", "tool_input", "tool_output", "tool_input", "tool_output", "tool_input", "client_tool_pending"],
+        "{resp}"
+    );
+    // The model saw each configuration as a tool, without the overridden arguments.
+    let specs = llm.requests()[0].body["tools"].clone();
+    let lookup = specs.as_array().unwrap().iter().find(|t| t["function"]["name"] == "crm_lookup").unwrap();
+    assert_eq!(lookup["function"]["parameters"]["required"], json!(["query"]), "{lookup}");
+    assert!(lookup["function"]["parameters"]["properties"].get("auth").is_none(), "an object left empty goes: {lookup}");
+    assert!(lookup["function"]["parameters"]["properties"].get("region").is_none());
+
+    let inputs = of_type(&resp, "tool_input");
+    assert_eq!(
+        (&inputs[0]["tool_configuration_name"], &inputs[0]["tool_name"], &inputs[0]["tool_input"]),
+        (&json!("crm_lookup"), &json!("crm"), &json!({"query": "who is A-17?"}))
+    );
+    assert_eq!(inputs[0]["argument_override_paths"], json!(["account", "auth.key", "region"]));
+    let outputs = of_type(&resp, "tool_output");
+    assert_eq!(
+        outputs[0]["resolved_argument_overrides"],
+        json!({"account": "A-17", "auth.key": "****", "region": "eu"}),
+        "{}",
+        outputs[0]
+    );
+    assert_eq!(outputs[1]["resolved_argument_overrides"], json!({"auth.key": "****", "ref": "rec-9"}));
+    println!("tool_input: {}\ntool_output: {}", inputs[0], outputs[0]);
+
+    // The tool got the overrides laid over the model's arguments, the secret itself included.
+    let got: Vec<Value> = crm.received().iter().map(|r| r.json["parameters"].clone()).collect();
+    assert_eq!(got[0], json!({"query": "who is A-17?", "region": "eu", "account": "A-17", "auth": {"key": SECRET}}));
+    assert_eq!(got[1], json!({"query": "their orders", "ref": "rec-9", "auth": {"key": SECRET}}));
+
+    // The client gets its call's arguments unmasked: it must run the tool with them.
+    let pending = &of_type(&resp, "client_tool_pending")[0]["pending_calls"][0];
+    assert_eq!(
+        (&pending["tool_configuration_name"], &pending["tool_name"]),
+        (&json!("fetcher"), &json!("fetch")),
+        "{pending}"
+    );
+    assert_eq!(pending["arguments"], json!({"url": "https://device.local/file", "token": SECRET}));
+    let answer = json!({"type": "tool_output", "tool_outputs": [
+        {"event_id": pending["event_id"], "type": "success", "output": {"bytes": 12}}]});
+    let (status, resp) = fleet.post(&events_path("crm_agent", &session), &answer).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(kinds(&resp), ["tool_output", "agent_output"], "{resp}");
+    assert_eq!(of_type(&resp, "tool_output")[0]["resolved_argument_overrides"], json!({"token": "****"}));
+
+    // The model never read the secret; the fleet keeps it only sealed, logs it nowhere.
+    for request in llm.requests() {
+        assert!(!request.body.to_string().contains(SECRET), "a model request held the secret");
+    }
+    assert_eq!(redis_values_containing(&fleet, SECRET).await, Vec::<String>::new());
     assert!(!fleet.logs().contains(SECRET), "a log line holds the secret");
 }

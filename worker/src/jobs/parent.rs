@@ -11,9 +11,12 @@ use fleet_protocol::history;
 use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{self, CallOutcome};
 
+use fleet_protocol::agent_session;
+
 use super::stream::emit;
 use crate::context::Cx;
 use crate::outcome::{Finished, Outcome};
+use crate::overrides::Secrets;
 use crate::publish::{publish_holding, trace_headers};
 
 /// The turn waiting for a tool call's result: which call of which round, the tool, the session.
@@ -56,6 +59,14 @@ async fn log_result(cx: &Cx<'_>, turn_id: &str, parent: &Parent<'_>, outcome: &C
     }
 }
 
+/// What a tool configuration's overrides gave the call, as events show it (secrets `****`):
+/// recomputed against the session as the result is reported; `null` if they no longer resolve.
+async fn shown_overrides(cx: &Cx<'_>, turn_id: &str, configuration: &str) -> serde_json::Value {
+    let Ok(Some(state)) = cx.store.sessions().load_turn(turn_id).await else { return serde_json::Value::Null };
+    let resolved = crate::overrides::resolve(cx.store, Secrets::Shut, &state, turn_id, configuration).await;
+    resolved.map_or(serde_json::Value::Null, |r| serde_json::Value::Object(r.shown))
+}
+
 /// `Err` is how the call's delivery ends instead (its turn may not know yet: it must not be acked
 /// away).
 pub(crate) async fn tool_call_finished(
@@ -77,13 +88,17 @@ pub(crate) async fn tool_call_finished(
     if report.first && !session.is_empty() {
         log_result(cx, turn_id, parent, &outcome, session).await;
         let call_id = &parent.turn.call_id;
-        let event = if outcome.ok {
+        let mut event = if outcome.ok {
             turn::tool_result_event(call_id, parent.tool_name, &outcome, &report.message_id)
         } else {
             let error = outcome.result.to_string();
             let code = if outcome.result["cancelled"] == true { "cancelled" } else { "tool_callback_failed" };
             turn::error_event(code, &error, Some((call_id, parent.tool_name)), &report.message_id)
         };
+        if let Some(configuration) = &parent.turn.configuration {
+            let shown = shown_overrides(cx, turn_id, configuration).await;
+            agent_session::name_configuration(&mut event, configuration, "resolved_argument_overrides", shown);
+        }
         emit(cx, session, event).await;
     }
     if report.round != RoundState::Publish {

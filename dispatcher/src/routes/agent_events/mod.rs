@@ -87,6 +87,7 @@ pub(crate) async fn create_event(
         started.subscription,
         window,
         started.awaited,
+        state.config.secrets_key.clone(),
     );
     Ok(if request.stream_response() {
         let headers = [

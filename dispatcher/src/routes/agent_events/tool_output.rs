@@ -119,12 +119,21 @@ async fn announce(
     let created_at = rfc3339_from_millis(now_ms());
     let entry = history::result_entry(&call.turn, &call.key, &call.call_id, &content, &created_at);
     state.store.sessions().log_message(session, &entry).await?;
-    let event = if outcome.ok {
+    let mut event = if outcome.ok {
         turn::tool_result_event(&call.call_id, &call.tool_name, outcome, message_id)
     } else {
         let error = outcome.result.as_str().map_or_else(|| outcome.result.to_string(), str::to_string);
         turn::error_event("client_tool_error", &error, Some((&call.call_id, &call.tool_name)), message_id)
     };
+    if let Some(configuration) = &call.configuration {
+        let shown = call.shown_overrides.clone().unwrap_or_default();
+        fleet_protocol::agent_session::name_configuration(
+            &mut event,
+            configuration,
+            "resolved_argument_overrides",
+            shown,
+        );
+    }
     let event = turn::with_base_fields(event, session, now_ms());
     Ok(state.store.sessions().publish_event(session, &event).await?)
 }
@@ -179,6 +188,8 @@ mod tests {
             round: 0,
             call_id: "c".into(),
             tool_name: "t".into(),
+            configuration: None,
+            shown_overrides: None,
         };
         assert_eq!(super::not_waiting(&call).execution_id.as_deref(), Some("exec_a"));
     }

@@ -75,6 +75,39 @@ impl Sessions {
         Ok(parse_entries(&self.redis.count(r)?.0))
     }
 
+    /// Remembers the newest output of each of `outputs`' tool configurations (seed 001), which a
+    /// later turn's `$ref` to `tool_outputs.NAME` reads; kept as long as the history.
+    pub async fn remember_tool_outputs(
+        &self,
+        session_id: &str,
+        outputs: &[(String, serde_json::Value)],
+    ) -> Result<(), StoreError> {
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        let key = self.redis.keys().session(session_id, "tool_outputs");
+        let fields: Vec<(&str, String)> = outputs.iter().map(|(k, v)| (k.as_str(), v.to_string())).collect();
+        let r: Result<(), _> = redis::pipe()
+            .hset_multiple(&key, &fields)
+            .ignore()
+            .expire(&key, HISTORY_TTL_SECS as i64)
+            .ignore()
+            .query_async(&mut self.redis.conn().await?)
+            .await;
+        self.redis.count(r)
+    }
+
+    /// The newest output of each tool configuration the session's earlier turns called.
+    pub async fn tool_outputs(
+        &self,
+        session_id: &str,
+    ) -> Result<std::collections::HashMap<String, serde_json::Value>, StoreError> {
+        let key = self.redis.keys().session(session_id, "tool_outputs");
+        let r: Result<std::collections::HashMap<String, String>, _> = self.redis.conn().await?.hgetall(&key).await;
+        let raw = self.redis.count(r)?;
+        Ok(raw.into_iter().filter_map(|(k, v)| Some((k, serde_json::from_str(&v).ok()?))).collect())
+    }
+
     /// Forgets the session's history, its message log and its step (seed 001). The sequence counters stay (they expire
     /// on their own), so a cursor from before never names a later message.
     pub async fn history_delete(&self, session_id: &str) -> Result<(), StoreError> {
@@ -89,6 +122,7 @@ impl Sessions {
                 self.redis.keys().session(session_id, "messages"),
                 self.redis.keys().session(session_id, "messages_ids"),
                 self.redis.keys().session(session_id, "step"),
+                self.redis.keys().session(session_id, "tool_outputs"),
             ])
             .await;
         self.redis.count(r)

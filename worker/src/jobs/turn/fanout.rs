@@ -27,6 +27,7 @@ use crate::context::Cx;
 use crate::jobs::circuit::unavailable_answer;
 use crate::jobs::stream::emit_id;
 use crate::outcome::{Finished, Outcome};
+use crate::overrides::{self, Secrets};
 use crate::publish::{publish_holding, retire, trace_headers};
 
 pub(super) async fn fan_out(
@@ -136,6 +137,7 @@ async fn hand_off(
         execution_id: None,
         key,
         client_event: None,
+        configuration: None,
     })
 }
 
@@ -162,24 +164,33 @@ async fn plan(
 ) -> Result<PendingCall, Outcome> {
     let cx = &step.cx;
     let turn_id = step.turn_id();
+    // A seed 001 agent's model calls a tool configuration by its name; the job runs its tool.
+    let configured = state.agent.as_ref().and_then(|a| a.config.tool_configurations.get_key_value(&call.name));
+    let tool_name = configured.map_or(&call.name, |(_, c)| &c.tool_name);
     let parameters = turn::parse_arguments(&call.arguments);
     let shown = parameters.as_ref().unwrap_or(&Value::Null);
-    let event = emit_id(cx, &state.session_id, turn::tool_call_event(call, shown, &state.message_id)).await;
+    let mut event = turn::tool_call_event(call, shown, &state.message_id);
+    if let Some((name, c)) = configured {
+        event["tool_call"]["tool_name"] = json!(tool_name);
+        agent_session::name_configuration(&mut event, name, "argument_override_paths", json!(c.override_paths()));
+    }
+    let event = emit_id(cx, &state.session_id, event).await;
     let key = call_key(round, position);
     let gen = step.envelope.gen.to_string();
     let exec = derived_execution_id(&[turn_id, &gen, &key]);
-    let client = matches!(cx.tool(&call.name).await, Ok(Some(t)) if t.stored.execution == ToolExecution::Client);
+    let client = matches!(cx.tool(tool_name).await, Ok(Some(t)) if t.stored.execution == ToolExecution::Client);
     let planned = PendingCall {
         call_id: call.id.clone(),
-        tool_name: call.name.clone(),
+        tool_name: tool_name.clone(),
         execution_id: (!client).then_some(exec),
         key: key.clone(),
         client_event: None,
+        configuration: configured.map(|(name, _)| name.clone()),
     };
     let refused = match refusal(cx, state, turn_id, round, &planned, &parameters).await {
         Some((code, error)) => Some((code, json!(error))),
         None if client => None,
-        None => unavailable_answer(cx, &call.name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
+        None => unavailable_answer(cx, tool_name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
     };
     let Some((code, result)) = refused else {
         if !client {
@@ -194,12 +205,17 @@ async fn plan(
     if cx.store.sessions().record_call_outcome(turn_id, &key, &refused, round + 1).await.is_err() {
         return Err(step.release_and_park().await);
     }
-    let event = turn::error_event(code, &error, Some((&call.id, &call.name)), &state.message_id);
+    let mut event = turn::error_event(code, &error, Some((&call.id, tool_name)), &state.message_id);
+    if let Some(name) = &planned.configuration {
+        agent_session::name_configuration(&mut event, name, "tool_configuration_name", json!(name));
+    }
     emit(cx, &state.session_id, event).await;
     Ok(PendingCall { execution_id: None, ..planned })
 }
 
-/// Why a call is answered to the model at once instead of becoming a job, if it is.
+/// Why a call is answered to the model at once instead of becoming a job, if it is. A tool
+/// configuration's call is checked with its overrides laid over the model's arguments (one that
+/// cannot be resolved short-circuits the call).
 async fn refusal(
     cx: &Cx<'_>,
     state: &TurnState,
@@ -208,14 +224,24 @@ async fn refusal(
     planned: &PendingCall,
     parameters: &Result<Value, String>,
 ) -> Option<(&'static str, String)> {
-    if !state.enabled(&planned.tool_name) {
+    if planned.configuration.is_none() && !state.enabled(&planned.tool_name) {
         return Some(("tool_not_allowed", format!("tool {:?} is not enabled for this assistant", planned.tool_name)));
     }
     let arguments = match parameters {
         Err(e) => return Some(("tool_not_allowed", e.clone())),
         Ok(arguments) => arguments,
     };
-    if let Some(e) = crate::arguments::schema_problem(cx, &planned.tool_name, arguments).await {
+    let checked = match &planned.configuration {
+        Some(name) => {
+            let secrets = Secrets::Opened(&cx.config.secrets_key);
+            match overrides::resolve(cx.store, secrets, state, turn_id, name).await {
+                Ok(resolved) => resolved.apply(arguments),
+                Err(e) => return Some(("unresolved_argument_override", e)),
+            }
+        }
+        None => arguments.clone(),
+    };
+    if let Some(e) = crate::arguments::schema_problem(cx, &planned.tool_name, &checked).await {
         return Some(("invalid_arguments", e));
     }
     // A client tool's call is not published.
@@ -242,10 +268,14 @@ pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnStat
             continue;
         }
         if let Some(event_id) = &call.client_event {
-            client.push((
-                call,
-                PendingClientCall { event_id: event_id.clone(), tool_name: call.tool_name.clone(), arguments: args },
-            ));
+            let (arguments, shown) = client_arguments(cx, state, turn_id, call, args).await;
+            let pending = PendingClientCall {
+                event_id: event_id.clone(),
+                tool_name: call.tool_name.clone(),
+                configuration: call.configuration.clone(),
+                arguments,
+            };
+            client.push((call, pending, shown));
             continue;
         }
         let Some(exec) = &call.execution_id else { continue };
@@ -268,6 +298,31 @@ pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnStat
     Ok(Outcome::Done(Finished::Success))
 }
 
+/// A client call's arguments: a tool configuration's overrides resolved now and laid over the
+/// model's (secrets sealed for the session, opened only as the client is shown them), and the
+/// overrides as events show them. Overrides that no longer resolve leave the model's arguments.
+async fn client_arguments(
+    cx: &Cx<'_>,
+    state: &TurnState,
+    turn_id: &str,
+    call: &PendingCall,
+    args: Value,
+) -> (Value, Option<Value>) {
+    let Some(configuration) = &call.configuration else { return (args, None) };
+    let secrets = Secrets::Opened(&cx.config.secrets_key);
+    match overrides::resolve(cx.store, secrets, state, turn_id, configuration).await {
+        Ok(resolved) => {
+            let owner = agent_session::client_call_owner(&state.session_id);
+            let seal = |plain: &str| cx.config.secrets_key.encrypt(&owner, plain);
+            (resolved.apply_sealed(&args, &seal), Some(Value::Object(resolved.shown)))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "a client call's overrides no longer resolve; it gets the model's arguments");
+            (args, None)
+        }
+    }
+}
+
 /// Records which turn's call each client event names (what the client's `tool_output` is checked
 /// against), then sends the `client_tool_pending` event: the client learns of a call only once its
 /// answer can be taken.
@@ -275,7 +330,7 @@ async fn announce_client_calls(
     cx: &Cx<'_>,
     turn_id: &str,
     state: &TurnState,
-    calls: &[(&PendingCall, PendingClientCall)],
+    calls: &[(&PendingCall, PendingClientCall, Option<Value>)],
 ) -> Result<(), Outcome> {
     if calls.is_empty() {
         return Ok(());
@@ -283,19 +338,21 @@ async fn announce_client_calls(
     let made_in = state.round - 1;
     let refs: Vec<(String, ClientCall)> = calls
         .iter()
-        .map(|(call, pending)| {
+        .map(|(call, pending, shown)| {
             let named = ClientCall {
                 turn: turn_id.to_string(),
                 key: call.key.clone(),
                 round: made_in,
                 call_id: call.call_id.clone(),
                 tool_name: call.tool_name.clone(),
+                configuration: call.configuration.clone(),
+                shown_overrides: shown.clone(),
             };
             (pending.event_id.clone(), named)
         })
         .collect();
     cx.store.sessions().put_client_calls(&state.session_id, &refs).await.map_err(|_| Outcome::Parked(cx.soon()))?;
-    let pending: Vec<PendingClientCall> = calls.iter().map(|(_, p)| p.clone()).collect();
+    let pending: Vec<PendingClientCall> = calls.iter().map(|(_, p, _)| p.clone()).collect();
     emit(cx, &state.session_id, agent_session::client_tool_pending_event(&pending, &state.message_id)).await;
     Ok(())
 }
@@ -353,6 +410,7 @@ fn tool_call_envelope(state: &TurnState, turn_id: &str, call: &PendingCall, para
             call_id: call.call_id.clone(),
             round,
             position,
+            configuration: call.configuration.clone(),
         }),
     });
     Envelope::new(call.execution_id.clone().unwrap_or_default(), job, now_ms())

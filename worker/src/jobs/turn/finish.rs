@@ -123,6 +123,7 @@ pub(super) async fn complete(
         Fence::Owed(_) => u64::MAX,
     };
     let session = &state.session_id;
+    remember_tool_outputs(cx, turn_id, state).await?;
     // The message's subscribers are looked up beside the session's finish (one round trip on the
     // connection for both), for the turn as it started.
     let (finished, hooks) = tokio::join!(
@@ -150,6 +151,18 @@ pub(super) async fn complete(
     }
     super::succeed(cx, turn_id, fence, &json!({"message": message})).await?;
     announce(cx, envelope, state).await
+}
+
+/// The newest output of each tool configuration the turn called stays with the session for later
+/// turns' `$ref`s (written again by a copy finishing the turn: the same values).
+async fn remember_tool_outputs(cx: &Cx<'_>, turn_id: &str, state: &TurnState) -> Result<(), Outcome> {
+    if !state.tool_calls.iter().any(|c| c.configuration.is_some()) {
+        return Ok(());
+    }
+    let sessions = cx.store.sessions();
+    let outcomes = sessions.call_outcomes(turn_id).await.map_err(|_| Outcome::Parked(cx.soon()))?;
+    let outputs = crate::overrides::newest_outputs(state, &outcomes);
+    sessions.remember_tool_outputs(&state.session_id, &outputs).await.map_err(|_| Outcome::Parked(cx.soon()))
 }
 
 /// Drops the oldest whole exchanges of the session's history once it is over its budget (best
