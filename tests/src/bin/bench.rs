@@ -18,6 +18,8 @@
 //! FLEET_BENCH_WORKER_BIN and FLEET_BENCH_DISPATCHER_BIN (another build's binaries), FLEET_BENCH_JOBS (20000), FLEET_BENCH_WORKERS (2), FLEET_BENCH_CLIENTS (32),
 //! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200),
 //! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start),
+//! FLEET_BENCH_AGENT_ONLY (1: only what seed 001's agent parts add to a turn, `agent.rs`),
+//! FLEET_BENCH_AGENT_TURNS (50 per variant),
 //! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
 //! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
 //! docs/performance.md), FLEET_BENCH_MINIMAL_BIN (a wrapper the minimal pipeline is run through,
@@ -49,6 +51,8 @@ use serde_json::{json, Value};
 
 use fleet_tests::llm::{LlmReply, MockLlm};
 
+#[path = "bench/agent.rs"]
+mod agent;
 #[path = "bench/minimal.rs"]
 mod minimal;
 use fleet_tests::{amqp_url, free_port, redis_url};
@@ -453,6 +457,13 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let agent_turns = setting("FLEET_BENCH_AGENT_TURNS", 50);
+    if std::env::var("FLEET_BENCH_AGENT_ONLY").is_ok_and(|v| v == "1") {
+        let medians = agent::agent_phase(&conn, agent_turns).await?;
+        println!();
+        agent::print(&medians);
+        return Ok(());
+    }
     if std::env::var("FLEET_BENCH_TURNS_ONLY").is_ok_and(|v| v == "1") {
         let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
         println!();
@@ -540,6 +551,8 @@ async fn main() -> anyhow::Result<()> {
 
     // ---- 6. turns: the fleet's own time per turn, beside the model's; follow-ups ----
     let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
+    // ---- 7. seed 001's agent parts, each beside the turn without it ----
+    let agent_medians = agent::agent_phase(&conn, agent_turns).await?;
 
     let _ = conn.close(200, "".into()).await;
     println!();
@@ -590,8 +603,9 @@ async fn main() -> anyhow::Result<()> {
         format!("{:.2}×", rates[1] / rates[0]),
     );
     print_turns(overheads, follow_ups, &hops);
+    agent::print(&agent_medians);
 
-    // ---- 7. a provider's quota shared by two tenants' turns ----
+    // ---- 8. a provider's quota shared by two tenants' turns ----
     println!();
     budget(&conn, workers, &concurrency.to_string(), clients).await
 }
