@@ -68,6 +68,11 @@ pub(crate) struct ToolInput {
     /// Who runs its calls: `callback` (the default; needs `callback_url` and `callback_secret`) or
     /// `client` (seed 001: the session's client answers with `tool_output`; no callback).
     execution: Option<ToolExecution>,
+    /// A JSON Schema (an object) its results must satisfy: a client's `tool_output` that does not
+    /// is refused (400 naming it). `null` removes it.
+    #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
+    #[schema(value_type = Option<Map<String, Value>>)]
+    output_schema: Option<Option<Map<String, Value>>>,
 }
 
 /// A tool as the API shows it (never its secret).
@@ -95,6 +100,9 @@ pub(crate) struct ToolOut {
     circuit_breaker: Option<CircuitBreaker>,
     /// Who runs its calls (`client`: its `callback_url` is empty).
     execution: ToolExecution,
+    /// The JSON Schema its results must satisfy, if it has one.
+    #[schema(value_type = Option<Map<String, Value>>)]
+    output_schema: Option<Value>,
     /// Endpoint health, on `GET /v1/tools/{tool}` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     health: Option<ToolHealthOut>,
@@ -118,6 +126,7 @@ impl From<&StoredTool> for ToolOut {
             rate_limit: t.limits.rate_limit,
             circuit_breaker: t.circuit_breaker,
             execution: t.execution,
+            output_schema: t.output_schema.clone(),
             health: None,
             created_at: rfc3339_from_millis(t.created_at_ms),
             updated_at: rfc3339_from_millis(t.updated_at_ms),
@@ -177,6 +186,11 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
     if let Some(parameters) = &input.parameters {
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
+    if let Some(Some(schema)) = &input.output_schema {
+        ToolSchema::compile(&Value::Object(schema.clone())).map_err(|e| {
+            ApiError::invalid(format!("output_schema{}", e.0.strip_prefix("parameters").unwrap_or(&e.0)))
+        })?;
+    }
     limits(&ToolLimits::default(), input)?;
     Ok(())
 }
@@ -227,6 +241,10 @@ fn merged(
         limits: limits(existing.map(|t| &t.limits).unwrap_or(&ToolLimits::default()), input)?,
         circuit_breaker: input.circuit_breaker.or(existing.and_then(|t| t.circuit_breaker)),
         execution,
+        output_schema: match &input.output_schema {
+            Some(given) => given.clone().map(Value::Object),
+            None => existing.and_then(|t| t.output_schema.clone()),
+        },
     })
 }
 
@@ -499,6 +517,7 @@ mod tests {
             limits: ToolLimits::default(),
             circuit_breaker: None,
             execution: Default::default(),
+            output_schema: None,
         }
     }
 

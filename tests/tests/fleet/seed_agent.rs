@@ -351,3 +351,40 @@ async fn tool_configurations_fill_overrides_from_secrets_metadata_and_prior_outp
     assert_eq!(redis_values_containing(&fleet, SECRET).await, Vec::<String>::new());
     assert!(!fleet.logs().contains(SECRET), "a log line holds the secret");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_tools_output_is_checked_against_its_output_schema() {
+    let llm = MockLlm::start(|body, _| {
+        let answered = body["messages"].as_array().unwrap().last().is_some_and(|m| m["role"] == "tool");
+        if answered {
+            LlmReply::text("measured")
+        } else {
+            LlmReply::ToolCalls(vec![("c1".into(), "measure".into(), "{}".into())])
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let tool = json!({"description": "measure on the device", "execution": "client",
+        "output_schema": {"type": "object", "properties": {"cm": {"type": "number"}}, "required": ["cm"]}});
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/measure", Some(&tool)).await;
+    assert!(status == 200 || status == 201, "{resp}");
+    assert_eq!(resp["data"]["output_schema"]["required"], json!(["cm"]), "{resp}");
+    let bad_schema = json!({"execution": "client", "output_schema": {"type": "strnig"}});
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/broken", Some(&bad_schema)).await;
+    assert_eq!(status, 422, "{resp}");
+    assert!(resp["error"]["message"].as_str().unwrap().starts_with("output_schema"), "{resp}");
+    create(&fleet, &json!({"name": "measurer", "title": "M", "instructions": "Measure.", "enabled_tools": ["measure"]}))
+        .await;
+
+    let (status, resp) = fleet.post(&events_path("measurer", "s1"), &input("how long?")).await;
+    assert_eq!(status, 201, "{resp}");
+    let event_id = of_type(&resp, "client_tool_pending")[0]["pending_calls"][0]["event_id"].clone();
+    let output = |v: Value| json!({"type": "tool_output", "tool_outputs": [{"event_id": event_id, "type": "success", "output": v}]});
+    let (status, resp) = fleet.post(&events_path("measurer", "s1"), &output(json!({"cm": "long"}))).await;
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp["error"]["message"].as_str().unwrap().contains("tool_outputs[0].output"), "{resp}");
+    // Refused, it recorded nothing: the right output is still taken.
+    let (status, resp) = fleet.post(&events_path("measurer", "s1"), &output(json!({"cm": 12.5}))).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(kinds(&resp), ["tool_output", "agent_output"], "{resp}");
+}

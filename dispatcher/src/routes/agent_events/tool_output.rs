@@ -85,9 +85,26 @@ async fn named_calls(
             ToolOutput::Success { output, .. } => CallOutcome { ok: true, result: Value::Object(output.clone()) },
             ToolOutput::Error { error, .. } => CallOutcome { ok: false, result: error.clone() },
         };
+        if outcome.ok {
+            check_output(state, &call.tool_name, &outcome.result, i).await?;
+        }
         calls.push((call, outcome));
     }
     Ok(calls)
+}
+
+/// A success's output must satisfy its tool's `output_schema`, if the tool has one: checked for
+/// every output before any is recorded, so a refused request records nothing.
+async fn check_output(state: &AppState, tool: &str, output: &Value, i: usize) -> Result<(), ApiError> {
+    let Some(schema) = state.store.registry().get_tool(tool).await?.and_then(|t| t.output_schema) else {
+        return Ok(());
+    };
+    let compiled = fleet_protocol::schema::ToolSchema::compile(&schema)
+        .map_err(|e| bad_request(format!("tool {tool:?} has an output_schema that does not compile: {e}")))?;
+    compiled.check(output).map_err(|e| {
+        let problem = e.to_string().replace("parameters", &format!("tool_outputs[{i}].output"));
+        bad_request(format!("tool_outputs[{i}].output does not match tool {tool:?}'s output_schema: {problem}"))
+    })
 }
 
 /// The places of the outputs whose call already has an outcome.

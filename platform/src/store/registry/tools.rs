@@ -43,6 +43,9 @@ pub struct StoredTool {
     /// Who runs its calls: the fleet (a callback, the default) or the session's client.
     #[serde(default, skip_serializing_if = "fleet_protocol::tools::ToolExecution::is_callback")]
     pub execution: fleet_protocol::tools::ToolExecution,
+    /// A JSON Schema its results must satisfy (seed 001: a client's `tool_output` is checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
 }
 
 /// A tool as read, with the stored text that a conditional write compares against.
