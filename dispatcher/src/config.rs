@@ -30,6 +30,8 @@ pub struct DispatcherConfig {
     pub allow_private_callbacks: bool,
     /// Largest request body accepted (413 above it).
     pub max_body_bytes: usize,
+    /// `FLEET_ARTIFACT_MAX_BYTES`: the largest file an artifact upload takes (413 above it).
+    pub artifact_max_bytes: usize,
     /// How often queue depths and the oldest job's age are refreshed for `/metrics`.
     pub stats_interval: std::time::Duration,
     /// `FLEET_SECRET_ROTATION_GRACE`: how long a secret replaced with `rotate_secret` is kept
@@ -60,6 +62,7 @@ impl DispatcherConfig {
             secrets_key: fleet_platform::config::secrets_key(src)?,
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
             max_body_bytes: src.parse("FLEET_MAX_BODY_BYTES", 1024 * 1024)?,
+            artifact_max_bytes: src.parse("FLEET_ARTIFACT_MAX_BYTES", fleet_protocol::artifacts::DEFAULT_MAX_BYTES)?,
             stats_interval: src.seconds("FLEET_STATS_INTERVAL", std::time::Duration::from_secs(5))?,
             secret_rotation_grace: src
                 .seconds("FLEET_SECRET_ROTATION_GRACE", std::time::Duration::from_secs(86_400))?,

@@ -402,6 +402,8 @@ def test_environment_and_config(docs, full_values):
     if full:
         assert cm["data"]["FLEET_LLM_BASE_URL"] == full_values["config"]["llmBaseUrl"]
         assert cm["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == full_values["config"]["otlpEndpoint"]
+        assert cm["data"]["FLEET_ARTIFACTS_URL"] == full_values["config"]["artifactsUrl"]
+        assert cm["data"]["FLEET_ARTIFACT_MAX_BYTES"] == str(full_values["config"]["artifactMaxBytes"])
         assert "FLEET_RETRY_DELAYS" not in cm["data"]  # extraEnv is EnvVar list, in the containers
     else:
         assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in cm["data"]

@@ -48,7 +48,13 @@ pub struct CommonConfig {
     /// The model providers a turn may name, and the defaults of a turn's `model_config`: the
     /// dispatcher refuses an unknown provider, the worker calls the named one.
     pub llm: LlmRouting,
+    /// `FLEET_ARTIFACTS_URL`: where seed 001's uploaded files are kept (the dispatcher stores and
+    /// deletes them, the worker reads images for the model).
+    pub artifacts: crate::artifacts::ArtifactStore,
 }
+
+/// `FLEET_ARTIFACTS_URL`'s default: a directory on the host (a chart sets an `s3://` bucket).
+pub const DEFAULT_ARTIFACTS_URL: &str = "file:///var/lib/fleet/artifacts";
 
 impl CommonConfig {
     pub fn load(src: &Source) -> Result<Self, ConfigError> {
@@ -93,6 +99,7 @@ impl CommonConfig {
             "json" => LogFormat::Json,
             other => return Err(ConfigError::new("FLEET_LOG_FORMAT", format!("must be text or json, got {other:?}"))),
         };
+        let tls = crate::tls::ClientTls::load(src)?;
         Ok(CommonConfig {
             amqp_urls,
             redis_url,
@@ -114,7 +121,12 @@ impl CommonConfig {
                 "FLEET_EXECUTION_INDEX_MAX",
                 default_index_retention(),
             )?,
-            tls: crate::tls::ClientTls::load(src)?,
+            artifacts: crate::artifacts::ArtifactStore::open(
+                &src.string("FLEET_ARTIFACTS_URL", DEFAULT_ARTIFACTS_URL),
+                src,
+                &tls,
+            )?,
+            tls,
             llm: LlmRouting::load(src)?,
         })
     }

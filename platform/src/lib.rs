@@ -2,6 +2,7 @@
 //! shutdown. Decisions live in `fleet-protocol`; this crate only moves bytes.
 
 pub mod acks;
+pub mod artifacts;
 pub mod broker;
 pub mod config;
 pub mod dead_letters;

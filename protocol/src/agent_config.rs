@@ -440,8 +440,9 @@ impl AgentConfig {
     fn check_configuration(&self, name: &str, config: &ToolConfiguration, enabled: &[String]) -> Result<(), String> {
         check_name("tool_configurations key", name)?;
         let field = format!("tool_configurations.{name}");
-        if name == TRANSITION_TOOL || enabled.iter().any(|t| t == name) {
-            return Err(format!("{field}: the name is taken (an enabled tool, or {TRANSITION_TOOL:?})"));
+        let builtin = [TRANSITION_TOOL, crate::artifacts::LOAD_IMAGE_TOOL];
+        if builtin.contains(&name) || enabled.iter().any(|t| t == name) {
+            return Err(format!("{field}: the name is taken (an enabled tool, or a built-in one: {builtin:?})"));
         }
         check_name(&format!("{field}.tool_name"), &config.tool_name)?;
         for (path, value) in &config.argument_overrides {

@@ -179,6 +179,8 @@ pub fn to_v2(stream_id: &str, event: &Value) -> Option<Value> {
         "step_transition" => ("step_transition", copied(event, &["from_step", "to_step", "content"])),
         "structured_output" => ("structured_output", copied(event, &["schema_name", "content"])),
         "transition_limit_exceeded" => ("transition_limit_exceeded", copied(event, &["transition_limit", "message"])),
+        "artifact_upload" => ("artifact_upload", copied(event, &["artifacts", "agent_upload_message"])),
+        "image_load" => ("image_load", copied(event, &["artifact_id", "detail"])),
         _ => return None,
     };
     fields.insert("id".into(), json!(event_id(stream_id)));
@@ -395,6 +397,35 @@ mod tests {
         assert_eq!(v2["message"], over.message());
         assert_eq!((v2["id"].as_str(), v2["session_key"].as_str()), (Some("aev_3-0"), Some("s1")));
         assert!(!is_terminal(&v2), "the turn's `done` ends the answer");
+    }
+
+    #[test]
+    fn uploads_and_image_loads_are_seed_001s_events() {
+        let file = crate::artifacts::Artifact {
+            artifact_id: "art_1".into(),
+            filename: "a.png".into(),
+            mime_type: "image/png".into(),
+            size_bytes: 9,
+            created_at: "t".into(),
+            tenant: Some("acme".into()),
+        };
+        let upload = crate::artifacts::upload_event(std::slice::from_ref(&file), "The user uploaded a.png");
+        let v2 = to_v2("4-0", &stamped(upload)).unwrap();
+        assert_eq!(v2["type"], "artifact_upload");
+        assert_eq!(
+            v2["artifacts"],
+            json!([{"artifact_id": "art_1", "filename": "a.png", "mime_type": "image/png", "size_bytes": 9}])
+        );
+        assert_eq!(
+            (v2["agent_upload_message"].as_str(), v2["id"].as_str()),
+            (Some("The user uploaded a.png"), Some("aev_4-0"))
+        );
+        let load = crate::artifacts::image_load_event("art_1", crate::chat::ImageDetail::High, "msg_ab");
+        let v2 = to_v2("5-0", &stamped(load)).unwrap();
+        let mut keys: Vec<&str> = v2.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["artifact_id", "created_at", "detail", "id", "session_key", "type"]);
+        assert_eq!((v2["type"].as_str(), v2["detail"].as_str()), (Some("image_load"), Some("high")));
     }
 
     #[test]

@@ -53,6 +53,9 @@ impl HistoryEntry {
             content: self.content.clone(),
             tool_calls: self.tool_calls.clone(),
             tool_call_id: self.tool_call_id.clone(),
+            // The history keeps a loaded image's note, never the image: a later turn that wants
+            // it loads it again.
+            images: vec![],
         }
     }
 
@@ -325,12 +328,19 @@ mod tests {
         let call = ToolCall { id: "call_1".into(), name: "t".into(), arguments: "{}".into() };
         let own = vec![
             Message::text("user", "hi"),
-            Message { role: "assistant".into(), content: None, tool_calls: vec![call.clone()], tool_call_id: None },
+            Message {
+                role: "assistant".into(),
+                content: None,
+                tool_calls: vec![call.clone()],
+                tool_call_id: None,
+                images: vec![],
+            },
             Message {
                 role: "tool".into(),
                 content: Some("r".into()),
                 tool_calls: vec![],
                 tool_call_id: Some("call_1".into()),
+                images: vec![],
             },
             Message::text("assistant", "done"),
         ];

@@ -132,6 +132,12 @@ impl Fleet {
         std::env::temp_dir().join(format!("fleet-test-logs-{}", self.id))
     }
 
+    /// The directory the fleet's artifact store keeps its files in (`FLEET_ARTIFACTS_URL`): the
+    /// fleet's own, under the system's temporary directory.
+    pub fn artifacts_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("fleet-test-artifacts-{}", self.id))
+    }
+
     /// Everything the fleet's processes wrote to stderr (with `capture_logs`).
     pub fn logs(&self) -> String {
         let mut all = String::new();
@@ -160,6 +166,7 @@ impl Fleet {
             ("FLEET_API_TOKENS", self.token.clone()),
             ("FLEET_SECRETS_KEY", TEST_SECRETS_KEY.to_string()),
             ("FLEET_ALLOW_PRIVATE_CALLBACKS", "true".to_string()),
+            ("FLEET_ARTIFACTS_URL", format!("file://{}", self.artifacts_dir().display())),
             ("RUST_LOG", std::env::var("FLEET_TEST_LOG").unwrap_or_else(|_| "warn,fleet_worker=info".into())),
         ]
         .into_iter()
@@ -600,6 +607,7 @@ impl Drop for Fleet {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_dir_all(self.artifacts_dir());
         let _ = std::fs::remove_dir_all(self.log_dir());
         // Remove this test's queues, exchanges and keys so the shared services stay clean.
         let topology = self.topology.clone();

@@ -490,8 +490,8 @@ pub(crate) async fn forget(
     }
     let tenant = p.get("tenant").map(String::as_str).filter(|t| fleet_protocol::tenant::is_tenant_name(t));
     let id = fleet_protocol::tenant::session_storage_id(tenant, &key).into_owned();
-    if let Err(e) = state.store.sessions().history_delete(&id).await {
-        return session::unavailable(&e.to_string());
+    if let Err(e) = crate::routes::sessions::forget(&state, &id).await {
+        return session::unavailable(&e.message);
     }
     console::audit(&state, &op.actor, "session.forget", &id, 1, None).await;
     let text = format!("Session {} is forgotten.", session_label(&id));

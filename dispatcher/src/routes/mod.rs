@@ -2,6 +2,7 @@
 //! bearer-token check and request metrics around every route).
 
 pub(crate) mod agent_events;
+pub(crate) mod artifacts;
 pub(crate) mod assistants;
 pub(crate) mod audit;
 pub(crate) mod closing;
@@ -49,6 +50,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .merge(assistants::routes())
         .merge(rooms::routes())
         .merge(agent_events::routes())
+        .merge(artifacts::routes())
 }
 
 /// The routes that need no token, documented the same way.

@@ -1,5 +1,5 @@
 //! Session routes: `GET /v1/sessions/{id}/messages` (the remembered conversation, the seed's cursor
-//! paging) and `DELETE /v1/sessions/{id}` (forget it).
+//! paging) and `DELETE /v1/sessions/{id}` (forget it, its artifacts too).
 
 use std::collections::HashMap;
 
@@ -61,7 +61,7 @@ impl MessagePage {
     }
 }
 
-/// Forgets the session's conversation (204 whether or not it had one); the next turn starts afresh.
+/// Forgets the session's conversation and artifacts (204 whether or not it had any); the next turn starts afresh.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", extensions(("x-tenancy" = json!("resource"))), tag = "sessions", security(("bearer" = ["sessions:write"])),
     params(("id" = String, Path, description = "The session id"),
         ("tenant" = Option<String>, Query, description = "An operator's token: the tenant whose session of this key")),
@@ -77,9 +77,21 @@ pub(crate) async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     let session_id = crate::routes::common::named_session(&tenancy, &session_id, q.get("tenant").map(String::as_str))?;
     crate::routes::common::check_session(&state, &tenancy, &session_id).await?;
-    state.store.sessions().history_delete(&session_id).await?;
+    forget(&state, &session_id).await?;
     crate::routes::audit::record_api(&state, caller.as_deref(), "session.forget", &session_id, 1, None).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Forgets the session's conversation and its artifacts: the history, then the artifacts'
+/// records (so none is served from then on), then their files, listed by the session's prefix (so
+/// a file whose record was never written goes too). A failure leaves what is left for the same
+/// request again.
+pub(crate) async fn forget(state: &AppState, session_id: &str) -> Result<(), ApiError> {
+    state.store.sessions().history_delete(session_id).await?;
+    state.store.sessions().artifacts_delete(session_id).await?;
+    let store = &state.config.common.artifacts;
+    store.delete_session(session_id).await.map_err(crate::routes::artifacts::unavailable)?;
+    Ok(())
 }
 
 /// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route

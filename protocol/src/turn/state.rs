@@ -120,6 +120,10 @@ pub struct TurnState {
     /// A seed 001 agent's turn: its parts as they were when the input was sent, and its step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent_config::AgentTurn>>,
+    /// Images the last round's `load_image` calls loaded: shown to the model in a user message
+    /// after the round's tool results (`show_images`), as references (never the bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images_due: Vec<crate::chat::ImageRef>,
 }
 
 /// A model call that began: its message id and the attempt it belongs to.
@@ -193,7 +197,21 @@ impl TurnState {
             steers_unanswered: vec![],
             compaction: None,
             agent: input.agent.clone(),
+            images_due: vec![],
         }
+    }
+
+    /// Puts the images due into the conversation: one user message (tool results cannot carry
+    /// images) whose text notes each image, so the history it joins keeps the note alone.
+    pub fn show_images(&mut self) {
+        if self.images_due.is_empty() {
+            return;
+        }
+        let images = std::mem::take(&mut self.images_due);
+        let notes: Vec<String> = images.iter().map(|i| format!("[image {} loaded]", i.artifact_id)).collect();
+        let mut message = Message::text("user", &notes.join("\n"));
+        message.images = images;
+        self.conversation.push(message);
     }
 
     /// The step the turn is in (seed 001), once known.
@@ -314,6 +332,27 @@ mod tests {
         state.conversation.push(Message::text("user", "steered"));
         let (first, own) = state.unremembered();
         assert_eq!((first, own[0].content.as_deref()), (2, Some("steered")));
+    }
+
+    #[test]
+    fn loaded_images_follow_the_tool_results_as_one_user_message() {
+        let input: TurnInput = serde_json::from_value(json!({"session_id": "s", "assistant": {"id": "a", "instructions": "", "model_config": {"model": "m"}}, "messages": [{"role": "user", "content": "look"}]})).unwrap();
+        let mut state = TurnState::new(&input, "msg_1".into());
+        state.show_images();
+        assert_eq!(state.conversation.len(), 1, "nothing due, nothing shown");
+        let image = |id: &str| crate::chat::ImageRef {
+            artifact_id: id.into(),
+            mime_type: "image/png".into(),
+            detail: crate::chat::ImageDetail::Auto,
+        };
+        state.images_due = vec![image("art_1"), image("art_2")];
+        state.show_images();
+        let shown = state.conversation.last().unwrap();
+        assert_eq!((shown.role.as_str(), shown.images.len()), ("user", 2));
+        assert_eq!(shown.content.as_deref(), Some("[image art_1 loaded]\n[image art_2 loaded]"));
+        assert!(state.images_due.is_empty());
+        let history = crate::history::exchange_entries("exec_1", 0, &state.conversation[1..], "msg_1", "t");
+        assert!(history[0].to_message().images.is_empty(), "the history keeps the note, not the image");
     }
 
     #[test]

@@ -69,6 +69,8 @@ struct Acme {
     room: String,
     seed_session: String,
     dead_letter: String,
+    /// An artifact acme uploaded to its seed 001 session.
+    artifact: String,
 }
 
 impl Acme {
@@ -86,13 +88,14 @@ impl Acme {
             .replace("{room_id}", &self.room)
             .replace("{agent_key}", &self.assistant)
             .replace("{session_key}", &self.seed_session)
+            .replace("{artifact_id}", &self.artifact)
             .replace("{tool}", "refuses")
             .replace("{id}", if template.starts_with("/v1/webhooks") { "w1" } else { id })
             + if template == "/v1/usage" { "?tenant=acme" } else { "" }
     }
 
-    fn ids(&self) -> [&str; 6] {
-        [&self.execution, &self.session, &self.assistant, &self.room, &self.seed_session, &self.dead_letter]
+    fn ids(&self) -> [&str; 7] {
+        [&self.execution, &self.session, &self.assistant, &self.room, &self.seed_session, &self.dead_letter, &self.artifact]
     }
 
     /// A body that gets past parsing, about acme's resources where it names any.
@@ -150,6 +153,7 @@ async fn acme_resources(fleet: &Fleet) -> Acme {
     let execution = turn["data"]["execution_id"].as_str().unwrap().to_string();
     let seed = format!("/v2/agents/{assistant}/sessions/s_walk_seed/events");
     ok("seed 001 input", fleet.request_as(ACME, &Method::POST, &seed, Some(&seed_input("hello"))).await, 201);
+    let artifact = upload_artifact(fleet, &format!("/v2/agents/{assistant}/sessions/s_walk_seed/artifacts")).await;
     let call = json!({"tool_name": "refuses", "parameters": {"query": "q"}});
     let called = ok("tool call", fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await, 202);
     let dead_letter = called["data"]["execution_id"].as_str().unwrap().to_string();
@@ -170,7 +174,28 @@ async fn acme_resources(fleet: &Fleet) -> Acme {
         room,
         seed_session: "s_walk_seed".into(),
         dead_letter,
+        artifact,
     }
+}
+
+/// Acme uploads a text file to its seed 001 session; its artifact id.
+async fn upload_artifact(fleet: &Fleet, path: &str) -> String {
+    let boundary = "walk-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"walk.txt\"\r\nContent-Type: text/plain\r\n\r\nacme's\r\n--{boundary}--\r\n"
+    );
+    let resp = fleet
+        .http
+        .post(format!("{}{path}", fleet.api))
+        .bearer_auth(ACME)
+        .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201, "acme: artifact upload");
+    let answer: Value = resp.json().await.unwrap();
+    answer["artifacts"][0]["artifact_id"].as_str().unwrap().to_string()
 }
 
 /// What is wrong with beta's answer on a route, if anything.

@@ -113,7 +113,7 @@ pub(crate) struct AgentResponse {
 
 /// The agent a key names, as a caller bound to `bound` sees it: an assistant's id, else its name
 /// (the tenant's own assistant of that name, else the operators'); another tenant's is none.
-async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<AssistantRecord, ApiError> {
+pub(crate) async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<AssistantRecord, ApiError> {
     let found = if fleet_protocol::agents::is_id("asst_", key) {
         state.store.registry().get_assistant(key).await?
     } else {
@@ -127,7 +127,7 @@ async fn agent(state: &AppState, bound: Option<&str>, key: &str) -> Result<Assis
 /// any other key to the agent that used it first. A bound token's inputs, tool outputs and
 /// compactions touch only its own tenant's sessions: the tenant and the agent are claimed in one
 /// write, so a request refused for either binds neither.
-async fn own_session(
+pub(crate) async fn own_session(
     state: &AppState,
     tenancy: &crate::tenancy::Tenancy,
     agent: &AssistantRecord,

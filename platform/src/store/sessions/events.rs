@@ -24,7 +24,7 @@ const EVENTS_TTL_SECS: u64 = 24 * 3600;
 /// Appends each of `ARGV[E+5..]` to the stream `KEYS[K]` in order (`ARGV[E+1]`: entries kept,
 /// `ARGV[E+2]`: ttl) and announces the session `ARGV[E+4]` on `ARGV[E+3]` once; returns their ids.
 /// `K` and `E` say where its key and arguments start, after any a fragment before it takes.
-const PUBLISH_MANY_LUA: &str = include_str!("lua/publish_many.lua");
+pub(super) const PUBLISH_MANY_LUA: &str = include_str!("lua/publish_many.lua");
 
 static PUBLISH_MANY_SCRIPT: Lua =
     Lua::new(|| crate::store::script::load(&[include_str!("lua/publish_many_alone.lua"), PUBLISH_MANY_LUA]));
@@ -71,7 +71,7 @@ impl Sessions {
     /// Adds `publish_many.lua`'s key and arguments after whatever `invocation` holds: the
     /// session's stream, what it keeps and for how long, the channel and the session announced,
     /// then the events.
-    fn publish_to(&self, invocation: &mut redis::ScriptInvocation<'_>, session_id: &str, events: &[Value]) {
+    pub(super) fn publish_to(&self, invocation: &mut redis::ScriptInvocation<'_>, session_id: &str, events: &[Value]) {
         invocation.key(self.redis.keys().session(session_id, "events"));
         invocation
             .arg(EVENTS_KEPT)

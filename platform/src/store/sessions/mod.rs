@@ -1,5 +1,6 @@
-//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history and message log.
+//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history, message log and artifacts' records.
 
+mod artifacts;
 mod events;
 mod history;
 mod message_log;

@@ -46,7 +46,8 @@ async fn summarise(step: &ClaimedStep<'_>, state: &mut TurnState) -> Result<Outc
             let reserved = model::reserve(step, state, Purpose::Summary, None).await?;
             // Nothing of a summary streams, and its state is saved after it.
             let ready = std::future::ready(true);
-            let (completion, attempt) = model::call(step, state, Purpose::Summary, reserved, ready).await?;
+            let (completion, attempt) =
+                model::call(step, state, Purpose::Summary, reserved, &Default::default(), ready).await?;
             model::add_usage(state, &completion);
             record = Some(attempt);
             let report = Report {

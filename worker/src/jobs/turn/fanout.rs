@@ -49,9 +49,17 @@ pub(super) async fn fan_out(
         content: (!completion.content.is_empty()).then(|| completion.content.clone()),
         tool_calls: completion.tool_calls.clone(),
         tool_call_id: None,
+        images: vec![],
     });
     let mut pending = Vec::new();
     for (position, call) in completion.tool_calls.iter().enumerate() {
+        if super::images::is_load(state, call) {
+            match super::images::load(step, state, round, position as u32, call).await {
+                Ok(planned) => pending.push(planned),
+                Err(stop) => return stop,
+            }
+            continue;
+        }
         if call.name == TRANSITION_TOOL && state.agent.is_some() {
             match hand_off(step, state, round, position as u32, call).await {
                 Ok(planned) => pending.push(planned),

@@ -46,8 +46,12 @@ pub(super) async fn collect(
                 content: Some(content),
                 tool_calls: vec![],
                 tool_call_id: Some(call.call_id),
+                images: vec![],
             });
         }
+        // After the tool results: an image is shown in a user message, which may not come between
+        // the calls and their results.
+        state.show_images();
     }
     Ok(take_steers(state, &opened.steers))
 }

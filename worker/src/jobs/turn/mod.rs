@@ -9,6 +9,7 @@ mod compact;
 mod fanout;
 mod finish;
 mod gather;
+mod images;
 mod model;
 mod session;
 
@@ -162,13 +163,14 @@ async fn model_step(
     if let Some(over) = model::overflow(step, state).await {
         return Ok(finish::overflow(step, over).await);
     }
+    let shown = images::Shown::read(step, state).await?;
     let reserved = model::reserve(step, state, model::Purpose::Answer, ahead).await?;
     let abandoned = gather::prepare(step, state);
     let (unanswered, called) = {
         // Lent, not passed: passed by value, the save would be laid out twice in the call's future.
         let save = std::pin::pin!(gather::begin(step, state, taken, abandoned));
         call_beside_save(save, |gate| {
-            model::call(step, state, model::Purpose::Answer, reserved, async { gate.await.is_ok() })
+            model::call(step, state, model::Purpose::Answer, reserved, &shown, async { gate.await.is_ok() })
         })
         .await?
     };

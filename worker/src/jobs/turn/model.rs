@@ -18,6 +18,7 @@ use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::{self, Completion, Message, TurnState};
 
 use super::budget::{self, BudgetReservation};
+use super::images::{self, Shown};
 use super::{emit, ClaimedStep};
 use crate::context::Cx;
 use crate::jobs::claim::renewing;
@@ -67,6 +68,7 @@ pub(super) async fn call(
     state: &TurnState,
     purpose: Purpose,
     reserved: BudgetReservation,
+    shown: &Shown,
     gate: impl std::future::Future<Output = bool>,
 ) -> Result<(Completion, AttemptRecord), Outcome> {
     let cx = &step.cx;
@@ -76,7 +78,7 @@ pub(super) async fn call(
         model: &model,
         temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
         max_tokens,
-        messages: state.conversation.iter().map(Message::to_openai).collect(),
+        messages: shown.messages(&state.conversation),
         tools: if purpose == Purpose::Answer { tool_specs(cx, state).await } else { vec![] },
         response_format: if purpose == Purpose::Answer { response_format(state) } else { None },
     };
@@ -292,7 +294,7 @@ fn attempt_record(
 /// The registered, enabled tools as OpenAI function specs, then a seed 001 agent's: its tool
 /// configurations (each overridden argument hidden) and, in a step that may hand off, the
 /// transition tool.
-async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
+async fn configured_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     let mut specs = Vec::new();
     for name in &state.assistant.enabled_tools {
         if let Ok(Some(known)) = cx.tool(name).await {
@@ -313,6 +315,14 @@ async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
         }
     }
     specs.extend(agent.config.transition_spec(state.step()));
+    specs
+}
+
+/// Every tool the turn's answer call offers: the enabled and configured ones, then `load_image`
+/// while the session holds images.
+async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
+    let mut specs = configured_specs(cx, state).await;
+    specs.extend(images::offered(cx, state).await);
     specs
 }
 
