@@ -1,8 +1,9 @@
-//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history and message log.
+//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history, message log and listening surfaces.
 
 mod events;
 mod history;
 mod message_log;
+mod surfaces;
 mod turns;
 
 pub use events::SessionEventSubscription;
