@@ -37,6 +37,7 @@ pub mod signing;
 pub mod ssrf;
 pub mod standard_webhooks;
 pub mod stream_token;
+pub mod surfaces;
 pub mod tenant;
 pub mod timefmt;
 pub mod tools;

@@ -1,5 +1,6 @@
-//! Agent-turn helpers shared by the turn tests: a turn body, posting it, reading a session's SSE
-//! stream until `done`, and a fleet wired to a mock model.
+//! Agent-turn helpers shared by the turn tests: a turn body, posting it, sending a seed 001 agent
+//! an input without waiting for its turn, reading a session's SSE stream until `done` or its raw
+//! events from Redis, and a fleet wired to a mock model.
 
 use std::time::Duration;
 
@@ -71,4 +72,37 @@ pub fn llm_fleet(llm: &MockLlm) -> FleetOptions {
         .env("FLEET_LLM_BASE_URL", &llm.base_url())
         .env("FLEET_LLM_API_KEY", "sk-test-key")
         .env("FLEET_RETRY_DELAYS", "0.2,0.4,0.8,1.6,3.2")
+}
+
+/// Sends seed 001's agent `agent` an input on `session` and takes the 201 at once (the turn runs
+/// on): the turn's id, read from its input event (appended before the 201).
+pub async fn send_agent_input(fleet: &Fleet, agent: &str, session: &str, text: &str) -> String {
+    let body = json!({"type": "input", "behavior": "follow_up", "messages": [{"type": "text", "content": text}]});
+    let resp = fleet
+        .http
+        .post(format!("{}/v2/agents/{agent}/sessions/{session}/events", fleet.api))
+        .bearer_auth(&fleet.token)
+        .header("Request-Timeout-Millis", "50")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201, "{}", resp.text().await.unwrap_or_default());
+    let events = session_events(fleet, session).await;
+    let asked = |e: &&Value| e["type"] == "input_message" && e["messages"][0]["content"] == text;
+    let input = events.iter().rev().find(asked).expect("the input's event");
+    input["execution_id"].as_str().unwrap().to_string()
+}
+
+/// The events of a session's stream as the workers and the dispatcher appended them (read from
+/// Redis, for an unbound caller's session).
+pub async fn session_events(fleet: &Fleet, session: &str) -> Vec<Value> {
+    let key = fleet_protocol::keys::Keys::new(fleet.key_prefix.clone()).session(session, "events");
+    let events: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(&mut fleet.redis().await).await.unwrap();
+    events
+        .iter()
+        .filter_map(|(_, fields)| fields.iter().find(|(k, _)| k == "data"))
+        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+        .collect()
 }

@@ -16,6 +16,7 @@ use fleet_protocol::agent_session::{self, is_terminal, turn_of};
 
 use super::hub::{Event, StreamHub, Subscription};
 use super::request::StreamId;
+use super::surface::Listening;
 
 /// Events a catch-up read asks for at once.
 const PAGE: usize = 100;
@@ -168,15 +169,28 @@ impl Follow {
         events
     }
 
-    /// The events as SSE (`id:` the event id, `event:` its type), ending after the end.
-    pub(crate) fn into_sse(self) -> axum::body::Body {
-        let live = futures::stream::unfold(self, |mut follow| async move {
-            let chunk = match tokio::time::timeout(KEEP_ALIVE, follow.next()).await {
+    /// The events as SSE (`id:` the event id, `event:` its type), ending after the end. With
+    /// `listening`, the request's surface listens to the session while the stream is open: the
+    /// stream refreshes its entry and removes it before it ends (a client that hangs up drops it,
+    /// and its drop has it removed).
+    pub(crate) fn into_sse(self, listening: Option<Listening>) -> axum::body::Body {
+        // Silence is broken often enough for the listener's refresh to come in time.
+        let quiet = if listening.is_some() { KEEP_ALIVE.min(super::surface::REFRESH) } else { KEEP_ALIVE };
+        let live = futures::stream::unfold((self, listening), move |(mut follow, mut listening)| async move {
+            let chunk = match tokio::time::timeout(quiet, follow.next()).await {
                 Ok(Some(event)) => Bytes::from(frame(&event)),
-                Ok(None) => return None,
+                Ok(None) => {
+                    if let Some(listening) = listening.take() {
+                        listening.close().await;
+                    }
+                    return None;
+                }
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
             };
-            Some((Ok::<_, std::io::Error>(chunk), follow))
+            if let Some(listening) = listening.as_mut() {
+                listening.refresh_if_due().await;
+            }
+            Some((Ok::<_, std::io::Error>(chunk), (follow, listening)))
         });
         axum::body::Body::from_stream(live)
     }

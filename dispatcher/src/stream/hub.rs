@@ -74,6 +74,12 @@ impl StreamHub {
         hub
     }
 
+    /// Runs `task` as one of the hub's own, awaited when the hub stops: what a dropped stream
+    /// still owes Redis (its listener's removal) outlives the stream but not the process.
+    pub(crate) fn track(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
+    }
+
     /// Fires when the hub stops: a listener ends its stream then.
     pub(crate) fn stopping(&self) -> &CancellationToken {
         &self.cancel

@@ -1,7 +1,10 @@
 //! The exactly-once checker: a steady load of tool calls (the default schedule, a tool's own,
-//! receivers failing then succeeding, 202s polled from the broker, a tool that fails for good) and
-//! agent turns (two rounds of two parallel tool calls, steers, a webhook subscriber) while a tap
-//! re-publishes random copies of random jobs at random moments. In the soak
+//! receivers failing then succeeding, 202s polled from the broker, a tool that fails for good),
+//! agent turns (two rounds of two parallel tool calls, steers, a webhook subscriber) and seed 001
+//! agents' turns (a handoff between steps, then the answer) while a tap re-publishes random copies
+//! of random jobs at random moments. Copies at chosen moments of an agent's steps (a handoff, a
+//! client tool's call, a step parked in the fair line or holding a tenant's slot) are
+//! `step_copies`' cases. In the soak
 //! (`FLEET_CHECKER_SCALE`, `make soak`) workers are also SIGKILLed and restarted.
 //!
 //! It counts POSTs per execution at the receivers (each schedule fixes how many there must be),
@@ -19,7 +22,7 @@ use serde_json::{json, Value};
 
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::tap::JobTap;
-use fleet_tests::turn::post_turn;
+use fleet_tests::turn::{post_turn, send_agent_input, session_events};
 use fleet_tests::{spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 const SECRET: &str = "whsec_checker_secret_0001";
@@ -71,6 +74,16 @@ fn model_call(body: &Value) -> (String, usize, usize) {
 impl Model {
     fn reply(&self, body: &Value) -> LlmReply {
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        // A seed 001 agent's turn: triage hands off to billing, which answers.
+        let system = messages.first().and_then(|m| m["content"].as_str()).unwrap_or_default();
+        if system.contains("Current step: triage") {
+            let arguments = json!({"step_name": "billing", "handoff_message": "over to billing"}).to_string();
+            return LlmReply::ToolCalls(vec![("call_h".into(), "transition_to_step".into(), arguments)])
+                .after(Duration::from_millis(50));
+        }
+        if system.contains("Current step: billing") {
+            return LlmReply::text("billed").after(Duration::from_millis(50));
+        }
         let tools = messages.iter().filter(|m| m["role"] == "tool").count();
         // Rounds of this turn's own: its tool results since its last user message.
         let since_user =
@@ -167,6 +180,24 @@ fn turn(session: &str, name: &str, text: &str, steer: bool) -> Value {
     body
 }
 
+/// Seed 001's agent `n`: triage hands off to billing (its own instructions, so its model calls
+/// are told from every other turn's). Its name.
+async fn stepped_agent(fleet: &Fleet, n: usize) -> String {
+    let name = format!("checker_agent_{n}");
+    let body = json!({
+        "name": name, "title": "Checker", "instructions": format!("You are A{n}."),
+        "model_config": {"provider": "openai", "model": "test-model"},
+        "steps": {
+            "triage": {"instructions": "TRIAGE: find out what the user needs.", "next_steps": ["billing"]},
+            "billing": {"instructions": "BILLING: settle the bill.", "description": "money matters"}
+        },
+        "first_step_name": "triage"
+    });
+    let (status, resp) = fleet.post("/v1/agents/assistants", &body).await;
+    assert_eq!(status, 201, "{resp}");
+    name
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_of_any_job_at_any_moment_change_nothing() {
     let scale: usize = std::env::var("FLEET_CHECKER_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -208,6 +239,8 @@ async fn copies_of_any_job_at_any_moment_change_nothing() {
         if n % 2 == 0 {
             turns.push(post_turn(&fleet, &turn(&session, &format!("S{n}"), &format!("S{n} steer"), true)).await);
         }
+        let agent = stepped_agent(&fleet, n).await;
+        turns.push(send_agent_input(&fleet, &agent, &format!("s_checker_agent_{n}"), &format!("A{n} bill")).await);
         if kills && n % 3 == 2 {
             fleet.kill_worker(alive.remove(0));
             killed_at.push(Instant::now());
@@ -254,6 +287,9 @@ async fn copies_of_any_job_at_any_moment_change_nothing() {
         }
         doubled += extra;
     }
+    if killed_at.is_empty() {
+        doubled += agent_events_doubled(&fleet, 6 * scale).await;
+    }
     let resent = llm.requests().len() + receiver.received().len();
     let stuck = stuck_sessions(&fleet).await;
     let broken_dead = calls.iter().filter(|(t, id)| *t == "broken" && finals[id] == "dead_lettered").count();
@@ -274,6 +310,23 @@ async fn copies_of_any_job_at_any_moment_change_nothing() {
     for (tool, id) in calls.iter().filter(|(t, _)| *t != "broken") {
         assert_eq!(finals[id], "succeeded", "{tool} {id}");
     }
+}
+
+/// Events beyond one handoff and one answer in the sessions of `agents` agents' turns. (In the
+/// soak, a worker's death may explain a repeated event, as it does a repeated model call: only the
+/// model calls are counted there.)
+async fn agent_events_doubled(fleet: &Fleet, agents: usize) -> usize {
+    let mut doubled = 0;
+    for n in 0..agents {
+        let events = session_events(fleet, &format!("s_checker_agent_{n}")).await;
+        let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+        let (handoffs, answers) = (count("step_transition"), count("message_complete"));
+        if (handoffs, answers) != (1, 1) {
+            eprintln!("agent {n}: {handoffs} handoffs and {answers} answers");
+            doubled += (handoffs + answers).saturating_sub(2);
+        }
+    }
+    doubled
 }
 
 /// Every execution's status once all of them are final (`None` until then).

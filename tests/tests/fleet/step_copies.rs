@@ -10,6 +10,10 @@
 //! asks for no place and is not parked again. The same holds for a tool call deferred by its
 //! tool's `max_concurrency`. A copy arriving while the step holds its claim is parked until the
 //! lease ends (`FLEET_CLAIM_LEASE` is short here, so they are counted soon).
+//!
+//! The same holds for the steps of seed 001's agents (the last part of this file): each step of a
+//! turn that hands off between steps, the steps around a client tool's call, and an agent's step
+//! parked in the fair line or holding its tenant's slot.
 
 use std::time::Duration;
 
@@ -21,7 +25,7 @@ use fleet_protocol::envelope::JobKind;
 use fleet_protocol::keys::Keys;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::tap::{JobTap, Tapped};
-use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
+use fleet_tests::turn::{llm_fleet, post_turn, send_agent_input, session_events, turn_body};
 use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions, Receiver, Reply};
 
 /// How many copies of the step each test publishes.
@@ -159,22 +163,14 @@ async fn assert_finished_once(fleet: &Fleet, id: &str, session: &str, asked: &st
         .collect();
     let expected = [("user".to_string(), asked.to_string()), ("assistant".to_string(), answer.to_string())];
     assert_eq!(history, expected, "one answer in the history");
-    let keys = Keys::new(fleet.key_prefix.clone());
-    let events: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(keys.session(session, "events"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut fleet.redis().await)
-        .await
-        .unwrap();
-    let types: Vec<String> = events
-        .iter()
-        .filter_map(|(_, fields)| fields.iter().find(|(k, _)| k == "data"))
-        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
-        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let types = event_types(fleet, session).await;
     let count = |t: &str| types.iter().filter(|x| *x == t).count();
     assert_eq!((count("message_complete"), count("done")), (1, 1), "one finish streamed: {types:?}");
+}
+
+async fn event_types(fleet: &Fleet, session: &str) -> Vec<String> {
+    let events = session_events(fleet, session).await;
+    events.iter().map(|e| e["type"].as_str().unwrap_or_default().to_string()).collect()
 }
 
 /// The provider's line keeps nothing of a step that ran: no place, waiter, deadline or cost.
@@ -194,9 +190,9 @@ async fn assert_line_empty(fleet: &Fleet) {
 
 /// How often the fleet parked a step before its model call, by the provider's budget and by its
 /// The tenant's turn slots after all is done: no slot held, no turn in its line, no deadline kept.
-async fn assert_tenant_slots_free(fleet: &Fleet) {
+async fn assert_tenant_slots_free(fleet: &Fleet, tenant: &str) {
     let keys = Keys::new(fleet.key_prefix.clone());
-    let (semaphore, (line, due)) = (keys.tenant_turns(TENANT), keys.tenant_turns_line(TENANT));
+    let (semaphore, (line, due)) = (keys.tenant_turns(tenant), keys.tenant_turns_line(tenant));
     assert_eq!(zcard(fleet, &semaphore).await, 0, "no slot held: {:?}", members(fleet, &semaphore).await);
     assert_eq!(zcard(fleet, &line).await, 0, "no turn in the tenant's line: {:?}", members(fleet, &line).await);
     assert_eq!(hlen(fleet, &due).await, 0, "no deadline kept for a turn in line");
@@ -340,7 +336,7 @@ async fn copies_of_a_step_parked_by_the_budget_under_a_tenant_cap_call_the_model
     assert_eq!(calls_with(&llm, "waiting"), 1, "one model call for the step");
     assert_eq!(llm.requests().len(), 2, "one model call per turn");
     assert_line_empty(&fleet).await;
-    assert_tenant_slots_free(&fleet).await;
+    assert_tenant_slots_free(&fleet, TENANT).await;
 }
 
 /// A turn of two steps: the first calls a tool, the second waits in the line (the first took the
@@ -441,7 +437,7 @@ async fn copies_of_a_step_waiting_for_its_tenants_slot_call_the_model_once() {
     assert_finished_once(&fleet, &waiting, "s_slot_waiting", "waiting", "answer to waiting", 1).await;
     assert_copies_counted(&fleet, COPIES).await;
     assert_eq!((calls_with(&llm, "slow"), calls_with(&llm, "waiting")), (1, 1), "one model call per step");
-    assert_tenant_slots_free(&fleet).await;
+    assert_tenant_slots_free(&fleet, TENANT).await;
 }
 
 /// The step holds its tenant's one slot and is in its model call when its copies arrive.
@@ -477,7 +473,7 @@ async fn copies_of_a_step_holding_its_tenants_slot_call_the_model_once() {
     assert_finished_once(&fleet, &holding, "s_slot_holding", "holding", "answer to holding", 1).await;
     assert_copies_counted(&fleet, COPIES).await;
     assert_eq!(calls_with(&llm, "holding"), 1, "one model call for the step");
-    assert_tenant_slots_free(&fleet).await;
+    assert_tenant_slots_free(&fleet, TENANT).await;
 }
 
 /// How often the fleet deferred a call of `one_at_a_time` by its concurrency.
@@ -547,4 +543,232 @@ async fn copies_of_a_call_deferred_by_its_tools_concurrency_are_only_acked() {
     println!("copies injected {COPIES}, counted as duplicates {seen}; deferrals by the tool's concurrency {parks}");
     assert_eq!(seen, COPIES as f64, "each copy counted once, nothing else");
     assert_eq!(receiver.max_concurrent(), 1, "one call at a time");
+}
+
+// ---- Seed 001's agents: steps that hand off, client tools ----
+//
+// The same copies, of the steps of an agent's turn. A handoff (`transition_to_step`) is answered
+// in its round's own save, and a client tool's call is answered by the client's `tool_output`,
+// whose dispatcher publishes the next step: a copy of any of these steps, wherever it arrives,
+// must neither hand off again, nor announce the pending call again, nor answer twice.
+// Tool configurations' argument overrides get their own case beside
+// `copies_of_a_client_tools_steps_are_only_acked` once configurations reach the worker: a copy of
+// the step whose call carried an override must send the call once, overridden once.
+
+/// The agents' token: unbound, so its turns are its name's tenant (`token-` and the first four
+/// bytes of its SHA-256, in hex), which a tenant's turn cap can name before the fleet starts.
+const AGENT_TOKEN: &str = "step-copies-agent-0123456789ab";
+
+fn agent_tenant() -> String {
+    use sha2::Digest;
+    format!("token-{}", hex::encode(&sha2::Sha256::digest(AGENT_TOKEN.as_bytes())[..4]))
+}
+
+/// A fleet for agents' turns: `options` with the agents' token.
+async fn agent_fleet(options: FleetOptions) -> Fleet {
+    let mut fleet = spawn_fleet(options.workers(WORKERS).env("FLEET_CLAIM_LEASE", "3").env("FLEET_API_TOKENS", AGENT_TOKEN)).await;
+    fleet.token = AGENT_TOKEN.to_string();
+    fleet
+}
+
+/// An agent in two steps: triage hands off to billing, which answers.
+async fn create_stepped_agent(fleet: &Fleet, tools: &[&str]) {
+    let body = json!({
+        "name": "stepped", "title": "Support", "instructions": "You are helpful.", "enabled_tools": tools,
+        "steps": {
+            "triage": {"instructions": "TRIAGE: find out what the user needs.", "next_steps": ["billing"]},
+            "billing": {"instructions": "BILLING: settle the bill.", "description": "money matters"}
+        },
+        "first_step_name": "triage"
+    });
+    let (status, resp) = fleet.post("/v1/agents/assistants", &body).await;
+    assert_eq!(status, 201, "{resp}");
+}
+
+/// The step a model call was made in, by its system prompt.
+fn step_of(body: &Value) -> &'static str {
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    if system.contains("Current step: triage") {
+        "triage"
+    } else if system.contains("Current step: billing") {
+        "billing"
+    } else {
+        "none"
+    }
+}
+
+/// Triage hands off to billing; billing answers "settled" (after `billing_takes`).
+fn handoff_model(billing_takes: Duration) -> impl Fn(&Value, usize) -> LlmReply + Send + Sync + 'static {
+    move |body, _| {
+        let answered = body["messages"].as_array().unwrap().last().is_some_and(|m| m["role"] == "tool");
+        if step_of(body) == "triage" && !answered {
+            let arguments = json!({"step_name": "billing", "handoff_message": "over to billing"}).to_string();
+            return LlmReply::ToolCalls(vec![("call_1".into(), "transition_to_step".into(), arguments)]);
+        }
+        LlmReply::text("settled").after(billing_takes)
+    }
+}
+
+/// The delivery of round `round` of turn `id`.
+async fn round_delivery(tap: &JobTap, id: &str, round: u64) -> Tapped {
+    tap.first("the step's delivery", |t| t.execution_id() == id && t.kind() == "turn" && t.json["round"] == round).await
+}
+
+/// The model calls per step.
+fn calls_per_step(llm: &MockLlm) -> Vec<&'static str> {
+    llm.requests().iter().map(|r| step_of(&r.body)).collect()
+}
+
+/// The agent's turn ended once: succeeded, and its session's stream holds each of `once` once,
+/// with one answer and one end.
+async fn assert_agent_finished_once(fleet: &Fleet, id: &str, session: &str, once: &[&str]) {
+    fleet.wait_status(id, "succeeded", Duration::from_secs(60)).await;
+    let types = event_types(fleet, session).await;
+    let count = |t: &str| types.iter().filter(|x| *x == t).count();
+    for kind in once.iter().chain(&["message_complete", "done"]) {
+        assert_eq!(count(kind), 1, "one {kind}: {types:?}");
+    }
+}
+
+/// A stepped agent's turn hands off in its first round and answers in its second. Copies of the
+/// first step arrive late (the record expects the second), copies of the second while it holds its
+/// claim in its model call (parked until the lease ends), and one more of each after the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_each_step_of_an_agents_handoff_are_only_acked() {
+    let llm = MockLlm::start(handoff_model(Duration::from_secs(3))).await;
+    let fleet = agent_fleet(llm_fleet(&llm)).await;
+    create_stepped_agent(&fleet, &[]).await;
+    let tap = JobTap::start(&fleet).await;
+
+    let id = send_agent_input(&fleet, "stepped", "s_agent_handoff", "my bill").await;
+    wait_for("billing's model call", Duration::from_secs(20), || async {
+        (calls_per_step(&llm) == ["triage", "billing"]).then_some(())
+    })
+    .await;
+    let (first, second) = (round_delivery(&tap, &id, 0).await, round_delivery(&tap, &id, 1).await);
+    inject(&tap, &first).await;
+    inject(&tap, &second).await;
+    assert!(llm.requests()[1].ended.is_none(), "the copies arrived while billing's call ran");
+
+    assert_agent_finished_once(&fleet, &id, "s_agent_handoff", &["step_transition"]).await;
+    tap.republish(&first).await;
+    tap.republish(&second).await;
+    assert_copies_counted(&fleet, 2 * COPIES + 2).await;
+    assert_eq!(calls_per_step(&llm), ["triage", "billing"], "the model was called once per round");
+    assert_agent_finished_once(&fleet, &id, "s_agent_handoff", &["step_transition"]).await;
+}
+
+/// A client tool's turn: its first step announces the pending call and the turn waits for the
+/// client; copies of that step arrive while it waits. The client's answer publishes the second
+/// step; copies of it arrive while it holds its claim, and one of each after the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_client_tools_steps_are_only_acked() {
+    let llm = MockLlm::start(|body, _| {
+        let answered = body["messages"].as_array().unwrap().iter().any(|m| m["role"] == "tool");
+        if step_of(body) == "triage" && !answered {
+            return LlmReply::ToolCalls(vec![("call_1".into(), "get_location".into(), "{}".into())]);
+        }
+        LlmReply::text("you are in Oslo").after(Duration::from_secs(3))
+    })
+    .await;
+    let fleet = agent_fleet(llm_fleet(&llm)).await;
+    let tool = json!({"description": "on the device", "execution": "client", "parameters": {"type": "object"}});
+    let (status, resp) = fleet.request(reqwest::Method::PUT, "/v1/tools/get_location", Some(&tool)).await;
+    assert_eq!(status, 201, "{resp}");
+    create_stepped_agent(&fleet, &["get_location"]).await;
+    let tap = JobTap::start(&fleet).await;
+    let session = "s_agent_client_tool";
+
+    let id = send_agent_input(&fleet, "stepped", session, "where am I?").await;
+    let pending = wait_for("the call pending with the client", Duration::from_secs(20), || async {
+        let events = session_events(&fleet, session).await;
+        events.into_iter().find(|e| e["type"] == "client_tool_pending")
+    })
+    .await;
+    let first = round_delivery(&tap, &id, 0).await;
+    inject(&tap, &first).await;
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES, || llm.requests().len() == 1).await;
+
+    let event_id = pending["pending_calls"][0]["event_id"].clone();
+    let answer = json!({"type": "tool_output", "tool_outputs": [{"event_id": event_id, "type": "success", "output": {"city": "Oslo"}}]});
+    let path = format!("/v2/agents/stepped/sessions/{session}/events");
+    let sent = fleet.http.post(format!("{}{path}", fleet.api)).bearer_auth(&fleet.token);
+    let sent = sent.header("Request-Timeout-Millis", "50").json(&answer).send().await.unwrap();
+    assert_eq!(sent.status().as_u16(), 201);
+    wait_for("the second step's model call", Duration::from_secs(20), || async {
+        (llm.requests().len() == 2).then_some(())
+    })
+    .await;
+    let second = round_delivery(&tap, &id, 1).await;
+    inject(&tap, &second).await;
+
+    let once = ["tool_call", "client_tool_pending", "tool_result"];
+    assert_agent_finished_once(&fleet, &id, session, &once).await;
+    tap.republish(&first).await;
+    tap.republish(&second).await;
+    assert_copies_counted(&fleet, 2 * COPIES + 2).await;
+    assert_eq!(llm.requests().len(), 2, "one model call per step");
+    assert_agent_finished_once(&fleet, &id, session, &once).await;
+}
+
+/// The step after a handoff waits in its provider's fair line (the first round took the burst);
+/// copies of it, and a late copy of the first round, arrive while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_an_agents_step_waiting_in_the_budgets_line_call_the_model_once() {
+    let llm = MockLlm::start(handoff_model(Duration::ZERO)).await;
+    let options = llm_fleet(&llm).env("FLEET_LLM_BUDGET", r#"{"requests_per_minute": 12, "burst_seconds": 5}"#);
+    let fleet = agent_fleet(options).await;
+    create_stepped_agent(&fleet, &[]).await;
+    let tap = JobTap::start(&fleet).await;
+    let keys = Keys::new(fleet.key_prefix.clone());
+    let (line, waiters) = (keys.llm_budget_line("openai"), keys.llm_budget_waiters("openai"));
+
+    let id = send_agent_input(&fleet, "stepped", "s_agent_line", "my bill").await;
+    let mine = format!("{id}:0:1:1");
+    wait_for("billing's step waiting in the line", Duration::from_secs(20), || async {
+        waiting_steps(&fleet, &waiters).await.contains(&mine).then_some(())
+    })
+    .await;
+    wait_marked_parked(&fleet, &id).await;
+    let (first, second) = (round_delivery(&tap, &id, 0).await, round_delivery(&tap, &id, 1).await);
+    inject(&tap, &second).await;
+    tap.republish(&first).await;
+    wait_copies_acked_while_parked(&fleet, TURN_DUPLICATES, COPIES + 1, || llm.requests().len() == 1).await;
+    assert_eq!(waiting_steps(&fleet, &waiters).await, vec![mine], "one waiter for the step and its copies");
+    assert_eq!(zcard(&fleet, &line).await, 1, "one place in the line");
+
+    assert_agent_finished_once(&fleet, &id, "s_agent_line", &["step_transition"]).await;
+    assert_copies_counted(&fleet, COPIES + 1).await;
+    assert_eq!(calls_per_step(&llm), ["triage", "billing"], "one model call per step");
+    assert_line_empty(&fleet).await;
+}
+
+/// The step after a handoff holds its tenant's one turn slot, in its model call, when its copies
+/// arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_an_agents_step_holding_its_tenants_slot_call_the_model_once() {
+    let llm = MockLlm::start(handoff_model(Duration::from_secs(4))).await;
+    let tenant = agent_tenant();
+    let options = llm_fleet(&llm).env("FLEET_TENANT_MAX_CONCURRENT_TURNS", &format!("{tenant}=1"));
+    let fleet = agent_fleet(options).await;
+    create_stepped_agent(&fleet, &[]).await;
+    let tap = JobTap::start(&fleet).await;
+    let semaphore = Keys::new(fleet.key_prefix.clone()).tenant_turns(&tenant);
+
+    let id = send_agent_input(&fleet, "stepped", "s_agent_slot", "my bill").await;
+    wait_for("billing's model call", Duration::from_secs(20), || async {
+        (calls_per_step(&llm) == ["triage", "billing"]).then_some(())
+    })
+    .await;
+    let second = round_delivery(&tap, &id, 1).await;
+    inject(&tap, &second).await;
+    wait_all_parked(&fleet, COPIES as u32).await;
+    assert!(llm.requests()[1].ended.is_none(), "the copies arrived while the step held its slot");
+    let holders = members(&fleet, &semaphore).await;
+    assert!(holders.len() == 1 && holders[0].starts_with(&id), "one slot, the step's: {holders:?}");
+
+    assert_agent_finished_once(&fleet, &id, "s_agent_slot", &["step_transition"]).await;
+    assert_copies_counted(&fleet, COPIES).await;
+    assert_eq!(calls_per_step(&llm), ["triage", "billing"], "one model call per step");
+    assert_tenant_slots_free(&fleet, &tenant).await;
 }

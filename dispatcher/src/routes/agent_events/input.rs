@@ -1,13 +1,15 @@
 //! A seed 001 input: a turn of the session with the agent as its assistant, accepted through the
 //! same submit path as `POST /v1/turns`. A running session refuses it (409) unless it says how to
 //! queue (`behavior`) or asks for the events since a cursor (`since`). Its `input_message` event
-//! is appended before its job is published, so the turn's events always come after it.
+//! is appended before its job is published, so the turn's events always come after it. With
+//! `surface_description.include`, its first message tells the model which surfaces listen.
 
 use axum::http::{HeaderMap, StatusCode};
 
 use fleet_protocol::agent_session::stream_id_of;
 use fleet_protocol::agents::AssistantRecord;
-use fleet_protocol::turn::{Behavior, InputMessage, TurnInput};
+use fleet_protocol::surfaces;
+use fleet_protocol::turn::{Behavior, TurnInput};
 
 use super::wire::{InputBehavior, InputRequest, Since};
 use super::{bad_request, Started};
@@ -44,7 +46,7 @@ pub(super) async fn submit(
         // As the client named it: `check_turn` applies the caller's tenancy again.
         session_id: fleet_protocol::tenant::session_key_shown(session).to_string(),
         assistant: agent.snapshot(),
-        messages: parts.iter().map(|p| InputMessage { role: "user".into(), content: p.for_model() }).collect(),
+        messages: surfaces::input_messages(&parts, listeners_note(state, session, request).await?.as_deref()),
         behavior,
         tenant: None,
         priority: Default::default(),
@@ -65,4 +67,13 @@ pub(super) async fn submit(
     let steered_from = (behavior == Behavior::Steer).then(|| accepted.execution_id.clone());
     let awaited = Awaited { turns: vec![accepted.execution_id], steered_from };
     Ok(Started { subscription, after, ends_after: own.before(), awaited })
+}
+
+/// What the model is told of the session's listeners, if the input asks (`include`): read as the
+/// input is sent, its own surface counted when its answer streams.
+async fn listeners_note(state: &AppState, session: &str, request: &InputRequest) -> Result<Option<String>, ApiError> {
+    let Some(described) = request.surface_description.as_ref().filter(|s| s.include()) else { return Ok(None) };
+    let entries = state.store.sessions().listeners(session).await?;
+    let own = request.stream_response.then(|| described.surface());
+    Ok(Some(surfaces::listeners_note(&surfaces::listening(&entries, own))))
 }

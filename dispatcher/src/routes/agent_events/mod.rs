@@ -2,7 +2,9 @@
 //! input is a turn of the session (the same submit path as `POST /v1/turns`), a `tool_output`
 //! answers a client tool's pending calls, a `compaction` is a turn that summarises the history.
 //! The answer is 201 with the events the request's turn produced until it ends or waits for the
-//! client, or the same events as SSE with `stream_response`.
+//! client, or the same events as SSE with `stream_response`: the request's surface then listens to
+//! the session while its stream is open, and an input with `surface_description.include` tells the
+//! model which surfaces listen.
 
 mod compaction;
 mod input;
@@ -20,12 +22,13 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use fleet_protocol::agents::AssistantRecord;
+use fleet_protocol::surfaces::Surface;
 
 use crate::error::ApiError;
 use crate::routes::common::{require_json, Body};
-use crate::stream::{Awaited, Follow, StreamId, Window};
+use crate::stream::{Awaited, Follow, Listening, StreamId, Window};
 use crate::{validate, AppState};
-use wire::AgentEvent;
+use wire::{AgentEvent, SurfaceDescription};
 
 pub(crate) use wire::SessionInput;
 
@@ -66,6 +69,7 @@ pub(crate) async fn create_event(
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
     let request: SessionInput = validate::parse_body(&body).map_err(as_bad_request)?;
+    request.surface().map(SurfaceDescription::check).transpose().map_err(bad_request)?;
     validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
     // From here on the session as stored: a bound caller's key is its tenant's own session.
     let session_key = tenancy.session(&session_key);
@@ -83,7 +87,7 @@ pub(crate) async fn create_event(
     let follow = Follow::new(
         state.streams.clone(),
         state.store.clone(),
-        session_key,
+        session_key.clone(),
         started.subscription,
         window,
         started.awaited,
@@ -95,7 +99,11 @@ pub(crate) async fn create_event(
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
             (header::HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no")),
         ];
-        (StatusCode::CREATED, headers, follow.into_sse()).into_response()
+        // A streaming request's surface listens to the session for as long as its stream is open.
+        let surface =
+            request.surface().map(SurfaceDescription::surface).unwrap_or_else(|| Surface::described(None, None));
+        let listening = Listening::open(state.streams.clone(), state.store.clone(), &session_key, &surface).await;
+        (StatusCode::CREATED, headers, follow.into_sse(Some(listening))).into_response()
     } else {
         let events = follow.gather(wait).await;
         (StatusCode::CREATED, Json(AgentResponse { events })).into_response()

@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 use fleet_protocol::agent_config::AgentConfig;
 use fleet_protocol::agent_session::{stream_id_of, InputPart};
+use fleet_protocol::surfaces::{self, Surface};
 
 /// One seed 001 event: `input_message` (`messages`), `tool_input` (`tool_call_id`, `tool_name`,
 /// `tool_configuration_name`, `tool_input`), `tool_output` (the same with `tool_output`,
@@ -49,16 +50,39 @@ pub(crate) enum InputBehavior {
     FollowUp,
 }
 
-/// Who submits the input (kept on its event; the fleet shapes nothing by it).
+/// Who submits the request (kept on an input's event). The `(type, id)` pair is the surface: a
+/// request answered as a stream makes it a listener of the session while the stream is open, and
+/// repeat submissions from one pair are one surface.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SurfaceDescription {
+    /// The kind of surface (`slack`, `gchat`, `zoom`, or any label of at most 128 bytes without
+    /// control characters); `api` when omitted.
     #[serde(default, rename = "type")]
     pub kind: Option<String>,
+    /// The surface within its kind, e.g. a connector's id (at most 128 bytes).
     #[serde(default)]
     pub id: Option<String>,
+    /// On an input: tell the model which surfaces are streaming this session now (this input's own,
+    /// if it streams, included), so it knows where its answer will be seen.
     #[serde(default)]
     pub include: Option<bool>,
+}
+
+impl SurfaceDescription {
+    /// Its labels, checked: they may be shown to the model.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        surfaces::check_label("type", self.kind.as_deref())?;
+        surfaces::check_label("id", self.id.as_deref())
+    }
+
+    pub(crate) fn surface(&self) -> Surface {
+        Surface::described(self.kind.as_deref(), self.id.as_deref())
+    }
+
+    pub(crate) fn include(&self) -> bool {
+        self.include == Some(true)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
@@ -248,6 +272,14 @@ impl CompactionRequest {
 }
 
 impl SessionInput {
+    pub(crate) fn surface(&self) -> Option<&SurfaceDescription> {
+        match self {
+            SessionInput::Input(r) => r.surface_description.as_ref(),
+            SessionInput::ToolOutput(r) => r.surface_description.as_ref(),
+            SessionInput::Compaction(r) => r.surface_description.as_ref(),
+        }
+    }
+
     pub(crate) fn stream_response(&self) -> bool {
         match self {
             SessionInput::Input(r) => r.stream_response,

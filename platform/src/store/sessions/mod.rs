@@ -1,9 +1,10 @@
-//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history, message log and artifacts' records.
+//! Turns and sessions: a turn's state and round reports, a session's queue, holder and binding, its event stream, history, message log, artifacts' records and listening surfaces.
 
 mod artifacts;
 mod events;
 mod history;
 mod message_log;
+mod surfaces;
 mod turns;
 
 pub use events::SessionEventSubscription;
