@@ -551,9 +551,9 @@ async fn copies_of_a_call_deferred_by_its_tools_concurrency_are_only_acked() {
 // in its round's own save, and a client tool's call is answered by the client's `tool_output`,
 // whose dispatcher publishes the next step: a copy of any of these steps, wherever it arrives,
 // must neither hand off again, nor announce the pending call again, nor answer twice.
-// Tool configurations' argument overrides get their own case beside
-// `copies_of_a_client_tools_steps_are_only_acked` once configurations reach the worker: a copy of
-// the step whose call carried an override must send the call once, overridden once.
+// A tool configuration's call (`copies_of_a_configured_calls_jobs_are_only_acked`): copies of the
+// step that made it, of its tool-call job while the tool runs, and of the step after, must send
+// the call once, overridden once.
 
 /// The agents' token: unbound, so its turns are its name's tenant (`token-` and the first four
 /// bytes of its SHA-256, in hex), which a tenant's turn cap can name before the fleet starts.
@@ -708,6 +708,56 @@ async fn copies_of_a_client_tools_steps_are_only_acked() {
     tap.republish(&second).await;
     assert_copies_counted(&fleet, 2 * COPIES + 2).await;
     assert_eq!(llm.requests().len(), 2, "one model call per step");
+    assert_agent_finished_once(&fleet, &id, session, &once).await;
+}
+
+/// A configured call: its overrides (a secret, a literal) are resolved at the job's attempt. Copies
+/// of the step that made the call arrive late, copies of the call's job while its tool runs, and
+/// copies of the answering step while it holds its claim; then one more of each after the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_configured_calls_jobs_are_only_acked() {
+    const KEY: &str = "sk-copies-configured-5e1d";
+    let llm = MockLlm::start(|body, _| {
+        let answered = body["messages"].as_array().unwrap().last().is_some_and(|m| m["role"] == "tool");
+        if !answered {
+            return LlmReply::ToolCalls(vec![("call_1".into(), "crm_lookup".into(), r#"{"query":"q"}"#.into())]);
+        }
+        LlmReply::text("found").after(Duration::from_secs(3))
+    })
+    .await;
+    let fleet = agent_fleet(llm_fleet(&llm)).await;
+    let crm = Receiver::start(SECRET, |_, _| Reply::result(json!({"id": "rec-1"})).after(Duration::from_secs(2))).await;
+    fleet.register_tool("crm", &crm.url("/crm"), SECRET).await;
+    let agent = json!({"name": "configured", "title": "CRM", "instructions": "Use the CRM.", "secrets": {"key": KEY},
+        "tool_configurations": {"crm_lookup": {"tool_name": "crm", "argument_overrides": {
+            "auth.key": {"$ref": "secrets.key"}, "region": "eu"}}}});
+    let (status, resp) = fleet.post("/v1/agents/assistants", &agent).await;
+    assert_eq!(status, 201, "{resp}");
+    let tap = JobTap::start(&fleet).await;
+    let session = "s_agent_configured";
+
+    let id = send_agent_input(&fleet, "configured", session, "look it up").await;
+    let call = tap.first("the configured call's job", |t| t.kind() == "tool_call").await;
+    let first = round_delivery(&tap, &id, 0).await;
+    inject(&tap, &first).await;
+    inject(&tap, &call).await;
+    wait_for("the answering step's model call", Duration::from_secs(20), || async {
+        (llm.requests().len() == 2).then_some(())
+    })
+    .await;
+    let second = round_delivery(&tap, &id, 1).await;
+    inject(&tap, &second).await;
+
+    let once = ["tool_call", "tool_result"];
+    assert_agent_finished_once(&fleet, &id, session, &once).await;
+    tap.republish(&first).await;
+    tap.republish(&call).await;
+    tap.republish(&second).await;
+    assert_copies_counted(&fleet, 2 * COPIES + 2).await;
+    assert_eq!(llm.requests().len(), 2, "one model call per step");
+    let sent = crm.received();
+    assert_eq!(sent.len(), 1, "the call was sent once: {sent:?}");
+    assert_eq!(sent[0].json["parameters"], json!({"query": "q", "region": "eu", "auth": {"key": KEY}}));
     assert_agent_finished_once(&fleet, &id, session, &once).await;
 }
 
