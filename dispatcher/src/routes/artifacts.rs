@@ -20,13 +20,12 @@ use utoipa::ToSchema;
 
 use fleet_platform::artifacts::ArtifactError;
 use fleet_platform::now_ms;
-use fleet_protocol::agents::AssistantRecord;
 use fleet_protocol::artifacts::{self as files, Artifact, Refusal};
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn;
 
 use crate::error::ApiError;
-use crate::routes::agent_events::{agent, own_session};
+use crate::routes::agent_events::{agent, agents_session, own_session};
 use crate::tenancy::Tenancy;
 use crate::AppState;
 
@@ -144,14 +143,6 @@ pub(crate) async fn get_artifact(
     let Some(bytes) = bytes else { return Err(missing()) };
     let mime = HeaderValue::from_str(&found.mime_type).unwrap_or(HeaderValue::from_static("application/octet-stream"));
     Ok(([(header::CONTENT_TYPE, mime)], bytes).into_response())
-}
-
-/// Whether the session is the agent's: a room's assistant, else the agent it is bound to.
-async fn agents_session(state: &AppState, agent: &AssistantRecord, session: &str) -> Result<bool, ApiError> {
-    if let Some(room) = state.store.registry().get_room(session).await? {
-        return Ok(room.assistant_id == agent.id);
-    }
-    Ok(state.store.sessions().session_agent(session).await?.as_deref() == Some(agent.id.as_str()))
 }
 
 /// Every `file` part of the form (filename, type, bytes), each checked; the first refusal is the

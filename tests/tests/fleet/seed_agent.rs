@@ -121,6 +121,13 @@ async fn steps_hand_off_and_the_session_stays_in_its_step_with_checked_structure
     assert!(error["messages"][0].as_str().unwrap().contains("output schema \"invoice\""), "{error}");
     assert!(system_of(&llm.requests()[2].body).contains("## Current step: billing"));
 
+    // The session says which step it is in.
+    let (status, shown) = fleet.get("/v2/agents/support/sessions/s1").await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!((&shown["current_step_name"], &shown["running"]), (&json!("billing"), &json!(false)), "{shown}");
+    let (status, _) = fleet.get("/v2/agents/support/sessions/never_used").await;
+    assert_eq!(status, 404);
+
     // `entry_step` enters a step before the input.
     let mut entered = input("Hello again");
     entered["entry_step"] = json!("triage");
@@ -387,4 +394,39 @@ async fn a_client_tools_output_is_checked_against_its_output_schema() {
     let (status, resp) = fleet.post(&events_path("measurer", "s1"), &output(json!({"cm": 12.5}))).await;
     assert_eq!(status, 201, "{resp}");
     assert_eq!(kinds(&resp), ["tool_output", "agent_output"], "{resp}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rooms_messages_run_the_same_agent_with_its_steps_and_schema() {
+    let llm = MockLlm::start(support_model).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let created = create(&fleet, &stepped_agent("room_support")).await;
+    let id = created["id"].as_str().unwrap();
+    let (status, room) = fleet.post(&format!("/v1/agents/{id}/rooms"), &json!({"namespace": "user_1"})).await;
+    assert_eq!(status, 201, "{room}");
+    let room_id = room["data"]["id"].as_str().unwrap().to_string();
+
+    // A seed 000 message to the room: the turn hands off and answers under billing's schema.
+    let (status, sent) = fleet
+        .post(&format!("/v1/agents/rooms/{room_id}/messages"), &json!({"content": "my invoice?", "role": "user"}))
+        .await;
+    assert_eq!(status, 201, "{sent}");
+    let answered = fleet_tests::wait_for("the room's answer", std::time::Duration::from_secs(20), || async {
+        let (_, page) = fleet.get(&format!("/v1/agents/rooms/{room_id}/messages?order=asc&limit=10")).await;
+        let messages = page["data"]["messages"].as_array().cloned().unwrap_or_default();
+        messages.into_iter().find(|m| m["role"] == "assistant" && m["content"] == "{\"total\": 42.5}")
+    })
+    .await;
+    assert_eq!(answered["role"], "assistant");
+    let calls = llm.requests();
+    assert!(system_of(&calls[0].body).contains("## Current step: triage"));
+    assert_eq!(calls[1].body["response_format"]["json_schema"]["name"], "invoice");
+    // The room is a session of the agent: seed 001 sees the same events and step.
+    let mut since = input("and now?");
+    since["since"] = json!("start");
+    let (status, resp) = fleet.post(&events_path("room_support", &room_id), &since).await;
+    assert_eq!(status, 201, "{resp}");
+    let transitions = of_type(&resp, "step_transition");
+    assert_eq!(transitions.len(), 1, "{resp}");
+    assert_eq!(of_type(&resp, "structured_output").len(), 2, "{resp}");
 }

@@ -168,6 +168,58 @@ pub(crate) async fn own_session(
     Ok(())
 }
 
+/// Whether the session is the agent's: a room's assistant, else the agent it is bound to.
+pub(crate) async fn agents_session(state: &AppState, agent: &AssistantRecord, session: &str) -> Result<bool, ApiError> {
+    if let Some(room) = state.store.registry().get_room(session).await? {
+        return Ok(room.assistant_id == agent.id);
+    }
+    Ok(state.store.sessions().session_agent(session).await?.as_deref() == Some(agent.id.as_str()))
+}
+
+/// A session of an agent, as seed 001 shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AgentSession {
+    session_key: String,
+    /// The agent's name.
+    agent_key: String,
+    /// The step the session is in: where its next input starts unless it names an `entry_step`
+    /// (null for an agent without steps, or a session that has not run yet).
+    current_step_name: Option<String>,
+    /// Whether a turn runs in it or waits in its line.
+    running: bool,
+}
+
+/// A session of the agent: its current step, and whether it runs.
+#[utoipa::path(get, path = "/v2/agents/{agent_key}/sessions/{session_key}", extensions(("x-tenancy" = json!("resource"))), tag = "agent-sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("agent_key" = String, Path, description = "The agent: an assistant's id (`asst_…`) or name"),
+        ("session_key" = String, Path, description = "The session")),
+    responses((status = 200, description = "The session", body = AgentSession),
+        (status = 404, description = "No such agent or session (or another tenant's)", body = crate::routes::docs::ErrorBody),
+        crate::routes::docs::CommonErrors))]
+pub(crate) async fn get_session(
+    State(state): State<AppState>,
+    tenancy: crate::tenancy::Tenancy,
+    Path((agent_key, session_key)): Path<(String, String)>,
+) -> Result<Json<AgentSession>, ApiError> {
+    validate::identifier("session_key", Some(&session_key)).map_err(as_bad_request)?;
+    let session = tenancy.session(&session_key);
+    let agent = agent(&state, tenancy.bound.as_deref(), &agent_key).await?;
+    crate::routes::common::check_session(&state, &tenancy, &session).await?;
+    if !agents_session(&state, &agent, &session).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            format!("no session {session_key:?} of agent {:?}", agent.name),
+        ));
+    }
+    let sessions = state.store.sessions();
+    let (step, running) = tokio::try_join!(sessions.session_step(&session), sessions.session_busy(&session))?;
+    let current_step_name =
+        step.filter(|s| agent.agent.steps.contains_key(s)).or_else(|| agent.agent.first_step_name.clone());
+    Ok(Json(AgentSession { session_key, agent_key: agent.name, current_step_name, running }))
+}
+
 /// `Request-Timeout` (seconds) or `Request-Timeout-Millis`: how long a 201 answer waits.
 fn request_timeout(headers: &HeaderMap) -> Result<Duration, ApiError> {
     let read = |name: &str| -> Result<Option<u64>, ApiError> {
@@ -201,7 +253,9 @@ pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
 /// This module's routes, each with its OpenAPI operation (path, method, scope): adding a route
 /// here is all it takes to serve, document and guard it.
 pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
-    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(create_event))
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(utoipa_axum::routes!(create_event))
+        .routes(utoipa_axum::routes!(get_session))
 }
 
 #[cfg(test)]
