@@ -48,6 +48,9 @@ pub struct AgentConfig {
     pub output_schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transition_limit: Option<u32>,
+    /// Replay the model's reasoning into later prompts (as each answer's `reasoning_content`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_reasoning: bool,
 }
 
 /// One step of an agent: what the model is told in it and where it may hand off to.

@@ -137,6 +137,10 @@ pub struct AssistantInput {
     #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 100))]
     #[serde(default)]
     pub transition_limit: Option<u32>,
+    /// Replay the model's reasoning into later prompts (default false: reasoning is shown as
+    /// `reasoning` events and never sent back to the model).
+    #[serde(default)]
+    pub replay_reasoning: Option<bool>,
 }
 
 /// An assistant as the API shows it: the seed's assistant object, plus `version` and `updated_at`.
@@ -187,6 +191,8 @@ pub struct AgentConfigOut {
     pub output_schema: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transition_limit: Option<u32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replay_reasoning: bool,
 }
 
 impl From<AgentConfig> for AgentConfigOut {
@@ -201,6 +207,7 @@ impl From<AgentConfig> for AgentConfigOut {
             output_schemas: a.output_schemas,
             output_schema: a.output_schema,
             transition_limit: a.transition_limit,
+            replay_reasoning: a.replay_reasoning,
         }
     }
 }
@@ -351,6 +358,9 @@ impl AssistantInput {
             )*};
         }
         set!(first_step_name, output_schema, transition_limit);
+        if let Some(replay) = self.replay_reasoning {
+            agent.replay_reasoning = replay;
+        }
         for (name, value) in self.secrets.iter().flatten() {
             crate::agent_config::check_name("secrets key", name)?;
             match value {

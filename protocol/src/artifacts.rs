@@ -187,6 +187,7 @@ pub fn upload_entry(artifacts: &[Artifact], message: &str, created_at: &str) -> 
         content: Some(message.to_string()),
         tool_calls: vec![],
         tool_call_id: None,
+        reasoning: None,
         created_at: created_at.to_string(),
     }
 }

@@ -18,6 +18,10 @@ pub struct Message {
     /// state in Redis never holds them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageRef>,
+    /// The model's reasoning behind this answer, kept only for an agent that asks to have it
+    /// replayed (`replay_reasoning`); sent back as `reasoning_content`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// An image artifact a message shows, and how closely the model should look.
@@ -64,6 +68,7 @@ impl Message {
             tool_calls: vec![],
             tool_call_id: None,
             images: vec![],
+            reasoning: None,
         }
     }
 
@@ -71,6 +76,9 @@ impl Message {
     /// `to_openai_with_images`).
     pub fn to_openai(&self) -> Value {
         let mut m = json!({"role": self.role, "content": self.content});
+        if let Some(reasoning) = &self.reasoning {
+            m["reasoning_content"] = json!(reasoning);
+        }
         if !self.tool_calls.is_empty() {
             m["tool_calls"] = self
                 .tool_calls

@@ -120,6 +120,7 @@ pub fn summary_entry(turn_id: &str, summary: &str, created_at: &str) -> HistoryE
         content: Some(format!("Summary of the earlier conversation: {summary}")),
         tool_calls: vec![],
         tool_call_id: None,
+        reasoning: None,
         created_at: created_at.to_string(),
     }
 }
@@ -137,6 +138,7 @@ mod tests {
             content: Some(content.into()),
             tool_calls: vec![],
             tool_call_id: None,
+            reasoning: None,
             created_at: "t".into(),
         }
     }

@@ -38,6 +38,9 @@ pub struct HistoryEntry {
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The answer's reasoning, for an agent that replays it (`chat::Message::reasoning`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     pub created_at: String,
 }
 
@@ -56,6 +59,7 @@ impl HistoryEntry {
             // The history keeps a loaded image's note, never the image: a later turn that wants
             // it loads it again.
             images: vec![],
+            reasoning: self.reasoning.clone(),
         }
     }
 
@@ -132,6 +136,7 @@ pub fn exchange_entries(
             content: m.content.clone(),
             tool_calls: m.tool_calls.clone(),
             tool_call_id: m.tool_call_id.clone(),
+            reasoning: m.reasoning.clone(),
             created_at: created_at.to_string(),
         })
         .collect()
@@ -152,6 +157,7 @@ pub fn sent_entries(turn_id: &str, messages: &[(String, String)], created_at: &s
             content: Some(content.clone()),
             tool_calls: vec![],
             tool_call_id: None,
+            reasoning: None,
             created_at: created_at.to_string(),
         })
         .collect()
@@ -168,6 +174,7 @@ pub fn answer_entry(turn_id: &str, message_id: &str, message: &Message, created_
         content: message.content.clone(),
         tool_calls: message.tool_calls.clone(),
         tool_call_id: None,
+        reasoning: None,
         created_at: created_at.to_string(),
     }
 }
@@ -183,6 +190,7 @@ pub fn result_entry(turn_id: &str, call_key: &str, call_id: &str, content: &str,
         content: Some(content.to_string()),
         tool_calls: vec![],
         tool_call_id: Some(call_id.to_string()),
+        reasoning: None,
         created_at: created_at.to_string(),
     }
 }
@@ -294,6 +302,7 @@ mod tests {
             content: Some(seq.to_string()),
             tool_calls: vec![],
             tool_call_id: None,
+            reasoning: None,
             created_at: "2026-01-01T00:00:00Z".into(),
         }
     }
@@ -334,6 +343,7 @@ mod tests {
                 tool_calls: vec![call.clone()],
                 tool_call_id: None,
                 images: vec![],
+                reasoning: None,
             },
             Message {
                 role: "tool".into(),
@@ -341,6 +351,7 @@ mod tests {
                 tool_calls: vec![],
                 tool_call_id: Some("call_1".into()),
                 images: vec![],
+                reasoning: None,
             },
             Message::text("assistant", "done"),
         ];

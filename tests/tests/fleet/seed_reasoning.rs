@@ -89,3 +89,24 @@ async fn a_reasoning_models_thoughts_are_one_event_never_the_answer_nor_a_later_
         assert_eq!(complete.3["message"]["content"], format!("answer {n}"));
     }
 }
+
+/// An agent that asks for it (`replay_reasoning`) has its model's reasoning sent back with each
+/// answer in later prompts, as `reasoning_content`; the event is the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_asks_for_it_has_its_reasoning_replayed() {
+    let llm = MockLlm::start(reasoning_model).await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let agent = json!({"name": "replaying", "title": "R", "instructions": "Think.", "replay_reasoning": true});
+    let (status, resp) = fleet.post("/v1/agents/assistants", &agent).await;
+    assert_eq!(status, 201, "{resp}");
+    assert_eq!(resp["data"]["replay_reasoning"], true, "{resp}");
+    let (status, first) = fleet.post(&events_path("replaying", "s1"), &input("first")).await;
+    assert_eq!(status, 201, "{first}");
+    assert!(only(&first, "reasoning")["content"].as_str().unwrap().contains(THOUGHTS[0]));
+    let (status, _) = fleet.post(&events_path("replaying", "s1"), &input("second")).await;
+    assert_eq!(status, 201);
+    let replayed = llm.requests()[1].messages();
+    let answer = replayed.iter().find(|m| m["role"] == "assistant").expect("the first answer in the prompt");
+    assert_eq!(answer["content"], "answer 0");
+    assert!(answer["reasoning_content"].as_str().unwrap().contains(THOUGHTS[0]), "{answer}");
+}

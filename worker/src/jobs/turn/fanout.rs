@@ -50,6 +50,7 @@ pub(super) async fn fan_out(
         tool_calls: completion.tool_calls.clone(),
         tool_call_id: None,
         images: vec![],
+        reasoning: super::finish::replayed_reasoning(state, &completion),
     });
     let mut pending = Vec::new();
     for (position, call) in completion.tool_calls.iter().enumerate() {

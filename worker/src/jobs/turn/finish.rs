@@ -36,6 +36,12 @@ pub(super) async fn finish(
     finish_with(step, state, completion, record, closing).await
 }
 
+/// The answer's reasoning, kept for the agent's later prompts only if it asks for that.
+pub(super) fn replayed_reasoning(state: &TurnState, completion: &Completion) -> Option<String> {
+    let replay = state.agent.as_ref().is_some_and(|a| a.config.replay_reasoning);
+    (replay && !completion.reasoning.is_empty()).then(|| completion.reasoning.clone())
+}
+
 /// A seed 001 agent's answer given under an output schema ends with the checked content
 /// (`structured_output`), or with an error naming why it does not match: never a silent pass.
 fn structured_output(state: &TurnState, answer: &str) -> Vec<serde_json::Value> {
@@ -85,7 +91,9 @@ async fn finish_with(
     if let Some(reason) = &completion.finish_reason {
         message["finish_reason"] = json!(reason);
     }
-    state.conversation.push(Message::text("assistant", &completion.content));
+    let mut answer = Message::text("assistant", &completion.content);
+    answer.reasoning = replayed_reasoning(state, &completion);
+    state.conversation.push(answer);
     state.round += 1;
     state.streaming = None;
     state.final_message = Some(message);

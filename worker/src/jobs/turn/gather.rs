@@ -47,6 +47,7 @@ pub(super) async fn collect(
                 tool_calls: vec![],
                 tool_call_id: Some(call.call_id),
                 images: vec![],
+                reasoning: None,
             });
         }
         // After the tool results: an image is shown in a user message, which may not come between
