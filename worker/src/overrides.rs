@@ -38,14 +38,24 @@ pub(crate) async fn resolve(
         .ok_or_else(|| format!("the agent has no tool configuration {configuration:?}"))?;
     let references: Vec<Reference> =
         config.argument_overrides.values().filter_map(|v| Reference::of(v).ok().flatten()).collect();
-    let metadata = match references.iter().any(|r| matches!(r, Reference::Metadata(..))) {
-        true => session_metadata(store, &state.session_id).await?,
-        false => None,
-    };
-    let outputs = match references.iter().any(|r| matches!(r, Reference::ToolOutput(..))) {
-        true => prior_outputs(store, state, turn_id).await?,
-        false => HashMap::new(),
-    };
+    let wants_metadata = references.iter().any(|r| matches!(r, Reference::Metadata(..)));
+    let wants_outputs = references.iter().any(|r| matches!(r, Reference::ToolOutput(..)));
+    // Read side by side: each is one round trip, and a launch waits for them.
+    let (metadata, outputs) = tokio::join!(
+        async {
+            match wants_metadata {
+                true => session_metadata(store, &state.session_id).await,
+                false => Ok(None),
+            }
+        },
+        async {
+            match wants_outputs {
+                true => prior_outputs(store, state, turn_id).await,
+                false => Ok(HashMap::new()),
+            }
+        }
+    );
+    let (metadata, outputs) = (metadata?, outputs?);
     let lookup = |reference: &Reference| match reference {
         Reference::Secret(name) => {
             let sealed = agent.config.secrets.get(name).ok_or_else(|| format!("the agent has no secret {name:?}"))?;
@@ -90,18 +100,17 @@ async fn session_metadata(store: &Store, session: &str) -> Result<Option<serde_j
 /// over what the session's earlier turns left.
 async fn prior_outputs(store: &Store, state: &TurnState, turn_id: &str) -> Result<HashMap<String, Value>, String> {
     let unreadable = |e: fleet_platform::store::StoreError| format!("cannot read the session's tool outputs: {e}");
-    let mut outputs = store.sessions().tool_outputs(&state.session_id).await.map_err(unreadable)?;
-    let configured: Vec<_> = state.tool_calls.iter().filter(|c| c.configuration.is_some()).collect();
-    if configured.is_empty() {
-        return Ok(outputs);
-    }
-    let outcomes = store.sessions().call_outcomes(turn_id).await.map_err(unreadable)?;
-    for call in configured {
-        if let (Some(name), Some(outcome)) = (&call.configuration, outcomes.get(call.outcome_key())) {
-            if outcome.ok {
-                outputs.insert(name.clone(), outcome.result.clone());
-            }
+    let configured = state.tool_calls.iter().any(|c| c.configuration.is_some());
+    let sessions = store.sessions();
+    let (earlier, outcomes) = tokio::join!(sessions.tool_outputs(&state.session_id), async {
+        match configured {
+            true => sessions.call_outcomes(turn_id).await.map(Some),
+            false => Ok(None),
         }
+    });
+    let mut outputs = earlier.map_err(unreadable)?;
+    if let Some(outcomes) = outcomes.map_err(unreadable)? {
+        outputs.extend(newest_outputs(state, &outcomes));
     }
     Ok(outputs)
 }

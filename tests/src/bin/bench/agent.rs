@@ -2,8 +2,9 @@
 //! only by that part, in one run on one fleet: a step transition (beside a round whose call is
 //! answered at once, as a handoff is), an override resolution of three `$ref`s (beside the same
 //! tool called without a configuration), and a structured-output check (beside a plain answer).
-//! A turn's figure is its seed 001 input's 201 less its model calls' own time; each variant runs
-//! its turns one after another in one session of its own, so history grows alike in each.
+//! A turn's figure is its seed 001 input's 201 less its model calls' own time; each variant has a
+//! session of its own, and the variants take turns (round robin), so history grows alike in each
+//! and the machine's noise falls on all of them alike.
 
 use std::time::Instant;
 
@@ -92,24 +93,29 @@ pub(super) async fn agent_phase(conn: &Connection, turns: usize) -> anyhow::Resu
     let mut fleet = BenchFleet::start(&[("FLEET_LLM_BASE_URL", &base)]).await?;
     fleet.add_worker().await?;
     fleet.register(&format!("http://{}/bench", receiver.addr)).await?;
-    let mut medians = Vec::new();
-    for variant in variants() {
-        let session = prepare(&fleet, &variant).await?;
+    let variants = variants();
+    let mut sessions = Vec::new();
+    for variant in &variants {
+        let session = prepare(&fleet, variant).await?;
         if variant.mode == "configured" {
-            send(&fleet, &variant, &session, "seed").await?;
+            send(&fleet, variant, &session, "seed").await?;
         }
-        let mut times = Vec::new();
-        for _ in 0..turns {
+        sessions.push(session);
+    }
+    // Round robin: the machine's noise falls on every variant alike.
+    let mut times = vec![Vec::new(); variants.len()];
+    for _ in 0..turns {
+        for (i, (variant, session)) in variants.iter().zip(&sessions).enumerate() {
             let before = llm.requests().len();
             let t0 = Instant::now();
-            send(&fleet, &variant, &session, "go").await?;
+            send(&fleet, variant, session, "go").await?;
             let elapsed = t0.elapsed();
             let model: std::time::Duration =
                 llm.requests()[before..].iter().map(|r| r.ended.unwrap_or(r.started) - r.started).sum();
-            times.push(elapsed.saturating_sub(model).as_secs_f64() * 1000.0);
+            times[i].push(elapsed.saturating_sub(model).as_secs_f64() * 1000.0);
         }
-        medians.push((variant.name, median(times)));
     }
+    let medians = variants.iter().zip(times).map(|(v, t)| (v.name, median(t))).collect();
     fleet.stop(conn).await;
     Ok(medians)
 }
