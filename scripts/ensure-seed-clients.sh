@@ -3,13 +3,16 @@
 # run the seeds' own examples with, when it is missing: `jq` and `curl` (the seed's bash), Node.js
 # (its TypeScript snippets, ported to JavaScript), the npm package `eventsource` 2.x (the seed's
 # `new EventSource(url, { headers })`), and a Python venv with Flask (its Python tool-callback
-# verifier). npm and pip install into a cache directory, never system-wide:
+# verifier), and moto's S3 server (the artifact store's S3 test). npm and pip install into a
+# cache directory, never system-wide:
 #   ${FLEET_SEED_CLIENTS_DIR:-$HOME/.cache/fleet-seed-clients}/{node_modules,venv}
 # Does nothing when everything is there.
 set -euo pipefail
 
 EVENTSOURCE_VERSION=2.0.2
 FLASK_VERSION=3.1.3
+# An S3-compatible server for the artifact store's S3 test (tests/tests/fleet/seed_artifacts.rs).
+MOTO_VERSION=5.2.6
 dir=${FLEET_SEED_CLIENTS_DIR:-$HOME/.cache/fleet-seed-clients}
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -37,12 +40,17 @@ if [ "$installed" != "$EVENTSOURCE_VERSION" ]; then
   npm install --prefix "$dir" --no-audit --no-fund --silent "eventsource@$EVENTSOURCE_VERSION"
 fi
 
-if ! "$dir/venv/bin/python" -c 'import flask' >/dev/null 2>&1; then
+if ! "$dir/venv/bin/python" -c 'import flask, moto.server' >/dev/null 2>&1; then
   echo "ensure-seed-clients: installing Flask $FLASK_VERSION into $dir/venv" >&2
   python3 -m venv "$dir/venv"
   "$dir/venv/bin/pip" install -q "flask==$FLASK_VERSION"
 fi
 
+if ! "$dir/venv/bin/python" -c 'import moto.server' >/dev/null 2>&1; then
+  echo "ensure-seed-clients: installing moto[server] $MOTO_VERSION into $dir/venv" >&2
+  "$dir/venv/bin/pip" install -q "moto[server]==$MOTO_VERSION"
+fi
+
 jq --version >/dev/null
 node -e "require('$dir/node_modules/eventsource')"
-"$dir/venv/bin/python" -c 'import flask'
+"$dir/venv/bin/python" -c 'import flask, moto.server'

@@ -265,3 +265,80 @@ async fn another_tenant_can_neither_upload_to_nor_read_a_session_not_its_own() {
     let (_, _, got) = fetch_as(&fleet, ACME, &agent_id, "private", &id).await;
     assert_eq!(got, b"acme's", "acme's file is unchanged");
 }
+
+/// An S3-compatible server (moto's, from `scripts/ensure-seed-clients.sh`) on a port of its own,
+/// with one bucket; stopped when dropped.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl S3Server {
+    async fn start(bucket: &str) -> S3Server {
+        let port = fleet_tests::free_port();
+        let server = fleet_tests::seed::clients_dir().join("venv/bin/moto_server");
+        let child = std::process::Command::new(server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start moto_server (scripts/ensure-seed-clients.sh installs it)");
+        let s3 = S3Server { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let http = reqwest::Client::new();
+        let url = format!("{}/{bucket}", s3.endpoint);
+        fleet_tests::wait_for("the S3 server", std::time::Duration::from_secs(30), || async {
+            http.put(&url).send().await.ok().filter(|r| r.status().is_success()).map(|_| ())
+        })
+        .await;
+        s3
+    }
+
+    /// The keys under `prefix` in `bucket` (a ListObjectsV2, path style).
+    async fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let url = format!("{}/{bucket}?list-type=2&prefix={prefix}", self.endpoint);
+        let listing = reqwest::get(url).await.unwrap().text().await.unwrap();
+        listing.split("<Key>").skip(1).filter_map(|k| k.split("</Key>").next()).map(str::to_string).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_compatible_store_holds_the_files_the_worker_reads_and_the_session_forgets() {
+    let s3 = S3Server::start("fleet-artifacts").await;
+    let llm = MockLlm::start(looking_model).await;
+    let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let options = llm_fleet(&llm)
+        .env("FLEET_ARTIFACTS_URL", &format!("s3://fleet-artifacts/{prefix}"))
+        .env("AWS_ENDPOINT", &s3.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing");
+    let fleet = spawn_fleet(options).await;
+    create_agent(&fleet, "s3_viewer").await;
+    let image = png();
+    let (status, resp) = upload(&fleet, "s3_viewer", "v1", &[("pixel.png", "image/png", &image)]).await;
+    assert_eq!(status, 201, "{resp}");
+    let id = resp["artifacts"][0]["artifact_id"].as_str().unwrap().to_string();
+    let stored = s3.keys("fleet-artifacts", &prefix).await;
+    assert_eq!(stored.len(), 1, "the file is in the bucket: {stored:?}");
+    assert!(stored_files(&fleet).is_empty(), "and nothing on the local disk");
+    let (status, _, bytes) = fetch_as(&fleet, &fleet.token, "s3_viewer", "v1", &id).await;
+    assert_eq!((status, bytes), (200, image.clone()));
+
+    // The worker reads the image from the bucket into the model's request.
+    let answer = send(&fleet, "s3_viewer", "v1", "Look at my picture.").await;
+    assert_eq!(of_type(&answer, "image_load").len(), 1, "{answer}");
+    let shown = llm.requests()[1].body.to_string();
+    assert!(shown.contains(&format!("data:image/png;base64,{PNG_B64}")), "{shown}");
+
+    let (status, resp) = fleet.request(Method::DELETE, "/v1/sessions/v1", None).await;
+    assert!(status == 200 || status == 204, "{resp}");
+    assert_eq!(s3.keys("fleet-artifacts", &prefix).await, Vec::<String>::new(), "forgotten with the session");
+}
