@@ -300,6 +300,7 @@ async fn tool_configurations_fill_overrides_from_secrets_metadata_and_prior_outp
         .await;
     assert_eq!(status, 201, "{room}");
     let session = room["data"]["id"].as_str().or(room["id"].as_str()).unwrap().to_string();
+    let tap = fleet_tests::tap::JobTap::start(&fleet).await;
 
     let (status, resp) = fleet.post(&events_path("crm_agent", &session), &input("Look up my account")).await;
     assert_eq!(status, 201, "{resp}");
@@ -351,6 +352,12 @@ async fn tool_configurations_fill_overrides_from_secrets_metadata_and_prior_outp
     assert_eq!(kinds(&resp), ["tool_output", "agent_output"], "{resp}");
     assert_eq!(of_type(&resp, "tool_output")[0]["resolved_argument_overrides"], json!({"token": "****"}));
 
+    // No job carried it: a configured call's job names its configuration, not its values.
+    let jobs = tap.seen().await;
+    assert!(jobs.iter().any(|j| j.kind() == "tool_call"), "the tap saw the calls' jobs");
+    for job in &jobs {
+        assert!(!job.json.to_string().contains(SECRET), "a {} job held the secret", job.kind());
+    }
     // The model never read the secret; the fleet keeps it only sealed, logs it nowhere.
     for request in llm.requests() {
         assert!(!request.body.to_string().contains(SECRET), "a model request held the secret");
