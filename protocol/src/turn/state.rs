@@ -38,6 +38,18 @@ pub struct PendingCall {
 }
 
 impl PendingCall {
+    /// A call of a built-in tool (`call` as the model made it), answered at once under `key`.
+    pub fn answered(call: &ToolCall, key: String) -> Self {
+        PendingCall {
+            call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            execution_id: None,
+            key,
+            client_event: None,
+            configuration: None,
+        }
+    }
+
     /// The key of the call's outcome.
     pub fn outcome_key(&self) -> &str {
         if self.key.is_empty() {

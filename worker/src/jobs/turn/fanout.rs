@@ -132,22 +132,13 @@ async fn hand_off(
         }
         Err(refused) => CallOutcome { ok: false, result: json!(refused) },
     };
-    if cx.store.sessions().record_call_outcome(step.turn_id(), &key, &outcome, round + 1).await.is_err() {
-        return Err(step.release_and_park().await);
-    }
+    step.answer_now(&key, round, &outcome).await?;
     if outcome.ok {
         state.tell_step();
         let event = agent_session::step_transition_event(&from, &to, &handoff, &state.message_id);
         emit(cx, &state.session_id, event).await;
     }
-    Ok(PendingCall {
-        call_id: call.id.clone(),
-        tool_name: call.name.clone(),
-        execution_id: None,
-        key,
-        client_event: None,
-        configuration: None,
-    })
+    Ok(PendingCall::answered(call, key))
 }
 
 /// The answer that made the calls joins the session's message log, as it is made (once: its id is
@@ -211,9 +202,7 @@ async fn plan(
     };
     let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
     let refused = CallOutcome { ok: false, result };
-    if cx.store.sessions().record_call_outcome(turn_id, &key, &refused, round + 1).await.is_err() {
-        return Err(step.release_and_park().await);
-    }
+    step.answer_now(&key, round, &refused).await?;
     let mut event = turn::error_event(code, &error, Some((&call.id, tool_name)), &state.message_id);
     if let Some(name) = &planned.configuration {
         agent_session::name_configuration(&mut event, name, "tool_configuration_name", json!(name));

@@ -57,22 +57,13 @@ pub(super) async fn load(
         }
         Err(refused) => (CallOutcome { ok: false, result: json!(refused) }, None),
     };
-    if cx.store.sessions().record_call_outcome(step.turn_id(), &key, &outcome, round + 1).await.is_err() {
-        return Err(step.release_and_park().await);
-    }
+    step.answer_now(&key, round, &outcome).await?;
     if let Some(due) = loaded {
         let event = artifacts::image_load_event(&due.artifact_id, due.detail, &state.message_id);
         emit(cx, &state.session_id, event).await;
         state.images_due.push(due);
     }
-    Ok(PendingCall {
-        call_id: call.id.clone(),
-        tool_name: call.name.clone(),
-        execution_id: None,
-        key,
-        client_event: None,
-        configuration: None,
-    })
+    Ok(PendingCall::answered(call, key))
 }
 
 /// The data URLs of the images the conversation shows, read from the artifact store before the

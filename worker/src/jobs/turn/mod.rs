@@ -92,6 +92,16 @@ impl ClaimedStep<'_> {
         }
     }
 
+    /// Answers call `key` of the answer made in `round` at once (a built-in tool's, or a refused
+    /// call): its outcome is recorded as a tool's result would be (the first one wins); Redis
+    /// unavailable, the step is parked.
+    async fn answer_now(&self, key: &str, round: u32, outcome: &turn::CallOutcome) -> Result<(), Outcome> {
+        match self.cx.store.sessions().record_call_outcome(self.turn_id(), key, outcome, round + 1).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(self.release_and_park().await),
+        }
+    }
+
     /// Gives the step's claim back; `false` if that was not written (fenced, Redis unavailable).
     async fn release(&self) -> bool {
         let released = Transition::new(ClaimAfter::Release("released"));
