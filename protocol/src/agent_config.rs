@@ -546,10 +546,7 @@ fn check_output_schema(field: &str, schema: &Value) -> Result<(), String> {
     if schema.get("type") != Some(&json!("object")) {
         return Err(format!("{field} must be a JSON Schema whose type is \"object\""));
     }
-    ToolSchema::compile(schema).map(|_| ()).map_err(|e| {
-        let text = e.0.strip_prefix("parameters").unwrap_or(&e.0);
-        format!("{field} is not a valid JSON Schema: {field}{text}")
-    })
+    ToolSchema::compile_at(schema, field).map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Checks an answer against its output schema: the content parsed as JSON (a fenced ```json
@@ -563,11 +560,10 @@ pub fn check_answer(schema_name: &str, schema: &Value, answer: &str) -> Result<V
         .unwrap_or(trimmed);
     let content: Value = serde_json::from_str(body.trim())
         .map_err(|e| format!("the answer is not JSON for output schema {schema_name:?}: {e}"))?;
-    let compiled = ToolSchema::compile(schema).map_err(|e| e.0)?;
-    compiled.check(&content).map_err(|e| {
-        let text = e.to_string().replace("parameters", "content");
-        format!("the answer does not match output schema {schema_name:?}: {text}")
-    })?;
+    let compiled = ToolSchema::compile_at(schema, "content").map_err(|e| e.detail)?;
+    compiled
+        .check_at(&content, "content")
+        .map_err(|e| format!("the answer does not match output schema {schema_name:?}: {e}"))?;
     Ok(content)
 }
 

@@ -11,11 +11,17 @@ use serde_json::Value;
 const MAX_LISTED: usize = 5;
 const MAX_ERROR_CHARS: usize = 200;
 
+/// Why a schema does not compile: `root` names the field the schema was given as, and `detail`
+/// is `<root><pointer>: <what>`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("parameters is not a valid JSON Schema: {0}")]
-pub struct InvalidSchema(pub String);
+#[error("{root} is not a valid JSON Schema: {detail}")]
+pub struct InvalidSchema {
+    pub root: String,
+    pub detail: String,
+}
 
-/// The failures of a call's parameters against the schema, each `parameters/<path>: <what>`.
+/// The failures of a value against the schema, each `<root>/<path>: <what>` (the root is
+/// `parameters` for a call's parameters).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", summary(.0))]
 pub struct ParameterErrors(pub Vec<String>);
@@ -30,19 +36,33 @@ impl std::fmt::Debug for ToolSchema {
 }
 
 impl ToolSchema {
+    /// Compiles a tool's `parameters` schema.
     pub fn compile(schema: &Value) -> Result<Self, InvalidSchema> {
+        Self::compile_at(schema, "parameters")
+    }
+
+    /// Compiles a schema given as the field `root` (an output schema, say): errors name it.
+    pub fn compile_at(schema: &Value, root: &str) -> Result<Self, InvalidSchema> {
         jsonschema::options()
             .offline()
             .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(1 << 20))
             .build(schema)
             .map(ToolSchema)
-            .map_err(|e| InvalidSchema(located(e.instance_path().as_str(), &e.to_string())))
+            .map_err(|e| InvalidSchema {
+                root: root.to_string(),
+                detail: located(root, e.instance_path().as_str(), &e.to_string()),
+            })
     }
 
     /// Checks `parameters` (the call's whole object) against the schema.
     pub fn check(&self, parameters: &Value) -> Result<(), ParameterErrors> {
+        self.check_at(parameters, "parameters")
+    }
+
+    /// Checks `value`, the field `root` (a tool's output, say): each failure names its path in it.
+    pub fn check_at(&self, value: &Value, root: &str) -> Result<(), ParameterErrors> {
         let errors: Vec<String> =
-            self.0.iter_errors(parameters).map(|e| located(e.instance_path().as_str(), &e.to_string())).collect();
+            self.0.iter_errors(value).map(|e| located(root, e.instance_path().as_str(), &e.to_string())).collect();
         if errors.is_empty() {
             Ok(())
         } else {
@@ -51,13 +71,13 @@ impl ToolSchema {
     }
 }
 
-/// `parameters/<pointer>: <message>`, the message cut to a bound (it quotes the offending value).
-fn located(pointer: &str, message: &str) -> String {
+/// `<root>/<pointer>: <message>`, the message cut to a bound (it quotes the offending value).
+fn located(root: &str, pointer: &str, message: &str) -> String {
     let mut text: String = message.chars().take(MAX_ERROR_CHARS).collect();
     if text.len() < message.len() {
         text.push('…');
     }
-    format!("parameters{pointer}: {text}")
+    format!("{root}{pointer}: {text}")
 }
 
 fn summary(errors: &[String]) -> String {

@@ -187,9 +187,8 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
         ToolSchema::compile(&Value::Object(parameters.clone())).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
     if let Some(Some(schema)) = &input.output_schema {
-        ToolSchema::compile(&Value::Object(schema.clone())).map_err(|e| {
-            ApiError::invalid(format!("output_schema{}", e.0.strip_prefix("parameters").unwrap_or(&e.0)))
-        })?;
+        ToolSchema::compile_at(&Value::Object(schema.clone()), "output_schema")
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
     }
     limits(&ToolLimits::default(), input)?;
     Ok(())

@@ -99,12 +99,12 @@ async fn check_output(state: &AppState, tool: &str, output: &Value, i: usize) ->
     let Some(schema) = state.store.registry().get_tool(tool).await?.and_then(|t| t.output_schema) else {
         return Ok(());
     };
-    let compiled = fleet_protocol::schema::ToolSchema::compile(&schema)
+    let compiled = fleet_protocol::schema::ToolSchema::compile_at(&schema, "output_schema")
         .map_err(|e| bad_request(format!("tool {tool:?} has an output_schema that does not compile: {e}")))?;
-    compiled.check(output).map_err(|e| {
-        let problem = e.to_string().replace("parameters", &format!("tool_outputs[{i}].output"));
-        bad_request(format!("tool_outputs[{i}].output does not match tool {tool:?}'s output_schema: {problem}"))
-    })
+    let field = format!("tool_outputs[{i}].output");
+    compiled
+        .check_at(output, &field)
+        .map_err(|e| bad_request(format!("{field} does not match tool {tool:?}'s output_schema: {e}")))
 }
 
 /// The places of the outputs whose call already has an outcome.
