@@ -26,8 +26,14 @@ pub const MAX_TRANSITIONS: u32 = 100;
 /// What a secret's value shows as wherever the agent is shown.
 pub const MASK: &str = "****";
 
-/// The seed 001 parts of an agent as stored (secrets sealed) and as a running turn carries them.
+/// The seed 001 parts of an agent as stored (secrets sealed), as a running turn carries them,
+/// and, `masked`, as the API shows them (only those it has).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schema(description = "An agent's seed 001 parts (only those it has); each secret's value shows as `****`.")
+)]
 pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub steps: BTreeMap<String, AgentStep>,
@@ -38,9 +44,10 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_configurations: BTreeMap<String, ToolConfiguration>,
     /// Name → the value sealed with `FLEET_SECRETS_KEY` (`secrets::SecretsKey`, owner
-    /// `secret_owner`): never the value itself.
+    /// `secret_owner`): never the value itself. The API shows each as `****`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secrets: BTreeMap<String, String>,
+    #[cfg_attr(feature = "schema", schema(value_type = BTreeMap<String, Object>))]
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub output_schemas: BTreeMap<String, Value>,
     /// The output schema the agent's answers end with, when its step names none.

@@ -166,50 +166,7 @@ pub struct AssistantOut {
     pub updated_at: String,
     /// Seed 001's parts, each secret's value shown as `****`.
     #[serde(flatten)]
-    pub agent: AgentConfigOut,
-}
-
-/// An agent's seed 001 parts as the API shows them (only those it has).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
-pub struct AgentConfigOut {
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub steps: BTreeMap<String, AgentStep>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_step_name: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub skills: BTreeMap<String, Skill>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tool_configurations: BTreeMap<String, ToolConfiguration>,
-    /// Each value `****`.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub secrets: BTreeMap<String, String>,
-    #[cfg_attr(feature = "schema", schema(value_type = BTreeMap<String, Object>))]
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub output_schemas: BTreeMap<String, Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_schema: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transition_limit: Option<u32>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub replay_reasoning: bool,
-}
-
-impl From<AgentConfig> for AgentConfigOut {
-    fn from(a: AgentConfig) -> Self {
-        let a = a.masked();
-        AgentConfigOut {
-            steps: a.steps,
-            first_step_name: a.first_step_name,
-            skills: a.skills,
-            tool_configurations: a.tool_configurations,
-            secrets: a.secrets,
-            output_schemas: a.output_schemas,
-            output_schema: a.output_schema,
-            transition_limit: a.transition_limit,
-            replay_reasoning: a.replay_reasoning,
-        }
-    }
+    pub agent: AgentConfig,
 }
 
 /// The schemas of an assistant's `model_config`: a turn's, with the seed's temperature range.
@@ -474,7 +431,7 @@ impl AssistantRecord {
             version: self.version,
             created_at: rfc3339_from_millis(self.created_at_ms),
             updated_at: rfc3339_from_millis(self.updated_at_ms),
-            agent: self.agent.clone().into(),
+            agent: self.agent.masked(),
         }
     }
 
