@@ -67,13 +67,6 @@ impl Sessions {
         self.redis.count(r)
     }
 
-    /// The step the session is in (seed 001), as its last turn left it.
-    pub async fn session_step(&self, session_id: &str) -> Result<Option<String>, StoreError> {
-        let r: Result<Option<String>, _> =
-            self.redis.conn().await?.get(self.redis.keys().session(session_id, "step")).await;
-        self.redis.count(r)
-    }
-
     /// Forgets the session's artifact records (its files are the artifact store's to delete).
     pub async fn artifacts_delete(&self, session_id: &str) -> Result<(), StoreError> {
         let r: Result<(), _> = self.redis.conn().await?.del(self.redis.keys().session(session_id, "artifacts")).await;

@@ -399,6 +399,13 @@ impl Sessions {
         })
     }
 
+    /// The step the session is in (seed 001), as its last turn left it.
+    pub async fn session_step(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let r: Result<Option<String>, _> =
+            self.redis.conn().await?.get(self.redis.keys.session(session_id, "step")).await;
+        self.redis.count(r)
+    }
+
     /// Whether a turn runs in the session or waits in its line (seed 001's "the session is
     /// already running").
     pub async fn session_busy(&self, session_id: &str) -> Result<bool, StoreError> {
