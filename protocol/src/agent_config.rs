@@ -599,6 +599,13 @@ mod tests {
     fn a_whole_agent_passes_and_each_problem_names_its_field() {
         assert_eq!(stepped().check(&[]), Ok(()));
         type Change = Box<dyn Fn(&mut AgentConfig)>;
+        // crm_lookup with one more argument override.
+        let overriding = |path: &'static str, value: Value| -> Change {
+            Box::new(move |a| {
+                let overrides = &mut a.tool_configurations.get_mut("crm_lookup").unwrap().argument_overrides;
+                overrides.insert(path.into(), value.clone());
+            })
+        };
         let cases: Vec<(Change, &str)> = vec![
             (Box::new(|a| a.first_step_name = Some("nowhere".into())), "first_step_name \"nowhere\""),
             (Box::new(|a| a.first_step_name = None), "first_step_name is required"),
@@ -612,35 +619,14 @@ mod tests {
             ),
             (Box::new(|a| a.skills.get_mut("refunds").unwrap().content = " ".into()), "skills.refunds.content"),
             (
-                Box::new(|a| {
-                    a.tool_configurations
-                        .get_mut("crm_lookup")
-                        .unwrap()
-                        .argument_overrides
-                        .insert("k".into(), json!({"$ref": "secrets.none"}));
-                }),
+                overriding("k", json!({"$ref": "secrets.none"})),
                 "tool_configurations.crm_lookup.argument_overrides.k: $ref names secret \"none\"",
             ),
             (
-                Box::new(|a| {
-                    a.tool_configurations
-                        .get_mut("crm_lookup")
-                        .unwrap()
-                        .argument_overrides
-                        .insert("k".into(), json!({"$ref": "env.HOME"}));
-                }),
+                overriding("k", json!({"$ref": "env.HOME"})),
                 "tool_configurations.crm_lookup.argument_overrides.k: $ref \"env.HOME\"",
             ),
-            (
-                Box::new(|a| {
-                    a.tool_configurations
-                        .get_mut("crm_lookup")
-                        .unwrap()
-                        .argument_overrides
-                        .insert("a..b".into(), json!(1));
-                }),
-                "tool_configurations.crm_lookup.argument_overrides: \"a..b\"",
-            ),
+            (overriding("a..b", json!(1)), "tool_configurations.crm_lookup.argument_overrides: \"a..b\""),
             (
                 Box::new(|a| {
                     a.output_schemas.insert("bad".into(), json!({"type": "object", "properties": {"q": {"type": 5}}}));

@@ -5,6 +5,7 @@
 //! a Redis Cluster with replicas), a steady load whose figures each failover test reports, and the
 //! fleet's container image run by podman (`FleetOptions::image`, `container`).
 
+pub mod agent_events;
 pub mod binaries;
 pub mod cdp;
 pub mod console;

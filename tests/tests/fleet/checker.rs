@@ -184,15 +184,8 @@ fn turn(session: &str, name: &str, text: &str, steer: bool) -> Value {
 /// are told from every other turn's). Its name.
 async fn stepped_agent(fleet: &Fleet, n: usize) -> String {
     let name = format!("checker_agent_{n}");
-    let body = json!({
-        "name": name, "title": "Checker", "instructions": format!("You are A{n}."),
-        "model_config": {"provider": "openai", "model": "test-model"},
-        "steps": {
-            "triage": {"instructions": "TRIAGE: find out what the user needs.", "next_steps": ["billing"]},
-            "billing": {"instructions": "BILLING: settle the bill.", "description": "money matters"}
-        },
-        "first_step_name": "triage"
-    });
+    let mut body = fleet_tests::agent_events::two_step_agent(&name, &format!("You are A{n}."));
+    body["model_config"] = json!({"provider": "openai", "model": "test-model"});
     let (status, resp) = fleet.post("/v1/agents/assistants", &body).await;
     assert_eq!(status, 201, "{resp}");
     name

@@ -7,28 +7,13 @@
 
 use serde_json::{json, Value};
 
+use fleet_tests::agent_events::{events_path, input, kinds, of_type};
 use fleet_tests::fleet::redis_values_containing;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::llm_fleet;
 use fleet_tests::{spawn_fleet, Fleet, Receiver, Reply};
 
 const SECRET: &str = "sk-crm-7f3a9c41e2b8d6";
-
-fn events_path(agent: &str, session: &str) -> String {
-    format!("/v2/agents/{agent}/sessions/{session}/events")
-}
-
-fn input(text: &str) -> Value {
-    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
-}
-
-fn kinds(resp: &Value) -> Vec<String> {
-    resp["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap().to_string()).collect()
-}
-
-fn of_type<'a>(resp: &'a Value, kind: &str) -> Vec<&'a Value> {
-    resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect()
-}
 
 /// A support agent in two steps: triage may hand off to billing, whose answers end with an invoice.
 fn stepped_agent(name: &str) -> Value {

@@ -11,6 +11,7 @@ use base64::Engine;
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use fleet_tests::agent_events::{of_type};
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::llm_fleet;
 use fleet_tests::{spawn_fleet, Fleet};
@@ -84,10 +85,6 @@ async fn send(fleet: &Fleet, agent: &str, session: &str, text: &str) -> Value {
     let (status, resp) = fleet.post(&format!("/v2/agents/{agent}/sessions/{session}/events"), &body).await;
     assert_eq!(status, 201, "{resp}");
     resp
-}
-
-fn of_type<'a>(resp: &'a Value, kind: &str) -> Vec<&'a Value> {
-    resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect()
 }
 
 /// Every file under the fleet's artifact store.

@@ -8,27 +8,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use fleet_tests::agent_events::{events_path, input, kinds, only};
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::llm_fleet;
 use fleet_tests::{spawn_fleet, Fleet};
-
-fn events_path(agent: &str, session: &str) -> String {
-    format!("/v2/agents/{agent}/sessions/{session}/events")
-}
-
-fn input(text: &str) -> Value {
-    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
-}
-
-fn kinds(resp: &Value) -> Vec<String> {
-    resp["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap().to_string()).collect()
-}
-
-fn only<'a>(resp: &'a Value, kind: &str) -> &'a Value {
-    let found: Vec<&Value> = resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect();
-    assert_eq!(found.len(), 1, "one {kind} event: {resp}");
-    found[0]
-}
 
 /// Creates an agent whose `model_config` is `config`.
 async fn create_agent(fleet: &Fleet, name: &str, config: Value) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use fleet_tests::agent_events::{events_path, input, kinds, of_type};
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::turn::llm_fleet;
 use fleet_tests::{spawn_fleet, Fleet};
@@ -22,25 +23,9 @@ async fn create_agent(fleet: &Fleet, name: &str, tools: &[&str]) -> String {
     resp["data"]["id"].as_str().or(resp["id"].as_str()).unwrap().to_string()
 }
 
-fn events_path(agent: &str, session: &str) -> String {
-    format!("/v2/agents/{agent}/sessions/{session}/events")
-}
-
-fn input(text: &str) -> Value {
-    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
-}
-
 /// Posts an event body; the status and the answer's `events`.
 async fn send(fleet: &Fleet, agent: &str, session: &str, body: &Value) -> (u16, Value) {
     fleet.post(&events_path(agent, session), body).await
-}
-
-fn kinds(resp: &Value) -> Vec<String> {
-    resp["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap().to_string()).collect()
-}
-
-fn of_type<'a>(resp: &'a Value, kind: &str) -> Vec<&'a Value> {
-    resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect()
 }
 
 /// A model that answers each conversation by echoing its last user message.

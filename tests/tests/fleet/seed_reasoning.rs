@@ -5,30 +5,13 @@
 
 use serde_json::{json, Value};
 
+use fleet_tests::agent_events::{events_path, input, kinds, only};
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::spawn_fleet;
 use fleet_tests::turn::llm_fleet;
 
 /// What the model thinks in each turn: a marker the later prompts must not hold.
 const THOUGHTS: [&str; 3] = ["THOUGHT-ONE", "THOUGHT-TWO", "THOUGHT-THREE"];
-
-fn events_path(agent: &str, session: &str) -> String {
-    format!("/v2/agents/{agent}/sessions/{session}/events")
-}
-
-fn input(text: &str) -> Value {
-    json!({"type": "input", "messages": [{"type": "text", "content": text}]})
-}
-
-fn kinds(resp: &Value) -> Vec<String> {
-    resp["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap().to_string()).collect()
-}
-
-fn only<'a>(resp: &'a Value, kind: &str) -> &'a Value {
-    let found: Vec<&Value> = resp["events"].as_array().unwrap().iter().filter(|e| e["type"] == kind).collect();
-    assert_eq!(found.len(), 1, "one {kind} event: {resp}");
-    found[0]
-}
 
 /// Turn n reasons about `THOUGHTS[n]` (streamed under `reasoning_content`, streamed under
 /// `reasoning`, then whole), then answers `answer n`.

@@ -573,14 +573,8 @@ async fn agent_fleet(options: FleetOptions) -> Fleet {
 
 /// An agent in two steps: triage hands off to billing, which answers.
 async fn create_stepped_agent(fleet: &Fleet, tools: &[&str]) {
-    let body = json!({
-        "name": "stepped", "title": "Support", "instructions": "You are helpful.", "enabled_tools": tools,
-        "steps": {
-            "triage": {"instructions": "TRIAGE: find out what the user needs.", "next_steps": ["billing"]},
-            "billing": {"instructions": "BILLING: settle the bill.", "description": "money matters"}
-        },
-        "first_step_name": "triage"
-    });
+    let mut body = fleet_tests::agent_events::two_step_agent("stepped", "You are helpful.");
+    body["enabled_tools"] = json!(tools);
     let (status, resp) = fleet.post("/v1/agents/assistants", &body).await;
     assert_eq!(status, 201, "{resp}");
 }
