@@ -18,6 +18,7 @@ pub mod dead_letters;
 pub mod envelope;
 pub mod events;
 pub mod execution;
+pub mod external_result;
 pub mod fair;
 pub mod history;
 pub mod idempotency;
