@@ -10,7 +10,7 @@ use serde_json::Value;
 use fleet_platform::now_ms;
 use fleet_platform::store::{Begin, ClaimAfter, Fence, Transition};
 use fleet_protocol::envelope::Envelope;
-use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::execution::{field, AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::turn::CallOutcome;
@@ -57,7 +57,17 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
     Ok(match report.verdict {
-        AttemptVerdict::Succeeded(result) => succeed(cx, envelope, parent, held, &record, result).await,
+        AttemptVerdict::Succeeded(result) => {
+            let outcome = CallOutcome { ok: true, result, external: None };
+            succeed(cx, envelope, parent, held, &record, outcome).await
+        }
+        AttemptVerdict::Structured(result) => {
+            let mut record = record;
+            if !result.is_success() {
+                record.outcome = AttemptOutcome::Permanent;
+            }
+            succeed(cx, envelope, parent, held, &record, CallOutcome::structured(*result)).await
+        }
         AttemptVerdict::Retryable { retry_after } => failed(&report, record, held, started_ms, retry_after, false),
         AttemptVerdict::Permanent => failed(&report, record, held, started_ms, None, true),
         AttemptVerdict::Accepted(poll) => Outcome::Poll(Box::new(poll), held),
@@ -143,6 +153,7 @@ fn attempt_record(
         outcome: AttemptOutcome::Success,
         prompt_tokens: None,
         completion_tokens: None,
+        timed_out: report.class == "timeout",
     }
 }
 
@@ -159,17 +170,27 @@ fn failed(
 }
 
 /// The result, the record and the attempt in one write under the claim (a turn's call owes its
-/// turn the report in the same write); then the turn is told.
+/// turn the report in the same write); then the turn is told. A structured result that is not a
+/// success ends the call `failed`, its safe error as the record's last error.
 async fn succeed(
     cx: &Cx<'_>,
     envelope: &Envelope,
     parent: Option<&Parent<'_>>,
     held: HeldClaim,
     record: &AttemptRecord,
-    result: Value,
+    outcome: CallOutcome,
 ) -> Outcome {
     let id = &envelope.execution_id;
-    let mut done = Transition::new(ClaimAfter::Complete(&result)).status(ExecutionStatus::Succeeded).attempt(record);
+    let kept = if outcome.ok { outcome.result.clone() } else { Value::Null };
+    let status = if outcome.ok { ExecutionStatus::Succeeded } else { ExecutionStatus::Failed };
+    let error = outcome.external.as_ref().and_then(|r| r.error.as_ref()).map(|e| format!("{}: {}", e.code, e.message));
+    let mut done = Transition::new(ClaimAfter::Complete(&kept)).status(status).attempt(record);
+    if let Some(external) = &outcome.external {
+        done = done.field(field::EXTERNAL_RESULT, serde_json::to_string(external).expect("a result serialises"));
+    }
+    if let Some(error) = error.as_deref().filter(|_| !outcome.ok) {
+        done = done.last_error(error);
+    }
     if parent.is_some() {
         done = done.owe(&Owed::Parent);
     }
@@ -186,11 +207,12 @@ async fn succeed(
             return Outcome::Requeue;
         }
     }
-    let Some(parent) = parent else { return Outcome::Done(Finished::Success) };
-    match parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok: true, result }).await {
+    let finished = if outcome.ok { Finished::Success } else { Finished::ToolFailed };
+    let Some(parent) = parent else { return Outcome::Done(finished) };
+    match parent::tool_call_finished(cx, envelope, parent, outcome).await {
         Ok(()) => {
             crate::publish::retire(cx, envelope, &Owed::Parent).await;
-            Outcome::Done(Finished::Success)
+            Outcome::Done(finished)
         }
         // The record owes the report: the parked delivery, a copy now, carries it out.
         Err(outcome) => outcome,
