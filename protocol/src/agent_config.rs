@@ -58,6 +58,10 @@ pub struct AgentConfig {
     /// Replay the model's reasoning into later prompts (as each answer's `reasoning_content`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay_reasoning: bool,
+    /// Seed 002's output sink: the id of a webhook listing `output.delivery`, which receives each
+    /// turn's final message as `{deliveryId, message}` and answers an `OutputReceipt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_sink: Option<String>,
 }
 
 /// One step of an agent: what the model is told in it and where it may hand off to.

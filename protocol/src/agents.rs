@@ -141,6 +141,10 @@ pub struct AssistantInput {
     /// `reasoning` events and never sent back to the model).
     #[serde(default)]
     pub replay_reasoning: Option<bool>,
+    /// Seed 002's output sink: the id of a registered webhook listing `output.delivery`, which
+    /// receives each turn's final message and answers an `OutputReceipt`.
+    #[serde(default)]
+    pub output_sink: Option<String>,
 }
 
 /// An assistant as the API shows it: the seed's assistant object, plus `version` and `updated_at`.
@@ -314,7 +318,7 @@ impl AssistantInput {
                 }
             )*};
         }
-        set!(first_step_name, output_schema, transition_limit);
+        set!(first_step_name, output_schema, transition_limit, output_sink);
         if let Some(replay) = self.replay_reasoning {
             agent.replay_reasoning = replay;
         }
@@ -454,6 +458,7 @@ impl AssistantRecord {
             instructions: self.instructions.clone(),
             model_config: self.model_config.clone(),
             enabled_tools: self.enabled_tools.clone(),
+            output_sink: self.agent.output_sink.clone(),
         }
     }
 }

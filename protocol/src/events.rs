@@ -3,9 +3,14 @@
 pub const AGENT_ROOM_MESSAGE: &str = "agent.room.message";
 pub const TOOL_CALLBACK_FAILED: &str = "tool.callback.failed";
 pub const TOOL_CALLBACK_DEAD_LETTER: &str = "tool.callback.dead_letter";
+/// Seed 002's `OUTPUT`: a turn's final message delivered to the output sink its assistant names.
+/// A webhook lists it to say it is a sink (it answers an `OutputReceipt`); it gets only the
+/// deliveries addressed to it.
+pub const OUTPUT_DELIVERY: &str = "output.delivery";
 
 /// Every event a webhook may subscribe to.
-pub const KNOWN_EVENTS: [&str; 3] = [AGENT_ROOM_MESSAGE, TOOL_CALLBACK_FAILED, TOOL_CALLBACK_DEAD_LETTER];
+pub const KNOWN_EVENTS: [&str; 4] =
+    [AGENT_ROOM_MESSAGE, TOOL_CALLBACK_FAILED, TOOL_CALLBACK_DEAD_LETTER, OUTPUT_DELIVERY];
 
 /// Webhook delivery timeout (seed: 10 s).
 pub const WEBHOOK_TIMEOUT_SECS: u64 = 10;

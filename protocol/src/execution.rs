@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::JobKind;
+use crate::external_result::ExternalResult;
 
 /// Hash fields of the execution record (`Keys::execution`).
 pub mod field {
@@ -220,6 +221,25 @@ impl ExecutionRecord {
             attempts: num(field::ATTEMPTS).max(0) as u32,
             last_error: text(field::LAST_ERROR),
         })
+    }
+}
+
+/// What a tool call's record shows as seed 002's structured result when it ended without one of
+/// its own: dead-lettered (a `timeout` when its last attempt timed out) or cancelled; `None` for
+/// anything else.
+pub fn external_result_of(record: &ExecutionRecord, attempts: &[AttemptRecord]) -> Option<ExternalResult> {
+    if record.kind != JobKind::ToolCall {
+        return None;
+    }
+    let source = record.tool_name.as_deref().unwrap_or_default();
+    match record.status {
+        ExecutionStatus::DeadLettered => {
+            let timed_out = attempts.last().is_some_and(|a| a.timed_out);
+            let error = record.last_error.as_deref().unwrap_or_default();
+            Some(ExternalResult::dead_lettered(&record.execution_id, source, timed_out, error))
+        }
+        ExecutionStatus::Cancelled => Some(ExternalResult::cancelled(&record.execution_id, source)),
+        _ => None,
     }
 }
 

@@ -4,9 +4,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::envelope::JobKind;
-use crate::execution::{AttemptRecord, ExecutionRecord, ExecutionStatus};
-
 /// The fixed code and message that replace an error whose own would leak or break the rules.
 pub const UNSAFE_ERROR_CODE: &str = "TOOL_ERROR";
 pub const UNSAFE_ERROR_MESSAGE: &str = "The tool reported an error; its details are not shown";
@@ -219,24 +216,6 @@ impl ExternalResult {
             }
         };
         Some(result)
-    }
-
-    /// What a tool call's record shows when it ended without a structured answer of its own:
-    /// dead-lettered (by its last attempt) or cancelled; `None` for anything else.
-    pub fn of_record(record: &ExecutionRecord, attempts: &[AttemptRecord]) -> Option<Self> {
-        if record.kind != JobKind::ToolCall {
-            return None;
-        }
-        let source = record.tool_name.as_deref().unwrap_or_default();
-        match record.status {
-            ExecutionStatus::DeadLettered => {
-                let timed_out = attempts.last().is_some_and(|a| a.timed_out);
-                let error = record.last_error.as_deref().unwrap_or_default();
-                Some(ExternalResult::dead_lettered(&record.execution_id, source, timed_out, error))
-            }
-            ExecutionStatus::Cancelled => Some(ExternalResult::cancelled(&record.execution_id, source)),
-            _ => None,
-        }
     }
 
     /// A call that was dead-lettered: `timeout` when its last attempt ran out of time, else

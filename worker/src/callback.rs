@@ -92,6 +92,8 @@ struct Prepared {
     poll_accepted: bool,
     /// The agent secrets the call's overrides put in it: scrubbed from whatever comes back.
     scrub: Vec<String>,
+    /// An output sink's delivery: its `deliveryId`, which the sink's `OutputReceipt` must name.
+    receipt_for: Option<String>,
 }
 
 /// Runs one attempt of `job` for `execution_id`: a tool callback or a webhook delivery, or one
@@ -165,9 +167,31 @@ async fn post(ctx: &CallbackContext<'_>, prepared: Prepared, execution_id: &str)
     }
     let request = request.body(prepared.body);
     match traced_send(ctx, request, "POST").await {
-        Ok(response) => judge(&response, &prepared.target.url, prepared.poll_accepted, &ctx.poll_deadline(None)),
+        Ok(response) => {
+            let report = judge(&response, &prepared.target.url, prepared.poll_accepted, &ctx.poll_deadline(None));
+            match &prepared.receipt_for {
+                Some(delivery_id) => receipt(report, &response.body, delivery_id),
+                None => report,
+            }
+        }
         Err(failure) => AttemptReport::transport(failure),
     }
+}
+
+/// An output sink's 2xx is a delivery only when its `OutputReceipt` accepts it (seed 002): the
+/// receipt is the delivery's result; `unknown` is tried again with the same `deliveryId`; a
+/// rejection, another delivery's receipt or no receipt is never a success.
+fn receipt(report: AttemptReport, body: &[u8], delivery_id: &str) -> AttemptReport {
+    use fleet_protocol::output_sink::{judge_receipt, ReceiptVerdict};
+    if !matches!(report.verdict, AttemptVerdict::Succeeded(_)) {
+        return report;
+    }
+    let (verdict, error) = match judge_receipt(delivery_id, body) {
+        ReceiptVerdict::Accepted(receipt) => (AttemptVerdict::Succeeded(receipt), None),
+        ReceiptVerdict::Retry(why) => (AttemptVerdict::Retryable { retry_after: None }, Some(why)),
+        ReceiptVerdict::Refused(why) => (AttemptVerdict::Permanent, Some(why)),
+    };
+    AttemptReport { verdict, error, ..report }
 }
 
 fn registry_unavailable(e: impl std::fmt::Display) -> AttemptReport {
@@ -288,7 +312,8 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
                 timestamp: &timestamp,
             }
             .to_bytes();
-            Ok(Prepared { target, body, signed_at_ms, timeout: ctx.callback_timeout, poll_accepted: true, scrub })
+            let timeout = ctx.callback_timeout;
+            Ok(Prepared { target, body, signed_at_ms, timeout, poll_accepted: true, scrub, receipt_for: None })
         }
         Job::Turn(_) => Err(AttemptReport::permanent("a turn step is not a callback".into())),
         Job::Webhook(hook) => {
@@ -298,7 +323,10 @@ async fn prepare(ctx: &CallbackContext<'_>, execution_id: &str, job: &Job) -> Re
             let keys = StoredKeys { ciphertext: &stored.secret_ciphertext, signing: &stored.signing, what: "webhook" };
             let target = target(ctx, &owner, stored.url, keys, signed_at_ms)?;
             let body = serde_json::to_vec(&hook.payload).expect("a payload serialises");
+            let receipt_for = (hook.event == fleet_protocol::events::OUTPUT_DELIVERY)
+                .then(|| hook.payload["deliveryId"].as_str().unwrap_or_default().to_string());
             Ok(Prepared {
+                receipt_for,
                 target: Arc::new(target),
                 body,
                 signed_at_ms,
@@ -349,7 +377,13 @@ fn judge(response: &ReadResponse, callback_url: &str, poll_accepted: bool, windo
                 Err(why) => report(AttemptVerdict::Permanent, Some(why)),
             }
         }
-        other => answer(other, response, "HTTP"),
+        // Structured results are a tool's: a webhook's (or a sink's) answer is judged as it is.
+        other => match answer(other, response, "HTTP") {
+            AttemptReport { verdict: AttemptVerdict::Structured(_), http_status, error, class } if !poll_accepted => {
+                AttemptReport { verdict: AttemptVerdict::Succeeded(Value::Null), http_status, error, class }
+            }
+            report => report,
+        },
     }
 }
 

@@ -36,18 +36,36 @@ pub(crate) async fn deliver(
     event: &str,
     payload: Value,
 ) -> Result<(), String> {
-    if hooks.is_empty() {
+    let ids: Vec<&str> = hooks.iter().map(|h| h.id.as_str()).collect();
+    deliver_to(cx, &ids, source, event, |_| payload.clone()).await
+}
+
+/// Seed 002's `OUTPUT`: the turn's final message to the output sink its assistant names. The
+/// delivery's id is its execution id (`GET /v1/executions/{deliveryId}` shows the receipt), derived
+/// from the turn, so a finish carried out again delivers once, under the same `deliveryId`.
+pub(crate) async fn deliver_output(cx: &Cx<'_>, turn_id: &str, sink: &str, message: &Value) -> Result<(), String> {
+    let payload = |id: &str| fleet_protocol::output_sink::delivery_payload(id, &message["content"], &[]);
+    deliver_to(cx, &[sink], turn_id, events::OUTPUT_DELIVERY, payload).await
+}
+
+/// Publishes (confirmed) a signed delivery to each webhook of `ids`; `payload` makes its body
+/// from the delivery's execution id.
+async fn deliver_to(
+    cx: &Cx<'_>,
+    ids: &[&str],
+    source: &str,
+    event: &str,
+    payload: impl Fn(&str) -> Value,
+) -> Result<(), String> {
+    if ids.is_empty() {
         return Ok(());
     }
     let topology = &cx.config.common.topology;
-    let mut messages = Vec::with_capacity(hooks.len());
-    for hook in hooks.iter() {
-        let id = fleet_protocol::derived_execution_id(&[source, event, &hook.id]);
-        let job = Job::Webhook(WebhookJob {
-            webhook_id: hook.id.clone(),
-            event: event.to_string(),
-            payload: payload.clone(),
-        });
+    let mut messages = Vec::with_capacity(ids.len());
+    for hook in ids {
+        let id = fleet_protocol::derived_execution_id(&[source, event, hook]);
+        let job =
+            Job::Webhook(WebhookJob { webhook_id: hook.to_string(), event: event.to_string(), payload: payload(&id) });
         let envelope = Envelope::new(id.clone(), job, now_ms());
         let record = NewExecution {
             execution_id: &id,

@@ -57,6 +57,7 @@ async fn check_with_fleet(state: &AppState, assistant: &AssistantRecord) -> Resu
         )));
     }
     crate::routes::tools::require_registered(state, "enabled_tools", &assistant.enabled_tools).await?;
+    crate::routes::webhooks::require_output_sink(state, assistant.agent.output_sink.as_deref()).await?;
     let configured: Vec<String> = assistant.agent.tool_configurations.values().map(|c| c.tool_name.clone()).collect();
     crate::routes::tools::require_registered(state, "tool_configurations' tool_name", &configured).await
 }

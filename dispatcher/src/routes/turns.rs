@@ -64,6 +64,7 @@ pub(crate) async fn check_turn(
     input.tenant = Some(tenant);
     input.check_provider(&routing.names()).map_err(ApiError::invalid)?;
     crate::routes::tools::require_registered(state, tools_field, &input.assistant.enabled_tools).await?;
+    crate::routes::webhooks::require_output_sink(state, input.assistant.output_sink.as_deref()).await?;
     // A room is a session: a closed one takes no turn, whichever route sends it.
     if fleet_protocol::agents::is_id("room_", &input.session_id) {
         let room = state.store.registry().get_room(&input.session_id).await?;

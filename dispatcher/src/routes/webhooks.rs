@@ -211,3 +211,23 @@ pub(crate) fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
         delete_webhook
     ))
 }
+
+/// Refuses (422 `unknown_output_sink`) an output sink that is not a registered webhook listing
+/// `output.delivery`: a turn's final message must have somewhere that answers receipts.
+pub(crate) async fn require_output_sink(state: &AppState, sink: Option<&str>) -> Result<(), ApiError> {
+    let Some(id) = sink else { return Ok(()) };
+    let event = fleet_protocol::events::OUTPUT_DELIVERY;
+    match state.store.registry().get_webhook(id).await? {
+        Some(hook) if hook.events.iter().any(|e| e == event) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_output_sink",
+            format!("output_sink {id:?} is a webhook that does not list {event:?} in its events"),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_output_sink",
+            format!("output_sink {id:?} is not a registered webhook; register it with events [{event:?}] first (PUT /v1/webhooks/{id})"),
+        )),
+    }
+}

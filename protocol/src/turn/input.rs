@@ -83,6 +83,10 @@ pub struct Assistant {
     /// Names of the tools the model may call.
     #[serde(default)]
     pub enabled_tools: Vec<String>,
+    /// Seed 002's output sink: the id of a registered webhook listing `output.delivery`, which
+    /// receives the turn's final message as `{deliveryId, message}` and answers an `OutputReceipt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_sink: Option<String>,
 }
 
 /// A struct read from a JSON object only (serde would also read one from an array).

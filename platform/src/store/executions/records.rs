@@ -44,7 +44,7 @@ pub(crate) fn execution_view(
         .collect::<Result<Vec<AttemptRecord>, _>>()?;
     let external_result = match hash.get(field::EXTERNAL_RESULT) {
         Some(raw) => Some(serde_json::from_str(raw).map_err(|_| corrupt("external_result"))?),
-        None => ExternalResult::of_record(&record, &attempts),
+        None => fleet_protocol::execution::external_result_of(&record, &attempts),
     };
     Ok(ExecutionView { record, result, attempts, external_result })
 }

@@ -154,6 +154,12 @@ pub(super) async fn complete(
         tracing::warn!(error = %e, "cannot publish the agent.room.message deliveries; the step comes back");
         return Err(Outcome::Parked(cx.soon()));
     }
+    if let Some(sink) = &state.assistant.output_sink {
+        if let Err(e) = crate::notify::deliver_output(cx, turn_id, sink, &message).await {
+            tracing::warn!(error = %e, "cannot publish the output sink's delivery; the step comes back");
+            return Err(Outcome::Parked(cx.soon()));
+        }
+    }
     if let Some(next) = next {
         wake(cx, envelope, &next, session).await?;
     }
