@@ -5,6 +5,7 @@ use std::error::Error as StdError;
 
 use fleet_protocol::mcp::DiscoveryError;
 use fleet_protocol::sanitize::sanitize_error;
+use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 /// An MCP client failure. Every message is sanitised and never holds a header value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,7 +78,7 @@ pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
     parts.join(": ")
 }
 
-/// What a transport failure says about the server, read from its text and its causes.
+/// What a transport failure says about the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailureKind {
     /// No connection was made: the request never left.
@@ -89,11 +90,17 @@ pub(crate) enum FailureKind {
     Lost,
 }
 
-/// Sorts a failure by its error chain. Connection errors are found by their `io::Error` kind;
-/// the rest by rmcp's own wording (its types are not all public).
-pub(crate) fn failure_kind(error: &(dyn StdError + 'static)) -> FailureKind {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
+/// The transport's error type, as rmcp's reqwest client reports it.
+type HttpError = StreamableHttpError<reqwest013::Error>;
+
+/// Sorts a failure by the first of its causes that says: rmcp's HTTP error, or an `io::Error`.
+/// rmcp's errors do not always chain their causes: `start` is where the chain is whole.
+pub(crate) fn failure_kind(start: &(dyn StdError + 'static)) -> FailureKind {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(start);
     while let Some(e) = source {
+        if let Some(http) = e.downcast_ref::<HttpError>() {
+            return http_kind(http);
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind::*;
             if matches!(io.kind(), ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable) {
@@ -102,33 +109,26 @@ pub(crate) fn failure_kind(error: &(dyn StdError + 'static)) -> FailureKind {
         }
         source = e.source();
     }
-    classify_text(&chain(error))
+    FailureKind::Lost
 }
 
-/// The wording half of [`failure_kind`], apart so it can be tested.
-fn classify_text(text: &str) -> FailureKind {
-    let lower = text.to_ascii_lowercase();
-    let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
-    if any(&["auth required", "authrequired", "insufficient scope", "401", "403", "unauthorized", "forbidden"]) {
-        FailureKind::Unauthorized
-    } else if any(&["error trying to connect", "connection refused", "dns error", "failed to lookup", "tcp connect"]) {
-        FailureKind::Connect
-    } else if any(&[
-        "unexpected content type",
-        "unexpected server response",
-        "content-type",
-        "content type",
-        "404",
-        "405",
-        "expect initialized",
-        "deserialize",
-        "parse",
-        "missing session id",
-        "invalid",
-    ]) {
-        FailureKind::NotMcp
-    } else {
-        FailureKind::Lost
+fn http_kind(error: &HttpError) -> FailureKind {
+    match error {
+        StreamableHttpError::Client(e) if e.is_connect() || e.is_builder() => FailureKind::Connect,
+        StreamableHttpError::AuthRequired(_) | StreamableHttpError::InsufficientScope(_) => FailureKind::Unauthorized,
+        // A 401 or 403 without a challenge keeps its status in the text (rmcp's own wording).
+        StreamableHttpError::UnexpectedServerResponse(text)
+            if text.starts_with("HTTP 401") || text.starts_with("HTTP 403") =>
+        {
+            FailureKind::Unauthorized
+        }
+        StreamableHttpError::UnexpectedServerResponse(_)
+        | StreamableHttpError::UnexpectedContentType(_)
+        | StreamableHttpError::Deserialize(_)
+        | StreamableHttpError::MissingSessionIdInResponse
+        | StreamableHttpError::ResponseBodyTooLarge { .. }
+        | StreamableHttpError::ServerDoesNotSupportSse => FailureKind::NotMcp,
+        _ => FailureKind::Lost,
     }
 }
 
@@ -145,11 +145,17 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_sorted_by_their_words() {
-        assert_eq!(classify_text("Auth required, WWW-Authenticate: Bearer"), FailureKind::Unauthorized);
-        assert_eq!(classify_text("error sending request: error trying to connect"), FailureKind::Connect);
-        assert_eq!(classify_text("Unexpected content type: Some(\"text/html\")"), FailureKind::NotMcp);
-        assert_eq!(classify_text("stream ended"), FailureKind::Lost);
+    fn failures_are_sorted_by_their_cause() {
+        let html = HttpError::UnexpectedContentType(Some("text/html".into()));
+        assert_eq!(failure_kind(&html), FailureKind::NotMcp);
+        let denied = HttpError::UnexpectedServerResponse("HTTP 401 Unauthorized: no".into());
+        assert_eq!(failure_kind(&denied), FailureKind::Unauthorized);
+        assert_eq!(failure_kind(&HttpError::UnexpectedEndOfStream), FailureKind::Lost);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(failure_kind(&refused), FailureKind::Connect);
+        // A port that spells a status is no status.
+        let lost = std::io::Error::other("reset by http://127.0.0.1:40123/mcp");
+        assert_eq!(failure_kind(&lost), FailureKind::Lost);
     }
 
     #[test]

@@ -240,8 +240,13 @@ impl McpClients {
             return McpError::Rpc { server, method, detail: scrub(&data.message, &target.secrets()) };
         }
         self.forget(target, session).await;
-        let detail = scrub(&chain(e), &target.secrets());
-        match failure_kind(e) {
+        // rmcp's transport error does not chain its cause: read from the transport's own error on.
+        let cause: &(dyn std::error::Error + 'static) = match e {
+            ServiceError::TransportSend(transport) => transport.error.as_ref(),
+            other => other,
+        };
+        let detail = scrub(&chain(cause), &target.secrets());
+        match failure_kind(cause) {
             FailureKind::Connect => McpError::Connect { server, detail },
             FailureKind::Unauthorized => McpError::Unauthorized { server },
             FailureKind::NotMcp | FailureKind::Lost => McpError::Lost { server, method, detail },

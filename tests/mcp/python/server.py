@@ -77,7 +77,7 @@ def listing_server(kind: str, total: int, page_size: int) -> Server:
         if kind == "repeat-cursor":
             return types.ListToolsResult(tools=[tool(0 if cursor is None else 1)], next_cursor="again")
         if kind == "bad-schema":
-            return types.ListToolsResult(tools=[tool(0), tool(1, {"type": "nonsense"})])
+            return types.ListToolsResult(tools=[tool(0), tool(1, {"type": "object", "properties": {"x": {"type": "nonsense"}}})])
         start = int(cursor or 0)
         end = min(start + page_size, total)
         next_cursor = str(end) if end < total else None
@@ -150,6 +150,7 @@ def main():
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     print(f"listening http://127.0.0.1:{port}/mcp", flush=True)
