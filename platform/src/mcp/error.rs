@@ -49,6 +49,21 @@ impl McpError {
         }
     }
 
+    /// One line without the cause's detail (which may name URLs): what a result's error says.
+    pub fn summary(&self) -> String {
+        let server = self.server();
+        match self {
+            McpError::BadTarget { .. } => format!("MCP server {server} is not configured right"),
+            McpError::Connect { .. } => format!("MCP server {server} could not be reached"),
+            McpError::NotMcp { .. } => format!("MCP server {server} does not answer as an MCP server"),
+            McpError::Unauthorized { .. } => format!("MCP server {server} refused the credentials"),
+            McpError::Rpc { method, .. } => format!("MCP server {server} answered {method} with an error"),
+            McpError::Lost { method, .. } => format!("MCP server {server}: the connection was lost during {method}"),
+            McpError::TimedOut { method, .. } => format!("MCP server {server} did not answer {method} in time"),
+            McpError::Discovery { .. } => format!("MCP server {server} lists its tools against the rules"),
+        }
+    }
+
     /// Whether the request surely never reached the server (so trying again is safe).
     pub fn unsent(&self) -> bool {
         matches!(self, McpError::BadTarget { .. } | McpError::Connect { .. } | McpError::Unauthorized { .. })
@@ -67,15 +82,23 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
 /// The whole chain of an error as one line (rmcp's outer messages rarely say the cause).
 pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
     let mut parts = vec![error.to_string()];
-    let mut source = error.source();
+    let mut source = next_cause(error);
     while let Some(e) = source {
         let text = e.to_string();
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
         }
-        source = e.source();
+        source = next_cause(e);
     }
     parts.join(": ")
+}
+
+/// An error's cause, also through rmcp's HTTP client error, which does not name its cause.
+fn next_cause<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+    match error.downcast_ref::<HttpError>() {
+        Some(StreamableHttpError::Client(inner)) => Some(inner),
+        _ => error.source(),
+    }
 }
 
 /// What a transport failure says about the server.
@@ -165,5 +188,6 @@ mod tests {
         assert!(connect.unsent());
         assert!(!lost.unsent());
         assert_eq!(lost.server(), "s");
+        assert_eq!(lost.summary(), "MCP server s: the connection was lost during tools/call");
     }
 }

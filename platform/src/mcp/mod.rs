@@ -99,8 +99,8 @@ impl CallAnswer {
     pub fn into_result(self, call_id: &str, server: &str, tool: &str) -> ExternalResult {
         match self {
             CallAnswer::Answered(result) => result,
-            CallAnswer::Unsent(e) => rules::unsent_result(call_id, server, tool, &e.to_string()),
-            CallAnswer::Unknown(e) => rules::unknown_result(call_id, server, tool, &e.to_string()),
+            CallAnswer::Unsent(e) => rules::unsent_result(call_id, server, tool, &e.summary()),
+            CallAnswer::Unknown(e) => rules::unknown_result(call_id, server, tool, &e.summary()),
             CallAnswer::TimedOut => rules::timeout_result(call_id, server, tool),
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fleet_platform::mcp::{CallAnswer, McpClients, McpError, McpServerTarget};
 use fleet_protocol::external_result::{ExternalResult, ResultStatus};
-use fleet_protocol::mcp::{DiscoveryBudget, DiscoveryError, MCP_TOOL_ERROR};
+use fleet_protocol::mcp::{checked_output, DiscoveryBudget, DiscoveryError, MCP_TOOL_ERROR};
 use fleet_tests::mcp::McpTestServer;
 use serde_json::{json, Map, Value};
 
@@ -107,7 +107,11 @@ async fn answers_keep_structured_content_and_errors_are_failed() {
     assert_eq!((echo.status, echo.source.as_str(), echo.call_id.as_str()), (ResultStatus::Success, "files:echo", "call-1"));
     assert_eq!(echo.structured_content, Some(json!({"text": "hello", "length": 5})));
     let add = answered(&clients, &py, "add", json!({"a": 2, "b": 40})).await;
-    assert_eq!((add.content, add.structured_content), (Some(json!("42")), Some(json!({"result": 42}))));
+    assert_eq!((&add.content, &add.structured_content), (&Some(json!("42")), &Some(json!({"result": 42}))));
+    // The answer matches the outputSchema the listing gave.
+    let listed = clients.list_tools(&py, DiscoveryBudget::default()).await.unwrap();
+    let add_tool = listed.iter().find(|t| t.name == "add").unwrap();
+    assert!(checked_output(add_tool, add).is_success());
     let product = answered(&clients, &ts, "multiply", json!({"a": 6, "b": 7})).await;
     assert_eq!(product.structured_content, Some(json!({"product": 42})));
 
