@@ -280,3 +280,23 @@ fn tool_of(tool: &Tool) -> McpTool {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_and_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: T) {}
+
+    /// The dispatcher and the worker hold one client in shared state and call it from spawned
+    /// tasks: it and its futures must cross threads.
+    #[test]
+    fn the_client_and_its_futures_cross_threads() {
+        let clients = McpClients::new();
+        send_and_sync(&clients);
+        let target = McpServerTarget::new("s", "http://127.0.0.1:9/mcp").header("Authorization", "Bearer secret-value");
+        send(clients.list_tools(&target, DiscoveryBudget::default()));
+        send(clients.call_tool(&target, "t", Map::new(), "c", Duration::from_secs(1)));
+        assert!(!format!("{target:?}").contains("secret-value"));
+    }
+}
