@@ -6,6 +6,7 @@ pub mod artifacts;
 pub mod broker;
 pub mod config;
 pub mod dead_letters;
+pub mod mcp;
 pub mod metrics;
 pub mod ops;
 pub mod service;

@@ -209,7 +209,9 @@ impl ExternalResult {
         result.error = match (result.status, map.get("error")) {
             (ResultStatus::Success, _) => None,
             (_, Some(e)) => Some(InteractionError::from_value(e, "TOOL_FAILED")),
-            (status, None) => Some(InteractionError::safe("TOOL_FAILED", &format!("The tool ended {}", status.as_str()), None)),
+            (status, None) => {
+                Some(InteractionError::safe("TOOL_FAILED", &format!("The tool ended {}", status.as_str()), None))
+            }
         };
         Some(result)
     }

@@ -26,6 +26,7 @@ pub mod ids;
 pub mod keys;
 pub mod life;
 pub mod limits;
+pub mod mcp;
 pub mod redact;
 pub mod retry;
 pub mod retry_spec;
