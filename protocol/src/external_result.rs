@@ -216,6 +216,16 @@ impl ExternalResult {
         Some(result)
     }
 
+    /// A result the fleet recorded in this shape (its `callId`, `source` and `status` all there),
+    /// as an execution's result or a call's outcome keeps it.
+    pub fn recorded(value: &Value) -> Option<Self> {
+        let map = value.as_object()?;
+        if !["callId", "source", "status"].iter().all(|k| map.get(*k).is_some_and(Value::is_string)) {
+            return None;
+        }
+        serde_json::from_value(value.clone()).ok()
+    }
+
     pub fn is_success(&self) -> bool {
         self.status == ResultStatus::Success
     }

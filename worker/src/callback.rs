@@ -32,6 +32,9 @@ pub enum AttemptVerdict {
     /// A 202 (or a poll still pending): the attempt goes on; poll `status_url` later, from the
     /// broker, until `deadline_ms`.
     Accepted(PollState),
+    /// The call ended without success and is not tried again (an MCP tool's reported failure, an
+    /// outcome that cannot be known): the record and the model get this result.
+    Ended(Box<fleet_protocol::external_result::ExternalResult>),
 }
 
 /// An attempt's verdict plus what the history records of it.
@@ -67,6 +70,8 @@ impl AttemptReport {
 
 pub struct CallbackContext<'a> {
     pub store: &'a Store,
+    /// The worker's MCP sessions, for a tool an MCP server lists.
+    pub mcp: &'a fleet_platform::mcp::McpClients,
     pub targets: &'a crate::registry::TargetCache,
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,

@@ -68,6 +68,9 @@ pub(crate) enum Finished {
     ToolUnavailable,
     /// A turn whose prompt exceeds its model's context window, ended before its model call.
     ContextLimit,
+    /// A call that ended without success, not to be tried again (seed 002's `failed`, `timeout`
+    /// or `unknown`): its result is recorded and its turn told.
+    Ended,
 }
 
 impl Finished {
@@ -80,6 +83,7 @@ impl Finished {
             Finished::Cancelled => "cancelled",
             Finished::ToolUnavailable => "tool_unavailable",
             Finished::ContextLimit => "context_limit_exceeded",
+            Finished::Ended => "ended",
         }
     }
 }

@@ -283,6 +283,10 @@ pub fn parse_arguments(arguments: &str) -> Result<Value, String> {
 /// `{"error": …}`, unless it is an object with a string `error` already, like `tool_unavailable`'s), or, above `max_bytes`, `{"truncated": true, "bytes": <full size>, "content":
 /// <its first bytes, cut at a UTF-8 boundary>}`. The execution record keeps the whole result.
 pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
+    // Seed 002's result (an MCP tool's): the model reads its observation.
+    if let Some(result) = crate::external_result::ExternalResult::recorded(&outcome.result) {
+        return result.bounded(max_bytes).observation_text();
+    }
     let already_an_error = outcome.result.get("error").is_some_and(Value::is_string);
     let full = if outcome.ok || already_an_error {
         outcome.result.to_string()
@@ -395,5 +399,12 @@ mod tests {
         assert_eq!(seen["bytes"], 202);
         // 10 bytes would split an 'é' (the text starts with a quote): cut at 9.
         assert_eq!(seen["content"], format!("\"{}", "é".repeat(4)));
+    }
+
+    #[test]
+    fn a_seed_002_result_reaches_the_model_as_its_observation() {
+        let result = crate::external_result::ExternalResult::success("c1", "files:read", json!({"n": 1}));
+        let outcome = CallOutcome { ok: true, result: serde_json::to_value(&result).unwrap() };
+        assert_eq!(tool_message_content(&outcome, 1000), result.observation_text());
     }
 }

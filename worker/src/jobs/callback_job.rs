@@ -9,10 +9,11 @@ use serde_json::Value;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{Begin, ClaimAfter, Fence, Transition};
-use fleet_protocol::envelope::Envelope;
+use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tools::McpToolRef;
 use fleet_protocol::turn::CallOutcome;
 
 use super::claim::{self, Claim, Mode};
@@ -52,13 +53,23 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let kind = envelope.kind().as_str();
     cx.metrics.jobs_started.with_label_values(&[kind]).inc();
     let clock = Instant::now();
-    let report = attempt(cx, envelope, held, &admission).await;
+    let mcp = mcp_tool(cx, envelope).await;
+    let report = attempt(cx, envelope, held, &admission, mcp.as_ref()).await;
     limits::release(cx, admission).await;
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
     Ok(match report.verdict {
-        AttemptVerdict::Succeeded(result) => succeed(cx, envelope, parent, held, &record, result).await,
-        AttemptVerdict::Retryable { retry_after } => failed(&report, record, held, started_ms, retry_after, false),
+        AttemptVerdict::Succeeded(result) => succeed(cx, envelope, parent, held, &record, result, true).await,
+        AttemptVerdict::Ended(result) => {
+            let result = serde_json::to_value(result).expect("a result serialises");
+            succeed(cx, envelope, parent, held, &record, result, false).await
+        }
+        AttemptVerdict::Retryable { retry_after } => {
+            match last_result(cx, envelope, &report, mcp.as_ref(), retry_after).await {
+                Some(result) => succeed(cx, envelope, parent, held, &record, result, false).await,
+                None => failed(&report, record, held, started_ms, retry_after, false),
+            }
+        }
         AttemptVerdict::Permanent => failed(&report, record, held, started_ms, None, true),
         AttemptVerdict::Accepted(poll) => Outcome::Poll(Box::new(poll), held),
     })
@@ -97,15 +108,40 @@ async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> 
     Outcome::Parked(cx.soon())
 }
 
-/// The attempt itself, its claim and its tool's concurrency slot renewed while it runs.
+/// The MCP server's tool a tool call names, if its tool is one (read from the worker's cache).
+async fn mcp_tool(cx: &Cx<'_>, envelope: &Envelope) -> Option<McpToolRef> {
+    let Job::ToolCall(call) = &envelope.job else { return None };
+    let tool = cx.tool(&call.tool_name).await.ok().flatten()?;
+    tool.stored.execution.mcp().cloned()
+}
+
+/// The result an MCP call ends with instead of its dead letter, when this retryable attempt was
+/// its last (a timeout, an unknown outcome); `None` for any other job or while attempts remain.
+async fn last_result(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    report: &AttemptReport,
+    mcp: Option<&McpToolRef>,
+    retry_after: Option<std::time::Duration>,
+) -> Option<Value> {
+    let (Some(tool), Job::ToolCall(call)) = (mcp, &envelope.job) else { return None };
+    let result = crate::mcp_call::if_last(report, call, &envelope.execution_id, tool)?;
+    let decision = crate::retry_policy::decision(cx, envelope, retry_after).await;
+    matches!(decision, fleet_protocol::retry::RetryDecision::Exhausted).then_some(result)
+}
+
+/// The attempt itself, its claim and its tool's concurrency slot renewed while it runs: a signed
+/// POST, or, for an MCP server's tool, a `tools/call` (`mcp_call.rs`).
 async fn attempt(
     cx: &Cx<'_>,
     envelope: &Envelope,
     held: HeldClaim,
     admission: &limits::ToolAdmission,
+    mcp: Option<&McpToolRef>,
 ) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
+        mcp: cx.mcp,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
         client: cx.client,
@@ -116,7 +152,14 @@ async fn attempt(
     // Pinned here and lent to the renewals around it: a future they took by value would be laid out
     // again in each of their futures (the compiler does not overlap an awaited argument with the
     // future awaiting it), and the attempt is the largest part of a callback job.
-    let sent = std::pin::pin!(callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()));
+    let sent = std::pin::pin!(async {
+        match (mcp, &envelope.job) {
+            (Some(tool), Job::ToolCall(call)) => {
+                crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, tool).await
+            }
+            _ => callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()).await,
+        }
+    });
     let sent = std::pin::pin!(limits::holding(cx, admission, sent));
     let report = claim::renewing(cx, &envelope.execution_id, held, false, sent).await;
     report.expect("callbacks are not stopped by a lost lease")
@@ -159,7 +202,8 @@ fn failed(
 }
 
 /// The result, the record and the attempt in one write under the claim (a turn's call owes its
-/// turn the report in the same write); then the turn is told.
+/// turn the report in the same write); then the turn is told. `ok`: a success; else the call
+/// ended `failed` with `result` (seed 002's), never tried again.
 async fn succeed(
     cx: &Cx<'_>,
     envelope: &Envelope,
@@ -167,9 +211,19 @@ async fn succeed(
     held: HeldClaim,
     record: &AttemptRecord,
     result: Value,
+    ok: bool,
 ) -> Outcome {
     let id = &envelope.execution_id;
-    let mut done = Transition::new(ClaimAfter::Complete(&result)).status(ExecutionStatus::Succeeded).attempt(record);
+    let (status, finished) =
+        if ok { (ExecutionStatus::Succeeded, Finished::Success) } else { (ExecutionStatus::Failed, Finished::Ended) };
+    let mut record = record.clone();
+    if !ok {
+        record.outcome = AttemptOutcome::Permanent;
+    }
+    let mut done = Transition::new(ClaimAfter::Complete(&result)).status(status).attempt(&record);
+    if let Some(error) = record.error.as_deref().filter(|_| !ok) {
+        done = done.last_error(error);
+    }
     if parent.is_some() {
         done = done.owe(&Owed::Parent);
     }
@@ -186,11 +240,11 @@ async fn succeed(
             return Outcome::Requeue;
         }
     }
-    let Some(parent) = parent else { return Outcome::Done(Finished::Success) };
-    match parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok: true, result }).await {
+    let Some(parent) = parent else { return Outcome::Done(finished) };
+    match parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok, result }).await {
         Ok(()) => {
             crate::publish::retire(cx, envelope, &Owed::Parent).await;
-            Outcome::Done(Finished::Success)
+            Outcome::Done(finished)
         }
         // The record owes the report: the parked delivery, a copy now, carries it out.
         Err(outcome) => outcome,

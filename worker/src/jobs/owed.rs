@@ -48,9 +48,9 @@ pub(crate) async fn carry(cx: &Cx<'_>, envelope: &Envelope, owed: Owed, result: 
 async fn report_to_parent(cx: &Cx<'_>, envelope: &Envelope, call: &ToolCallJob, result: Value) -> Outcome {
     let Some(turn) = &call.parent else { return Outcome::Copy };
     let parent = Parent { turn, tool_name: &call.tool_name, session_id: call.room_id.as_deref() };
-    if let Err(outcome) =
-        super::parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok: true, result }).await
-    {
+    // A call that ended without success (seed 002's result says so) is reported as it ended.
+    let ok = fleet_protocol::external_result::ExternalResult::recorded(&result).is_none_or(|r| r.is_success());
+    if let Err(outcome) = super::parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok, result }).await {
         return outcome;
     }
     retire(cx, envelope, &Owed::Parent).await;
