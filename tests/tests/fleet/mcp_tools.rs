@@ -76,7 +76,8 @@ async fn call_record(fleet: &Fleet, turn: &Value, tool: &str) -> Value {
 async fn registration_discovers_tools_refuses_what_is_no_mcp_server_and_never_shows_headers() {
     let server = McpServer::start();
     let not_mcp = Receiver::start("whsec_not_an_mcp_server_01", |_, _| Reply::status(404)).await;
-    let fleet = spawn_fleet(FleetOptions::default()).await;
+    // Every registered server is discovered again each second.
+    let fleet = spawn_fleet(FleetOptions::default().env("FLEET_MCP_DISCOVERY_INTERVAL", "1")).await;
 
     // Nothing listens there; a plain web server; the right server without its token.
     // (The client reads a refused connection as "not an MCP server" for now: either names it.)
@@ -114,8 +115,12 @@ async fn registration_discovers_tools_refuses_what_is_no_mcp_server_and_never_sh
     let seen = state["authorizations"].as_array().unwrap();
     assert!(seen.iter().any(|a| a == &json!(format!("Bearer {TOKEN}"))), "{state}");
 
-    // A tool the server adds is discovered on demand.
+    // A tool the server adds is discovered on schedule, and on demand.
     server.http.post(format!("{}/add_tool", server.base())).send().await.unwrap();
+    wait_for("the scheduled discovery found the new tool", Duration::from_secs(20), || async {
+        (fleet.get("/v1/tools/fleet.added").await.0 == 200).then_some(())
+    })
+    .await;
     let (status, body) = fleet.post("/v1/mcp_servers/fleet/discover", &json!({})).await;
     assert_eq!(status, 200, "{body}");
     assert!(body["data"]["tools"].as_array().unwrap().contains(&json!("fleet.added")), "{body}");
