@@ -90,6 +90,7 @@ fn attempt(n: u32, outcome: AttemptOutcome) -> AttemptRecord {
         outcome,
         prompt_tokens: None,
         completion_tokens: None,
+        timed_out: false,
     }
 }
 

@@ -332,7 +332,12 @@ mod tests {
                 &json!({"q": 1}),
                 "msg_ab",
             ),
-            turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!("text") }, "msg_ab"),
+            turn::tool_result_event(
+                "c1",
+                "t",
+                &turn::CallOutcome { ok: true, result: json!("text"), external: None },
+                "msg_ab",
+            ),
             turn::error_event("tool_callback_failed", "HTTP 500", Some(("c1", "t")), "msg_ab"),
             turn::error_event("llm_error", "bad", None, "msg_ab"),
             turn::reasoning_event("Thinking.", "msg_ab"),
@@ -374,13 +379,23 @@ mod tests {
 
     #[test]
     fn tool_outputs_are_objects_and_errors_say_so() {
-        let text = turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!("sunny") }, "m");
+        let text = turn::tool_result_event(
+            "c1",
+            "t",
+            &turn::CallOutcome { ok: true, result: json!("sunny"), external: None },
+            "m",
+        );
         let v2 = to_v2("1-0", &stamped(text)).unwrap();
         assert_eq!(
             (v2["tool_output"].clone(), v2["output_wrapped"].clone(), v2["error"].clone()),
             (json!({"content": "sunny"}), json!(true), json!(false))
         );
-        let obj = turn::tool_result_event("c1", "t", &turn::CallOutcome { ok: true, result: json!({"t": 20}) }, "m");
+        let obj = turn::tool_result_event(
+            "c1",
+            "t",
+            &turn::CallOutcome { ok: true, result: json!({"t": 20}), external: None },
+            "m",
+        );
         assert_eq!(to_v2("1-0", &stamped(obj)).unwrap()["tool_output"], json!({"t": 20}));
         let failed = turn::error_event("tool_callback_failed", "HTTP 500", Some(("c1", "weather")), "m");
         let v2 = to_v2("1-0", &stamped(failed)).unwrap();

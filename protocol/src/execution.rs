@@ -21,6 +21,8 @@ pub mod field {
     pub const ATTEMPTS: &str = "attempts";
     pub const RESULT: &str = "result";
     pub const LAST_ERROR: &str = "last_error";
+    /// Seed 002's `ExternalResult` (JSON) a tool call ended with, when it answered one.
+    pub const EXTERNAL_RESULT: &str = "external_result";
     /// The newest claim token that wrote to the record; a write carrying an older one is refused.
     pub const FENCE: &str = "fence";
     /// When (ms) a client asked to cancel the execution (`POST /v1/executions/{id}/cancel`); a
@@ -67,6 +69,7 @@ pub mod field {
         ("attempts", ATTEMPTS),
         ("result", RESULT),
         ("last_error", LAST_ERROR),
+        ("external_result", EXTERNAL_RESULT),
         ("fence", FENCE),
         ("cancel_requested", CANCEL_REQUESTED),
         ("run_at_ms", RUN_AT_MS),
@@ -170,6 +173,9 @@ pub struct AttemptRecord {
     pub prompt_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_tokens: Option<u64>,
+    /// The attempt ran out of time (its structured result, if it was the last, is `timeout`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 /// An execution's record: the one shape of the hash `keys::execution` names, read and written

@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use crate::envelope::JobKind;
+use crate::execution::{AttemptRecord, ExecutionRecord, ExecutionStatus};
+
 /// The fixed code and message that replace an error whose own would leak or break the rules.
 pub const UNSAFE_ERROR_CODE: &str = "TOOL_ERROR";
 pub const UNSAFE_ERROR_MESSAGE: &str = "The tool reported an error; its details are not shown";
@@ -64,10 +67,12 @@ impl InteractionError {
         }
     }
 
-    /// The fleet's own error (its code is a constant), its message sanitised to one line.
+    /// The fleet's own error (its code is a constant): its message sanitised (one line, URLs and
+    /// credentials scrubbed), as the fleet's records already show it.
     pub fn fleet(code: &'static str, message: &str) -> Self {
         let message = crate::sanitize::sanitize_error(message);
-        InteractionError::safe(code, &message, None)
+        let message = if message.is_empty() { "The tool call failed".to_string() } else { message };
+        InteractionError { code: code.to_string(), message, retryable: None }
     }
 
     /// A tool's `error` object, whatever shape it came in.
@@ -216,14 +221,38 @@ impl ExternalResult {
         Some(result)
     }
 
-    /// A result the fleet recorded in this shape (its `callId`, `source` and `status` all there),
-    /// as an execution's result or a call's outcome keeps it.
-    pub fn recorded(value: &Value) -> Option<Self> {
-        let map = value.as_object()?;
-        if !["callId", "source", "status"].iter().all(|k| map.get(*k).is_some_and(Value::is_string)) {
+    /// What a tool call's record shows when it ended without a structured answer of its own:
+    /// dead-lettered (by its last attempt) or cancelled; `None` for anything else.
+    pub fn of_record(record: &ExecutionRecord, attempts: &[AttemptRecord]) -> Option<Self> {
+        if record.kind != JobKind::ToolCall {
             return None;
         }
-        serde_json::from_value(value.clone()).ok()
+        let source = record.tool_name.as_deref().unwrap_or_default();
+        match record.status {
+            ExecutionStatus::DeadLettered => {
+                let timed_out = attempts.last().is_some_and(|a| a.timed_out);
+                let error = record.last_error.as_deref().unwrap_or_default();
+                Some(ExternalResult::dead_lettered(&record.execution_id, source, timed_out, error))
+            }
+            ExecutionStatus::Cancelled => Some(ExternalResult::cancelled(&record.execution_id, source)),
+            _ => None,
+        }
+    }
+
+    /// A call that was dead-lettered: `timeout` when its last attempt ran out of time, else
+    /// `failed`, with the last error made safe.
+    pub fn dead_lettered(call_id: &str, source: &str, timed_out: bool, last_error: &str) -> Self {
+        let (status, code) =
+            if timed_out { (ResultStatus::Timeout, "TIMEOUT") } else { (ResultStatus::Failed, "TOOL_CALL_FAILED") };
+        let mut error = InteractionError::fleet(code, last_error);
+        error.retryable = Some(false);
+        ExternalResult::ended(call_id, source, status, error)
+    }
+
+    /// A call cancelled before it was sent.
+    pub fn cancelled(call_id: &str, source: &str) -> Self {
+        let error = InteractionError::fleet("CANCELLED", "The tool call was cancelled before it was sent");
+        ExternalResult::ended(call_id, source, ResultStatus::Cancelled, error)
     }
 
     pub fn is_success(&self) -> bool {
@@ -246,7 +275,7 @@ impl ExternalResult {
         }
         parts.extend(self.references.iter().map(|r| json!({"type": "reference", "reference": r})));
         if let Some(error) = self.error.as_ref().filter(|_| !self.is_success()) {
-            let summary = format!("{} ({}): {}", self.status.as_str(), error.code, error.message);
+            let summary = format!("{}: error {}: {}", self.status.as_str(), error.code, error.message);
             parts.insert(0, json!({"type": "text", "text": summary}));
         }
         match parts.as_slice() {
@@ -309,7 +338,7 @@ mod tests {
         let r = ExternalResult::from_answer("c1", "orders", &answer).unwrap();
         assert_eq!(r.status, ResultStatus::Failed);
         assert_eq!(r.error.as_ref().unwrap().code, "NOT_FOUND");
-        assert_eq!(r.observation_text(), "failed (NOT_FOUND): No such order");
+        assert_eq!(r.observation_text(), "failed: error NOT_FOUND: No such order");
         let no_error = ExternalResult::from_answer("c1", "t", &json!({"status": "timeout"})).unwrap();
         assert_eq!(no_error.error.unwrap().code, "TOOL_FAILED");
     }
@@ -363,6 +392,15 @@ mod tests {
         let text = text.bounded(3);
         assert_eq!(text.content, Some(json!("é")));
         assert_eq!(text.metadata.unwrap()["truncated"], true);
+    }
+
+    #[test]
+    fn a_dead_letter_is_a_timeout_or_a_failure() {
+        let late = ExternalResult::dead_lettered("c", "t", true, "timed out after 30s");
+        assert_eq!((late.status, late.error.unwrap().code.as_str()), (ResultStatus::Timeout, "TIMEOUT"));
+        let gone = ExternalResult::dead_lettered("c", "t", false, "HTTP 500: oops\nat x");
+        assert_eq!(gone.status, ResultStatus::Failed);
+        assert_eq!(ExternalResult::cancelled("c", "t").status, ResultStatus::Cancelled);
     }
 
     #[test]

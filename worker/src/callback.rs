@@ -12,6 +12,7 @@ use fleet_protocol::callback::{async_status_url, resolve_status_url, CallbackBod
 use fleet_protocol::classify::{classify_status, ResponseClass, TransportFailure};
 use fleet_protocol::envelope::{Job, PollState, ToolCallJob};
 use fleet_protocol::events::WEBHOOK_TIMEOUT_SECS;
+use fleet_protocol::external_result::ExternalResult;
 use fleet_protocol::sanitize::sanitize_error;
 use fleet_protocol::secrets::SecretsKey;
 use fleet_protocol::timefmt::rfc3339_from_millis;
@@ -25,6 +26,9 @@ use crate::signature::SigningKeys;
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptVerdict {
     Succeeded(Value),
+    /// The answer was seed 002's structured result (any status): the call ends with it, not
+    /// retried (a tool's own failure is its answer).
+    Structured(Box<ExternalResult>),
     Retryable {
         retry_after: Option<Duration>,
     },
@@ -32,9 +36,6 @@ pub enum AttemptVerdict {
     /// A 202 (or a poll still pending): the attempt goes on; poll `status_url` later, from the
     /// broker, until `deadline_ms`.
     Accepted(PollState),
-    /// The call ended without success and is not tried again (an MCP tool's reported failure, an
-    /// outcome that cannot be known): the record and the model get this result.
-    Ended(Box<fleet_protocol::external_result::ExternalResult>),
 }
 
 /// An attempt's verdict plus what the history records of it.
@@ -125,11 +126,26 @@ pub async fn attempt(
         let e = overridden.as_ref().map_or(e.clone(), |r| std::borrow::Cow::Owned(r.redact(&e).into_owned()));
         sanitize_error(&e)
     });
-    if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
-        ctx.redactor.redact_json(own, result);
+    let scrub_json = |value: &mut Value| {
+        ctx.redactor.redact_json(own, value);
         if let Some(r) = &overridden {
-            r.redact_json(None, result);
+            r.redact_json(None, value);
         }
+    };
+    match &mut report.verdict {
+        AttemptVerdict::Succeeded(result) => scrub_json(result),
+        AttemptVerdict::Structured(result) => {
+            if let Job::ToolCall(call) = job {
+                result.call_id = execution_id.to_string();
+                result.source = call.tool_name.clone();
+            }
+            let mut shown = serde_json::to_value(&**result).expect("a result serialises");
+            scrub_json(&mut shown);
+            if let Ok(scrubbed) = serde_json::from_value(shown) {
+                **result = scrubbed;
+            }
+        }
+        _ => {}
     }
     report
 }
@@ -391,9 +407,7 @@ fn answer(class_of: ResponseClass, response: &ReadResponse, what: &str) -> Attem
     let class = fleet_protocol::classify::status_class(status);
     let report = |verdict, error| AttemptReport { verdict, http_status: Some(status), error, class };
     match class_of {
-        ResponseClass::Success | ResponseClass::Accepted => {
-            report(AttemptVerdict::Succeeded(result_of(&response.body)), None)
-        }
+        ResponseClass::Success | ResponseClass::Accepted => report(verdict_of(&response.body), None),
         ResponseClass::Retryable { retry_after } => report(
             AttemptVerdict::Retryable { retry_after },
             Some(format!("{what} {status}{}", excerpt(&response.body))),
@@ -401,6 +415,20 @@ fn answer(class_of: ResponseClass, response: &ReadResponse, what: &str) -> Attem
         ResponseClass::Permanent => {
             report(AttemptVerdict::Permanent, Some(format!("{what} {status}{}", excerpt(&response.body))))
         }
+    }
+}
+
+/// A 2xx answer's verdict: seed 002's structured result when the body (bare, or its `result`) is
+/// one (its call id and source are filled in by `attempt`), else the seed's result.
+fn verdict_of(body: &[u8]) -> AttemptVerdict {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let shaped = parsed.as_ref().and_then(|body| match body.get("result") {
+        Some(result) => ExternalResult::from_answer("", "", result),
+        None => ExternalResult::from_answer("", "", body),
+    });
+    match shaped {
+        Some(result) => AttemptVerdict::Structured(Box::new(result)),
+        None => AttemptVerdict::Succeeded(result_of(body)),
     }
 }
 
@@ -447,6 +475,21 @@ mod tests {
         for not_a_result in [&br#"{"state":"claimed","token":3}"#[..], b"", b"OK", b"[1]"] {
             assert_eq!(result_of(not_a_result), Value::Null, "{}", String::from_utf8_lossy(not_a_result));
         }
+    }
+
+    #[test]
+    fn structured_answers_are_read_bare_or_inside_result() {
+        let failed = br#"{"status":"failed","error":{"code":"NOT_FOUND","message":"gone"}}"#;
+        let wrapped = br#"{"result":{"status":"failed","error":{"code":"NOT_FOUND","message":"gone"}}}"#;
+        for body in [&failed[..], &wrapped[..]] {
+            let AttemptVerdict::Structured(r) = verdict_of(body) else { panic!("{}", String::from_utf8_lossy(body)) };
+            assert_eq!(r.error.unwrap().code, "NOT_FOUND");
+        }
+        assert_eq!(
+            verdict_of(br#"{"result":{"status":"shipped"}}"#),
+            AttemptVerdict::Succeeded(json!({"status": "shipped"}))
+        );
+        assert!(matches!(verdict_of(br#"{"structuredContent":{"a":1}}"#), AttemptVerdict::Structured(_)));
     }
 
     #[test]

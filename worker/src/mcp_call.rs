@@ -3,8 +3,6 @@
 //! An outcome the fleet cannot know (the request went out, no answer came back) is not sent again
 //! unless the tool says a repeat is harmless or the server's operator allows it.
 
-use serde_json::Value;
-
 use fleet_platform::mcp::{CallAnswer, McpClients};
 use fleet_protocol::envelope::ToolCallJob;
 use fleet_protocol::external_result::{ExternalResult, InteractionError, ResultStatus};
@@ -52,10 +50,7 @@ pub(crate) async fn attempt(
     let answer = clients.call_tool(&target, &tool.tool, arguments, called.call_id, ctx.callback_timeout).await;
     let mut report = judge(answer, &called, tool.hints.repeatable() || server.retry_unknown);
     report.error = report.error.map(|e| sanitize_error(&ctx.redactor.redact_with(None, &e)));
-    if let AttemptVerdict::Succeeded(result) = &mut report.verdict {
-        ctx.redactor.redact_json(None, result);
-    }
-    if let AttemptVerdict::Ended(result) = &mut report.verdict {
+    if let AttemptVerdict::Structured(result) = &mut report.verdict {
         let mut value = serde_json::to_value(&**result).expect("a result serialises");
         ctx.redactor.redact_json(None, &mut value);
         if let Ok(redacted) = serde_json::from_value(value) {
@@ -72,12 +67,11 @@ fn judge(answer: CallAnswer, called: &Called<'_>, repeatable: bool) -> AttemptRe
     let report = |verdict, http_status, error, class| AttemptReport { verdict, http_status, error, class };
     match answer {
         CallAnswer::Answered(result) if result.is_success() => {
-            let value = serde_json::to_value(&result).expect("a result serialises");
-            report(AttemptVerdict::Succeeded(value), Some(200), None, "2xx")
+            report(AttemptVerdict::Structured(Box::new(result)), Some(200), None, "2xx")
         }
         CallAnswer::Answered(result) => {
             let error = result.error.as_ref().map(|e| format!("MCP tool {}: {}", e.code, e.message));
-            report(AttemptVerdict::Ended(Box::new(result)), Some(200), error, "2xx")
+            report(AttemptVerdict::Structured(Box::new(result)), Some(200), error, "2xx")
         }
         CallAnswer::Unsent(why) => unsent(format!("MCP call not sent: {why}"), "network"),
         CallAnswer::TimedOut => {
@@ -90,7 +84,7 @@ fn judge(answer: CallAnswer, called: &Called<'_>, repeatable: bool) -> AttemptRe
         }
         CallAnswer::Unknown(why) => {
             let error = format!("MCP call outcome unknown: {why}");
-            report(AttemptVerdict::Ended(Box::new(unknown(called))), None, Some(error), UNKNOWN_CLASS)
+            report(AttemptVerdict::Structured(Box::new(unknown(called))), None, Some(error), UNKNOWN_CLASS)
         }
     }
 }
@@ -98,29 +92,6 @@ fn judge(answer: CallAnswer, called: &Called<'_>, repeatable: bool) -> AttemptRe
 fn unknown(called: &Called<'_>) -> ExternalResult {
     let error = InteractionError::safe(OUTCOME_UNKNOWN, OUTCOME_UNKNOWN_MESSAGE, Some(false));
     ExternalResult::ended(called.call_id, &called.source, ResultStatus::Unknown, error)
-}
-
-/// The result a call ends with when `report`, a retryable attempt, was its last: a timeout or an
-/// unknown outcome is said as such; a request never sent dead-letters as a transport failure does.
-pub(crate) fn if_last(
-    report: &AttemptReport,
-    call: &ToolCallJob,
-    execution_id: &str,
-    tool: &McpToolRef,
-) -> Option<Value> {
-    let called = Called {
-        call_id: call.parent.as_ref().map_or(execution_id, |p| p.call_id.as_str()),
-        source: format!("{}:{}", tool.server, tool.tool),
-    };
-    let result = match report.class {
-        "timeout" => {
-            let error = InteractionError::safe("MCP_TIMEOUT", "The MCP tool did not answer in time", Some(true));
-            ExternalResult::ended(called.call_id, &called.source, ResultStatus::Timeout, error)
-        }
-        UNKNOWN_CLASS => unknown(&called),
-        _ => return None,
-    };
-    Some(serde_json::to_value(result).expect("a result serialises"))
 }
 
 fn unsent(error: String, class: &'static str) -> AttemptReport {
@@ -148,11 +119,12 @@ mod tests {
     #[test]
     fn answers_map_to_verdicts() {
         let ok = ExternalResult::success("c1", "files:write", json!({"n": 1}));
-        assert!(matches!(judge(CallAnswer::Answered(ok), &called(), false).verdict, AttemptVerdict::Succeeded(_)));
+        let answered = judge(CallAnswer::Answered(ok.clone()), &called(), false);
+        assert_eq!(answered.verdict, AttemptVerdict::Structured(Box::new(ok)));
         let error = InteractionError::safe("MCP_TOOL_ERROR", "no such file", None);
         let failed = ExternalResult::ended("c1", "files:write", ResultStatus::Failed, error);
         let report = judge(CallAnswer::Answered(failed.clone()), &called(), true);
-        assert_eq!(report.verdict, AttemptVerdict::Ended(Box::new(failed)), "a reported failure is never retried");
+        assert_eq!(report.verdict, AttemptVerdict::Structured(Box::new(failed)), "a reported failure is never retried");
         for answer in [CallAnswer::Unsent(lost()), CallAnswer::TimedOut] {
             assert!(matches!(judge(answer, &called(), false).verdict, AttemptVerdict::Retryable { .. }));
         }
@@ -161,7 +133,7 @@ mod tests {
     #[test]
     fn an_unknown_outcome_is_retried_only_when_a_repeat_is_harmless() {
         let once = judge(CallAnswer::Unknown(lost()), &called(), false);
-        let AttemptVerdict::Ended(result) = once.verdict else { panic!("{:?}", once.verdict) };
+        let AttemptVerdict::Structured(result) = once.verdict else { panic!("{:?}", once.verdict) };
         assert_eq!(result.status, ResultStatus::Unknown);
         assert_eq!(result.error.as_ref().map(|e| e.code.as_str()), Some(OUTCOME_UNKNOWN));
         assert!(result.observation_text().contains("check its state"));

@@ -68,9 +68,8 @@ pub(crate) enum Finished {
     ToolUnavailable,
     /// A turn whose prompt exceeds its model's context window, ended before its model call.
     ContextLimit,
-    /// A call that ended without success, not to be tried again (seed 002's `failed`, `timeout`
-    /// or `unknown`): its result is recorded and its turn told.
-    Ended,
+    /// A tool answered seed 002's structured result with a status other than `success`.
+    ToolFailed,
 }
 
 impl Finished {
@@ -83,7 +82,7 @@ impl Finished {
             Finished::Cancelled => "cancelled",
             Finished::ToolUnavailable => "tool_unavailable",
             Finished::ContextLimit => "context_limit_exceeded",
-            Finished::Ended => "ended",
+            Finished::ToolFailed => "tool_failed",
         }
     }
 }
@@ -135,6 +134,7 @@ mod tests {
             Finished::Cancelled,
             Finished::ToolUnavailable,
             Finished::ContextLimit,
+            Finished::ToolFailed,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|f| f.label()).collect();
         assert_eq!(labels.len(), all.len());

@@ -313,13 +313,23 @@ pub(crate) async fn execution(State(state): State<AppState>, op: Operator, Path(
         .as_ref()
         .map(|r| format!("<h2>Result</h2>{}", html::json_block(&crate::console::dead_letters::redact(r))))
         .unwrap_or_default();
+    let external = view
+        .external_result
+        .as_ref()
+        .and_then(|r| serde_json::to_value(r).ok())
+        .map(|r| {
+            let status = esc(r["status"].as_str().unwrap_or_default());
+            let block = html::json_block(&crate::console::dead_letters::redact(&r));
+            format!("<h2>Structured result: <span id=\"external-status\">{status}</span></h2>{block}")
+        })
+        .unwrap_or_default();
     let cancel = if view.record.status.is_final() {
         String::new()
     } else {
         html::button(&viewer, &format!("/console/executions/{}/cancel", url(&id)), "Cancel", "danger")
     };
     let body = format!(
-        "<dl>{dl}</dl><div class=\"actions\">{cancel}</div><h2>Attempts</h2>{}{turn}{result}",
+        "<dl>{dl}</dl><div class=\"actions\">{cancel}</div><h2>Attempts</h2>{}{turn}{result}{external}",
         html::table(&["#", "Started", "HTTP status", "Outcome", "Error", "Duration (ms)"], &attempts)
     );
     Html(html::page(&format!("Execution {id}"), Some(&viewer), &body)).into_response()

@@ -184,6 +184,10 @@ pub(crate) struct ExecutionOut {
     /// The tool's answer once succeeded.
     result: Option<Value>,
     last_error: Option<String>,
+    /// Seed 002's structured result of a tool call: the tool's own (`success`, `failed`, …), or
+    /// `timeout`/`failed` for a dead-lettered call and `cancelled` for a cancelled one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external_result: Option<fleet_protocol::external_result::ExternalResult>,
     /// A turn's model config (defaults applied), rounds, tool calls, final message and usage (turns only).
     #[schema(value_type = Option<serde_json::Map<String, Value>>)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +210,7 @@ impl From<ExecutionView> for ExecutionOut {
             attempts: v.attempts,
             result: v.result,
             last_error: v.record.last_error,
+            external_result: v.external_result,
             turn: None,
         }
     }

@@ -32,9 +32,15 @@ pub fn tool_call_event(call: &ToolCall, parameters: &Value, message_id: &str) ->
     json!({"type": "tool_call", "tool_call": {"id": call.id, "tool_name": call.name, "parameters": parameters, "status": "pending"}, "message_id": message_id})
 }
 
+/// A call's result; one that ended with seed 002's structured result also carries it whole
+/// (`external_result`), whatever its status.
 pub fn tool_result_event(call_id: &str, tool_name: &str, outcome: &CallOutcome, message_id: &str) -> Value {
     let status = if outcome.ok { "completed" } else { "failed" };
-    json!({"type": "tool_result", "tool_call": {"id": call_id, "tool_name": tool_name, "status": status, "result": outcome.result}, "message_id": message_id})
+    let mut event = json!({"type": "tool_result", "tool_call": {"id": call_id, "tool_name": tool_name, "status": status, "result": outcome.result}, "message_id": message_id});
+    if let Some(external) = &outcome.external {
+        event["tool_call"]["external_result"] = json!(external);
+    }
+    event
 }
 
 /// A turn's error; `call` (the call's id and tool) when it is a tool call's.

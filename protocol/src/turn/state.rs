@@ -71,6 +71,32 @@ pub fn call_key(round: u32, position: u32) -> String {
 pub struct CallOutcome {
     pub ok: bool,
     pub result: Value,
+    /// Seed 002's structured result, when the call ended with one: the model reads its observation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<crate::external_result::ExternalResult>,
+}
+
+impl CallOutcome {
+    /// A call that ended with seed 002's structured result: a success's result is its
+    /// structured content (else its content); anything else is a failure whose result is it whole.
+    pub fn structured(external: crate::external_result::ExternalResult) -> Self {
+        let ok = external.is_success();
+        let result = if ok {
+            external.structured_content.clone().or_else(|| external.content.clone()).unwrap_or(Value::Null)
+        } else {
+            serde_json::to_value(&external).unwrap_or(Value::Null)
+        };
+        CallOutcome { ok, result, external: Some(external) }
+    }
+
+    /// Whether the tool itself answered (a success, or its own structured failure), as opposed to
+    /// a call the fleet gave up on or cancelled: those are told as `error` events.
+    pub fn answered(&self) -> bool {
+        self.ok
+            || (self.external.is_some()
+                && self.result.get("dead_lettered").is_none()
+                && self.result.get("cancelled").is_none())
+    }
 }
 
 /// A turn's persisted state between its steps.
@@ -283,9 +309,8 @@ pub fn parse_arguments(arguments: &str) -> Result<Value, String> {
 /// `{"error": …}`, unless it is an object with a string `error` already, like `tool_unavailable`'s), or, above `max_bytes`, `{"truncated": true, "bytes": <full size>, "content":
 /// <its first bytes, cut at a UTF-8 boundary>}`. The execution record keeps the whole result.
 pub fn tool_message_content(outcome: &CallOutcome, max_bytes: usize) -> String {
-    // Seed 002's result (an MCP tool's): the model reads its observation.
-    if let Some(result) = crate::external_result::ExternalResult::recorded(&outcome.result) {
-        return result.bounded(max_bytes).observation_text();
+    if let Some(external) = &outcome.external {
+        return external.clone().bounded(max_bytes).observation_text();
     }
     let already_an_error = outcome.result.get("error").is_some_and(Value::is_string);
     let full = if outcome.ok || already_an_error {
@@ -387,24 +412,17 @@ mod tests {
 
     #[test]
     fn large_tool_results_are_cut_at_a_char_boundary_for_the_model() {
-        let small = CallOutcome { ok: true, result: json!({"n": 1}) };
+        let small = CallOutcome { ok: true, result: json!({"n": 1}), external: None };
         assert_eq!(tool_message_content(&small, 100), r#"{"n":1}"#);
-        let failed = CallOutcome { ok: false, result: json!("HTTP 404") };
+        let failed = CallOutcome { ok: false, result: json!("HTTP 404"), external: None };
         assert_eq!(tool_message_content(&failed, 100), r#"{"error":"HTTP 404"}"#);
-        let flat = CallOutcome { ok: false, result: json!({"error": "tool_unavailable", "tool": "t"}) };
+        let flat = CallOutcome { ok: false, result: json!({"error": "tool_unavailable", "tool": "t"}), external: None };
         assert_eq!(tool_message_content(&flat, 100), r#"{"error":"tool_unavailable","tool":"t"}"#);
-        let big = CallOutcome { ok: true, result: json!("é".repeat(100)) };
+        let big = CallOutcome { ok: true, result: json!("é".repeat(100)), external: None };
         let seen: Value = serde_json::from_str(&tool_message_content(&big, 10)).unwrap();
         assert_eq!(seen["truncated"], true);
         assert_eq!(seen["bytes"], 202);
         // 10 bytes would split an 'é' (the text starts with a quote): cut at 9.
         assert_eq!(seen["content"], format!("\"{}", "é".repeat(4)));
-    }
-
-    #[test]
-    fn a_seed_002_result_reaches_the_model_as_its_observation() {
-        let result = crate::external_result::ExternalResult::success("c1", "files:read", json!({"n": 1}));
-        let outcome = CallOutcome { ok: true, result: serde_json::to_value(&result).unwrap() };
-        assert_eq!(tool_message_content(&outcome, 1000), result.observation_text());
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use fleet_platform::now_ms;
 use fleet_platform::store::{Begin, ClaimAfter, Fence, Transition};
 use fleet_protocol::envelope::{Envelope, Job};
-use fleet_protocol::execution::{AttemptOutcome, AttemptRecord, ExecutionStatus};
+use fleet_protocol::execution::{field, AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::McpToolRef;
@@ -59,17 +59,18 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
     Ok(match report.verdict {
-        AttemptVerdict::Succeeded(result) => succeed(cx, envelope, parent, held, &record, result, true).await,
-        AttemptVerdict::Ended(result) => {
-            let result = serde_json::to_value(result).expect("a result serialises");
-            succeed(cx, envelope, parent, held, &record, result, false).await
+        AttemptVerdict::Succeeded(result) => {
+            let outcome = CallOutcome { ok: true, result, external: None };
+            succeed(cx, envelope, parent, held, &record, outcome).await
         }
-        AttemptVerdict::Retryable { retry_after } => {
-            match last_result(cx, envelope, &report, mcp.as_ref(), retry_after).await {
-                Some(result) => succeed(cx, envelope, parent, held, &record, result, false).await,
-                None => failed(&report, record, held, started_ms, retry_after, false),
+        AttemptVerdict::Structured(result) => {
+            let mut record = record;
+            if !result.is_success() {
+                record.outcome = AttemptOutcome::Permanent;
             }
+            succeed(cx, envelope, parent, held, &record, CallOutcome::structured(*result)).await
         }
+        AttemptVerdict::Retryable { retry_after } => failed(&report, record, held, started_ms, retry_after, false),
         AttemptVerdict::Permanent => failed(&report, record, held, started_ms, None, true),
         AttemptVerdict::Accepted(poll) => Outcome::Poll(Box::new(poll), held),
     })
@@ -113,21 +114,6 @@ async fn mcp_tool(cx: &Cx<'_>, envelope: &Envelope) -> Option<McpToolRef> {
     let Job::ToolCall(call) = &envelope.job else { return None };
     let tool = cx.tool(&call.tool_name).await.ok().flatten()?;
     tool.stored.execution.mcp().cloned()
-}
-
-/// The result an MCP call ends with instead of its dead letter, when this retryable attempt was
-/// its last (a timeout, an unknown outcome); `None` for any other job or while attempts remain.
-async fn last_result(
-    cx: &Cx<'_>,
-    envelope: &Envelope,
-    report: &AttemptReport,
-    mcp: Option<&McpToolRef>,
-    retry_after: Option<std::time::Duration>,
-) -> Option<Value> {
-    let (Some(tool), Job::ToolCall(call)) = (mcp, &envelope.job) else { return None };
-    let result = crate::mcp_call::if_last(report, call, &envelope.execution_id, tool)?;
-    let decision = crate::retry_policy::decision(cx, envelope, retry_after).await;
-    matches!(decision, fleet_protocol::retry::RetryDecision::Exhausted).then_some(result)
 }
 
 /// The attempt itself, its claim and its tool's concurrency slot renewed while it runs: a signed
@@ -186,6 +172,7 @@ fn attempt_record(
         outcome: AttemptOutcome::Success,
         prompt_tokens: None,
         completion_tokens: None,
+        timed_out: report.class == "timeout",
     }
 }
 
@@ -202,26 +189,25 @@ fn failed(
 }
 
 /// The result, the record and the attempt in one write under the claim (a turn's call owes its
-/// turn the report in the same write); then the turn is told. `ok`: a success; else the call
-/// ended `failed` with `result` (seed 002's), never tried again.
+/// turn the report in the same write); then the turn is told. A structured result that is not a
+/// success ends the call `failed`, its safe error as the record's last error.
 async fn succeed(
     cx: &Cx<'_>,
     envelope: &Envelope,
     parent: Option<&Parent<'_>>,
     held: HeldClaim,
     record: &AttemptRecord,
-    result: Value,
-    ok: bool,
+    outcome: CallOutcome,
 ) -> Outcome {
     let id = &envelope.execution_id;
-    let (status, finished) =
-        if ok { (ExecutionStatus::Succeeded, Finished::Success) } else { (ExecutionStatus::Failed, Finished::Ended) };
-    let mut record = record.clone();
-    if !ok {
-        record.outcome = AttemptOutcome::Permanent;
+    let kept = if outcome.ok { outcome.result.clone() } else { Value::Null };
+    let status = if outcome.ok { ExecutionStatus::Succeeded } else { ExecutionStatus::Failed };
+    let error = outcome.external.as_ref().and_then(|r| r.error.as_ref()).map(|e| format!("{}: {}", e.code, e.message));
+    let mut done = Transition::new(ClaimAfter::Complete(&kept)).status(status).attempt(record);
+    if let Some(external) = &outcome.external {
+        done = done.field(field::EXTERNAL_RESULT, serde_json::to_string(external).expect("a result serialises"));
     }
-    let mut done = Transition::new(ClaimAfter::Complete(&result)).status(status).attempt(&record);
-    if let Some(error) = record.error.as_deref().filter(|_| !ok) {
+    if let Some(error) = error.as_deref().filter(|_| !outcome.ok) {
         done = done.last_error(error);
     }
     if parent.is_some() {
@@ -240,8 +226,9 @@ async fn succeed(
             return Outcome::Requeue;
         }
     }
+    let finished = if outcome.ok { Finished::Success } else { Finished::ToolFailed };
     let Some(parent) = parent else { return Outcome::Done(finished) };
-    match parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok, result }).await {
+    match parent::tool_call_finished(cx, envelope, parent, outcome).await {
         Ok(()) => {
             crate::publish::retire(cx, envelope, &Owed::Parent).await;
             Outcome::Done(finished)

@@ -187,7 +187,9 @@ async fn answer_turn(cx: &Cx<'_>, envelope: &Envelope, parent: &Parent<'_>) -> O
         .await
         .unwrap_or_else(|| unavailable_result(tool, None, cx.config.circuit.probe_interval));
     tracing::info!(tool, "circuit open; the turn's call is answered tool_unavailable, not sent");
-    match super::parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok: false, result }).await {
+    match super::parent::tool_call_finished(cx, envelope, parent, CallOutcome { ok: false, result, external: None })
+        .await
+    {
         Ok(()) => Some(Outcome::Done(Finished::ToolUnavailable)),
         // The record is cancelled now: the next delivery tells the turn again.
         Err(outcome) => Some(outcome),

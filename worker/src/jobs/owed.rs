@@ -43,14 +43,21 @@ pub(crate) async fn carry(cx: &Cx<'_>, envelope: &Envelope, owed: Owed, result: 
     }
 }
 
-/// A turn's call that succeeded but whose turn may not have heard: it is told again (its outcome
-/// is recorded once; only the report that completes the round publishes the next step).
+/// A turn's call that ended but whose turn may not have heard: it is told again (its outcome
+/// is recorded once; only the report that completes the round publishes the next step). A call
+/// that ended with a structured result is told that result, read back from its record.
 async fn report_to_parent(cx: &Cx<'_>, envelope: &Envelope, call: &ToolCallJob, result: Value) -> Outcome {
     let Some(turn) = &call.parent else { return Outcome::Copy };
     let parent = Parent { turn, tool_name: &call.tool_name, session_id: call.room_id.as_deref() };
-    // A call that ended without success (seed 002's result says so) is reported as it ended.
-    let ok = fleet_protocol::external_result::ExternalResult::recorded(&result).is_none_or(|r| r.is_success());
-    if let Err(outcome) = super::parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok, result }).await {
+    let outcome = match cx.store.executions().get_execution(&envelope.execution_id).await {
+        Ok(Some(view)) => match view.external_result {
+            Some(external) => CallOutcome::structured(external),
+            None => CallOutcome { ok: true, result, external: None },
+        },
+        Ok(None) => CallOutcome { ok: true, result, external: None },
+        Err(_) => return Outcome::Parked(cx.soon()),
+    };
+    if let Err(outcome) = super::parent::tool_call_finished(cx, envelope, &parent, outcome).await {
         return outcome;
     }
     retire(cx, envelope, &Owed::Parent).await;

@@ -7,6 +7,7 @@ use serde_json::json;
 use fleet_platform::store::RoundState;
 use fleet_protocol::envelope::{Envelope, Job, ToolCallJob, TurnJob, TurnParent};
 use fleet_protocol::execution::field;
+use fleet_protocol::external_result::ExternalResult;
 use fleet_protocol::history;
 use fleet_protocol::life::Owed;
 use fleet_protocol::turn::{self, CallOutcome};
@@ -43,7 +44,10 @@ pub(crate) async fn cancelled(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&
     tracing::info!("cancelled before its attempt; nothing sent");
     let Some(parent) = parent else { return Outcome::Done(Finished::Cancelled) };
     let error = json!({"error": "the tool call was cancelled before it was sent", "cancelled": true});
-    match tool_call_finished(cx, envelope, parent, CallOutcome { ok: false, result: error }).await {
+    let external = ExternalResult::cancelled(&envelope.execution_id, parent.tool_name);
+    match tool_call_finished(cx, envelope, parent, CallOutcome { ok: false, result: error, external: Some(external) })
+        .await
+    {
         Ok(()) => Outcome::Done(Finished::Cancelled),
         Err(outcome) => outcome,
     }
@@ -88,7 +92,7 @@ pub(crate) async fn tool_call_finished(
     if report.first && !session.is_empty() {
         log_result(cx, turn_id, parent, &outcome, session).await;
         let call_id = &parent.turn.call_id;
-        let mut event = if outcome.ok {
+        let mut event = if outcome.answered() {
             turn::tool_result_event(call_id, parent.tool_name, &outcome, &report.message_id)
         } else {
             let error = outcome.result.to_string();

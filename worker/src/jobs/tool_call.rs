@@ -5,6 +5,7 @@ use serde_json::json;
 
 use fleet_protocol::dead_letters::DeadLetterRecord;
 use fleet_protocol::envelope::{Envelope, ToolCallJob};
+use fleet_protocol::external_result::ExternalResult;
 use fleet_protocol::turn::CallOutcome;
 
 use super::parent::{self, Parent};
@@ -33,6 +34,9 @@ pub(super) async fn aftermath(
         .map_err(|e| format!("cannot emit failure events: {e}"))?;
     let Some(parent) = Parent::of(call) else { return Ok(()) };
     let error = json!({"error": dead.last_error, "dead_lettered": true});
-    let told = parent::tool_call_finished(cx, envelope, &parent, CallOutcome { ok: false, result: error }).await;
+    let timed_out = dead.history.last().is_some_and(|a| a.timed_out);
+    let external = ExternalResult::dead_lettered(&envelope.execution_id, &call.tool_name, timed_out, &dead.last_error);
+    let outcome = CallOutcome { ok: false, result: error, external: Some(external) };
+    let told = parent::tool_call_finished(cx, envelope, &parent, outcome).await;
     told.map_err(|_| "cannot tell the call's turn".to_string())
 }

@@ -82,8 +82,10 @@ async fn named_calls(
             )));
         };
         let outcome = match output {
-            ToolOutput::Success { output, .. } => CallOutcome { ok: true, result: Value::Object(output.clone()) },
-            ToolOutput::Error { error, .. } => CallOutcome { ok: false, result: error.clone() },
+            ToolOutput::Success { output, .. } => {
+                CallOutcome { ok: true, result: Value::Object(output.clone()), external: None }
+            }
+            ToolOutput::Error { error, .. } => CallOutcome { ok: false, result: error.clone(), external: None },
         };
         if outcome.ok {
             check_output(state, &call.tool_name, &outcome.result, i).await?;

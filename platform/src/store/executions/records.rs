@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use fleet_protocol::execution::{field, AttemptRecord, ExecutionRecord};
+use fleet_protocol::external_result::ExternalResult;
 use fleet_protocol::IDEMPOTENCY_TTL_SECS;
 
 use super::Executions;
@@ -16,6 +17,9 @@ pub struct ExecutionView {
     pub record: ExecutionRecord,
     pub result: Option<Value>,
     pub attempts: Vec<AttemptRecord>,
+    /// Seed 002's structured result: the tool's own, else what a dead-lettered or cancelled tool
+    /// call's record says.
+    pub external_result: Option<ExternalResult>,
 }
 
 /// A record as kept before it moved beside its claim: its hash, attempts, turn state and results.
@@ -38,7 +42,11 @@ pub(crate) fn execution_view(
         .iter()
         .map(|a| serde_json::from_str(a).map_err(|_| corrupt("attempt")))
         .collect::<Result<Vec<AttemptRecord>, _>>()?;
-    Ok(ExecutionView { record, result, attempts })
+    let external_result = match hash.get(field::EXTERNAL_RESULT) {
+        Some(raw) => Some(serde_json::from_str(raw).map_err(|_| corrupt("external_result"))?),
+        None => ExternalResult::of_record(&record, &attempts),
+    };
+    Ok(ExecutionView { record, result, attempts, external_result })
 }
 
 impl Executions {

@@ -128,9 +128,9 @@ async fn hand_off(
         Ok(()) => {
             agent.step = Some(to.clone());
             agent.transitions += 1;
-            CallOutcome { ok: true, result: json!({"step": to}) }
+            CallOutcome { ok: true, result: json!({"step": to}), external: None }
         }
-        Err(refused) => CallOutcome { ok: false, result: json!(refused) },
+        Err(refused) => CallOutcome { ok: false, result: json!(refused), external: None },
     };
     step.answer_now(&key, round, &outcome).await?;
     if outcome.ok {
@@ -203,7 +203,7 @@ async fn plan(
         return Ok(PendingCall { client_event: Some(agent_session::event_id(&event)), ..planned });
     };
     let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
-    let refused = CallOutcome { ok: false, result };
+    let refused = CallOutcome { ok: false, result, external: None };
     step.answer_now(&key, round, &refused).await?;
     let mut event = turn::error_event(code, &error, Some((&call.id, tool_name)), &state.message_id);
     if let Some(name) = &planned.configuration {

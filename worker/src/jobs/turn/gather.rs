@@ -38,7 +38,7 @@ pub(super) async fn collect(
             return Err(step.release_and_park().await);
         };
         for call in std::mem::take(&mut state.pending) {
-            let missing = CallOutcome { ok: false, result: json!({"error": "no result"}) };
+            let missing = CallOutcome { ok: false, result: json!({"error": "no result"}), external: None };
             let outcome = outcomes.get(call.outcome_key()).unwrap_or(&missing);
             let content = turn::tool_message_content(outcome, cx.config.tool_result_max_bytes);
             state.conversation.push(Message {

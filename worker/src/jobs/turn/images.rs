@@ -53,9 +53,9 @@ pub(super) async fn load(
         Ok((image, detail)) => {
             let result = json!({"loaded": image.artifact_id, "detail": detail.as_str()});
             let due = ImageRef { artifact_id: image.artifact_id, mime_type: image.mime_type, detail };
-            (CallOutcome { ok: true, result }, Some(due))
+            (CallOutcome { ok: true, result, external: None }, Some(due))
         }
-        Err(refused) => (CallOutcome { ok: false, result: json!(refused) }, None),
+        Err(refused) => (CallOutcome { ok: false, result: json!(refused), external: None }, None),
     };
     step.answer_now(&key, round, &outcome).await?;
     if let Some(due) = loaded {

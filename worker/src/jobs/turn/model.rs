@@ -288,6 +288,7 @@ fn attempt_record(
         outcome,
         prompt_tokens: result.as_ref().ok().and_then(|c| c.prompt_tokens),
         completion_tokens: result.as_ref().ok().and_then(|c| c.completion_tokens),
+        timed_out: false,
     }
 }
 
