@@ -3,14 +3,14 @@
 # (`make bench-peers` against Celery);
 # `make bench-streams` measures session streams at scale. `make image` builds the container image.
 SHELL := /bin/bash
-.PHONY: demo test test-rust check-docs check-monitoring check-chart check-api bench bench-budget bench-peers bench-streams bench-console soak failover lint image
+.PHONY: demo test test-rust check-docs check-monitoring check-chart check-api check-mcp bench bench-budget bench-peers bench-streams bench-console soak failover lint image
 
 demo:
 	scripts/ensure-services.sh
 	cargo build --workspace --bins
 	scripts/demo.sh
 
-test: check-docs check-monitoring check-chart test-rust check-api
+test: check-docs check-monitoring check-chart test-rust check-api check-mcp
 
 # broker_restart stops the shared RabbitMQ and broker_blocked blocks it with a memory alarm, so
 # each runs alone after everything else; so do redis_failover (a 6-node Redis Cluster of its own,
@@ -19,6 +19,7 @@ test-rust:
 	scripts/ensure-services.sh
 	scripts/ensure-chromium.sh
 	scripts/ensure-seed-clients.sh
+	scripts/ensure-mcp.sh
 	scripts/ensure-podman.sh
 	cargo build --workspace --all-targets
 	if cargo nextest --version >/dev/null 2>&1; then \
@@ -59,6 +60,12 @@ check-api:
 	scripts/ensure-services.sh
 	cargo build --workspace --bins
 	scripts/check-api.sh
+
+# The MCP conformance suite's client scenarios against `fleetctl mcp conformance`.
+check-mcp:
+	scripts/ensure-mcp.sh
+	cargo build -p fleetctl
+	scripts/check-mcp-conformance.sh
 
 # The documentation: relative links and anchors in every Markdown page resolve, and every path
 # ARCHITECTURE.md names exists (offline; see docs/testing.md).

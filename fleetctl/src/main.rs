@@ -5,6 +5,7 @@
 
 mod circuit;
 mod dead_letters;
+mod mcp;
 mod probe;
 mod topology;
 
@@ -44,6 +45,11 @@ enum Command {
     /// Health check of a dispatcher or worker on this host (a container's HEALTHCHECK): exits 0
     /// when its /readyz (or --path) answers 2xx.
     Probe(probe::ProbeArgs),
+    /// An MCP server's tools, through the fleet's MCP client: list them, call one.
+    Mcp {
+        #[command(subcommand)]
+        action: mcp::McpAction,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -56,10 +62,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // A health check needs only the process's listen address, not a valid broker or Redis setting.
     let config = match cli.command {
         Command::Probe(args) => return probe::run(&src, args).await,
+        // An MCP server is reached directly: no broker or Redis setting is needed.
+        Command::Mcp { action } => return mcp::run(action).await,
         _ => CommonConfig::load(&src)?,
     };
     match cli.command {
-        Command::Probe(_) => unreachable!("answered above"),
+        Command::Probe(_) | Command::Mcp { .. } => unreachable!("answered above"),
         Command::Topology { action } => topology::run(&config, action).await,
         Command::Queues => topology::queues(&config).await,
         Command::Circuit { action } => circuit::run(&config, action).await,

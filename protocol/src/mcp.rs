@@ -20,6 +20,8 @@ pub const MCP_TOOL_ERROR: &str = "MCP_TOOL_ERROR";
 pub const MCP_UNAVAILABLE: &str = "MCP_UNAVAILABLE";
 pub const MCP_NO_ANSWER: &str = "MCP_NO_ANSWER";
 pub const MCP_TIMEOUT: &str = "MCP_TIMEOUT";
+/// The code of a success whose structured content breaks the tool's `outputSchema`.
+pub const MCP_OUTPUT_INVALID: &str = "MCP_OUTPUT_INVALID";
 /// The MCP specification's bound on a tool's name.
 pub const MAX_TOOL_NAME_CHARS: usize = 128;
 
@@ -235,6 +237,26 @@ pub fn call_result(call_id: &str, server: &str, tool: &str, answer: &Value) -> E
     result
 }
 
+/// `result` checked against the tool's `outputSchema`, when it has one: MCP has a tool with one
+/// answer structured content that conforms, so a success without it, or with content that does
+/// not conform, becomes `failed` with `MCP_OUTPUT_INVALID` (its content kept for the record).
+pub fn checked_output(tool: &McpTool, mut result: ExternalResult) -> ExternalResult {
+    let Some(schema) = tool.output_schema.as_ref().filter(|_| result.is_success()) else {
+        return result;
+    };
+    let problem = match (&result.structured_content, ToolSchema::compile_at(schema, "outputSchema")) {
+        (_, Err(e)) => Some(e.to_string()),
+        (None, Ok(_)) => Some("the tool answered no structuredContent".to_string()),
+        (Some(data), Ok(schema)) => schema.check_at(data, "structuredContent").err().map(|e| e.to_string()),
+    };
+    if let Some(problem) = problem {
+        result.status = ResultStatus::Failed;
+        let message = format!("The answer does not match the tool's outputSchema: {problem}");
+        result.error = Some(InteractionError::fleet(MCP_OUTPUT_INVALID, &clip(&message, 300)));
+    }
+    result
+}
+
 /// The safe error of an `isError` answer.
 fn tool_error(result: &ExternalResult) -> InteractionError {
     let given = result.structured_content.as_ref().and_then(|s| s.get("error"));
@@ -418,6 +440,25 @@ mod tests {
         let image = json!({"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}]});
         assert_eq!(call_result("c", "s", "t", &image).content.unwrap()[0]["type"], "json");
         assert_eq!(call_result("c", "s", "t", &json!({"content": []})).content, Some(json!("")));
+    }
+
+    #[test]
+    fn a_success_must_match_its_output_schema() {
+        let mut add = tool("add", json!({"type": "object"}));
+        add.output_schema =
+            Some(json!({"type": "object", "properties": {"result": {"type": "integer"}}, "required": ["result"]}));
+        let good = call_result("c", "m", "add", &json!({"structuredContent": {"result": 3}}));
+        assert!(checked_output(&add, good).is_success());
+        let bad = checked_output(&add, call_result("c", "m", "add", &json!({"structuredContent": {"result": "3"}})));
+        assert_eq!((bad.status, bad.error.unwrap().code.as_str()), (ResultStatus::Failed, MCP_OUTPUT_INVALID));
+        let none =
+            checked_output(&add, call_result("c", "m", "add", &json!({"content": [{"type": "text", "text": "3"}]})));
+        assert_eq!(none.status, ResultStatus::Failed);
+        // A failure stays the failure it was; a tool without a schema is not checked.
+        let failed = call_result("c", "m", "add", &json!({"isError": true}));
+        assert_eq!(checked_output(&add, failed).error.unwrap().code, MCP_TOOL_ERROR);
+        let plain = tool("echo", json!({"type": "object"}));
+        assert!(checked_output(&plain, call_result("c", "m", "echo", &json!({"content": []}))).is_success());
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod contract;
 pub mod fleet;
 pub mod llm;
 pub mod load;
+pub mod mcp;
 pub mod proxy;
 pub mod quota;
 pub mod rabbit_cluster;

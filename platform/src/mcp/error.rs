@@ -5,6 +5,7 @@ use std::error::Error as StdError;
 
 use fleet_protocol::mcp::DiscoveryError;
 use fleet_protocol::sanitize::sanitize_error;
+use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 /// An MCP client failure. Every message is sanitised and never holds a header value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +49,21 @@ impl McpError {
         }
     }
 
+    /// One line without the cause's detail (which may name URLs): what a result's error says.
+    pub fn summary(&self) -> String {
+        let server = self.server();
+        match self {
+            McpError::BadTarget { .. } => format!("MCP server {server} is not configured right"),
+            McpError::Connect { .. } => format!("MCP server {server} could not be reached"),
+            McpError::NotMcp { .. } => format!("MCP server {server} does not answer as an MCP server"),
+            McpError::Unauthorized { .. } => format!("MCP server {server} refused the credentials"),
+            McpError::Rpc { method, .. } => format!("MCP server {server} answered {method} with an error"),
+            McpError::Lost { method, .. } => format!("MCP server {server}: the connection was lost during {method}"),
+            McpError::TimedOut { method, .. } => format!("MCP server {server} did not answer {method} in time"),
+            McpError::Discovery { .. } => format!("MCP server {server} lists its tools against the rules"),
+        }
+    }
+
     /// Whether the request surely never reached the server (so trying again is safe).
     pub fn unsent(&self) -> bool {
         matches!(self, McpError::BadTarget { .. } | McpError::Connect { .. } | McpError::Unauthorized { .. })
@@ -66,18 +82,26 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
 /// The whole chain of an error as one line (rmcp's outer messages rarely say the cause).
 pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
     let mut parts = vec![error.to_string()];
-    let mut source = error.source();
+    let mut source = next_cause(error);
     while let Some(e) = source {
         let text = e.to_string();
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
         }
-        source = e.source();
+        source = next_cause(e);
     }
     parts.join(": ")
 }
 
-/// What a transport failure says about the server, read from its text and its causes.
+/// An error's cause, also through rmcp's HTTP client error, which does not name its cause.
+fn next_cause<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+    match error.downcast_ref::<HttpError>() {
+        Some(StreamableHttpError::Client(inner)) => Some(inner),
+        _ => error.source(),
+    }
+}
+
+/// What a transport failure says about the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailureKind {
     /// No connection was made: the request never left.
@@ -89,11 +113,17 @@ pub(crate) enum FailureKind {
     Lost,
 }
 
-/// Sorts a failure by its error chain. Connection errors are found by their `io::Error` kind;
-/// the rest by rmcp's own wording (its types are not all public).
-pub(crate) fn failure_kind(error: &(dyn StdError + 'static)) -> FailureKind {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
+/// The transport's error type, as rmcp's reqwest client reports it.
+type HttpError = StreamableHttpError<reqwest013::Error>;
+
+/// Sorts a failure by the first of its causes that says: rmcp's HTTP error, or an `io::Error`.
+/// rmcp's errors do not always chain their causes: `start` is where the chain is whole.
+pub(crate) fn failure_kind(start: &(dyn StdError + 'static)) -> FailureKind {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(start);
     while let Some(e) = source {
+        if let Some(http) = e.downcast_ref::<HttpError>() {
+            return http_kind(http);
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind::*;
             if matches!(io.kind(), ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable) {
@@ -102,33 +132,26 @@ pub(crate) fn failure_kind(error: &(dyn StdError + 'static)) -> FailureKind {
         }
         source = e.source();
     }
-    classify_text(&chain(error))
+    FailureKind::Lost
 }
 
-/// The wording half of [`failure_kind`], apart so it can be tested.
-fn classify_text(text: &str) -> FailureKind {
-    let lower = text.to_ascii_lowercase();
-    let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
-    if any(&["auth required", "authrequired", "insufficient scope", "401", "403", "unauthorized", "forbidden"]) {
-        FailureKind::Unauthorized
-    } else if any(&["error trying to connect", "connection refused", "dns error", "failed to lookup", "tcp connect"]) {
-        FailureKind::Connect
-    } else if any(&[
-        "unexpected content type",
-        "unexpected server response",
-        "content-type",
-        "content type",
-        "404",
-        "405",
-        "expect initialized",
-        "deserialize",
-        "parse",
-        "missing session id",
-        "invalid",
-    ]) {
-        FailureKind::NotMcp
-    } else {
-        FailureKind::Lost
+fn http_kind(error: &HttpError) -> FailureKind {
+    match error {
+        StreamableHttpError::Client(e) if e.is_connect() || e.is_builder() => FailureKind::Connect,
+        StreamableHttpError::AuthRequired(_) | StreamableHttpError::InsufficientScope(_) => FailureKind::Unauthorized,
+        // A 401 or 403 without a challenge keeps its status in the text (rmcp's own wording).
+        StreamableHttpError::UnexpectedServerResponse(text)
+            if text.starts_with("HTTP 401") || text.starts_with("HTTP 403") =>
+        {
+            FailureKind::Unauthorized
+        }
+        StreamableHttpError::UnexpectedServerResponse(_)
+        | StreamableHttpError::UnexpectedContentType(_)
+        | StreamableHttpError::Deserialize(_)
+        | StreamableHttpError::MissingSessionIdInResponse
+        | StreamableHttpError::ResponseBodyTooLarge { .. }
+        | StreamableHttpError::ServerDoesNotSupportSse => FailureKind::NotMcp,
+        _ => FailureKind::Lost,
     }
 }
 
@@ -145,11 +168,17 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_sorted_by_their_words() {
-        assert_eq!(classify_text("Auth required, WWW-Authenticate: Bearer"), FailureKind::Unauthorized);
-        assert_eq!(classify_text("error sending request: error trying to connect"), FailureKind::Connect);
-        assert_eq!(classify_text("Unexpected content type: Some(\"text/html\")"), FailureKind::NotMcp);
-        assert_eq!(classify_text("stream ended"), FailureKind::Lost);
+    fn failures_are_sorted_by_their_cause() {
+        let html = HttpError::UnexpectedContentType(Some("text/html".into()));
+        assert_eq!(failure_kind(&html), FailureKind::NotMcp);
+        let denied = HttpError::UnexpectedServerResponse("HTTP 401 Unauthorized: no".into());
+        assert_eq!(failure_kind(&denied), FailureKind::Unauthorized);
+        assert_eq!(failure_kind(&HttpError::UnexpectedEndOfStream), FailureKind::Lost);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(failure_kind(&refused), FailureKind::Connect);
+        // A port that spells a status is no status.
+        let lost = std::io::Error::other("reset by http://127.0.0.1:40123/mcp");
+        assert_eq!(failure_kind(&lost), FailureKind::Lost);
     }
 
     #[test]
@@ -159,5 +188,6 @@ mod tests {
         assert!(connect.unsent());
         assert!(!lost.unsent());
         assert_eq!(lost.server(), "s");
+        assert_eq!(lost.summary(), "MCP server s: the connection was lost during tools/call");
     }
 }

@@ -99,8 +99,8 @@ impl CallAnswer {
     pub fn into_result(self, call_id: &str, server: &str, tool: &str) -> ExternalResult {
         match self {
             CallAnswer::Answered(result) => result,
-            CallAnswer::Unsent(e) => rules::unsent_result(call_id, server, tool, &e.to_string()),
-            CallAnswer::Unknown(e) => rules::unknown_result(call_id, server, tool, &e.to_string()),
+            CallAnswer::Unsent(e) => rules::unsent_result(call_id, server, tool, &e.summary()),
+            CallAnswer::Unknown(e) => rules::unknown_result(call_id, server, tool, &e.summary()),
             CallAnswer::TimedOut => rules::timeout_result(call_id, server, tool),
         }
     }
@@ -240,8 +240,13 @@ impl McpClients {
             return McpError::Rpc { server, method, detail: scrub(&data.message, &target.secrets()) };
         }
         self.forget(target, session).await;
-        let detail = scrub(&chain(e), &target.secrets());
-        match failure_kind(e) {
+        // rmcp's transport error does not chain its cause: read from the transport's own error on.
+        let cause: &(dyn std::error::Error + 'static) = match e {
+            ServiceError::TransportSend(transport) => transport.error.as_ref(),
+            other => other,
+        };
+        let detail = scrub(&chain(cause), &target.secrets());
+        match failure_kind(cause) {
             FailureKind::Connect => McpError::Connect { server, detail },
             FailureKind::Unauthorized => McpError::Unauthorized { server },
             FailureKind::NotMcp | FailureKind::Lost => McpError::Lost { server, method, detail },
@@ -273,5 +278,25 @@ fn tool_of(tool: &Tool) -> McpTool {
             idempotent_hint: hints.and_then(|h| h.idempotent_hint),
             open_world_hint: hints.and_then(|h| h.open_world_hint),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_and_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: T) {}
+
+    /// The dispatcher and the worker hold one client in shared state and call it from spawned
+    /// tasks: it and its futures must cross threads.
+    #[test]
+    fn the_client_and_its_futures_cross_threads() {
+        let clients = McpClients::new();
+        send_and_sync(&clients);
+        let target = McpServerTarget::new("s", "http://127.0.0.1:9/mcp").header("Authorization", "Bearer secret-value");
+        send(clients.list_tools(&target, DiscoveryBudget::default()));
+        send(clients.call_tool(&target, "t", Map::new(), "c", Duration::from_secs(1)));
+        assert!(!format!("{target:?}").contains("secret-value"));
     }
 }

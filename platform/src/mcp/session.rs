@@ -21,6 +21,10 @@ const RESERVED: [&str; 4] = ["accept", "mcp-session-id", "last-event-id", "mcp-p
 
 /// Opens a session: the `initialize` handshake and its `initialized` notice, within `deadline`.
 pub(crate) async fn open(target: &McpServerTarget, deadline: Duration) -> Result<Session, McpError> {
+    match url::Url::parse(&target.url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+        _ => return Err(bad_target(target, "the URL is not an http(s) URL")),
+    }
     let config = StreamableHttpClientTransportConfig::with_uri(target.url.clone())
         .custom_headers(headers(target)?)
         .reinit_on_expired_session(true);
@@ -64,14 +68,17 @@ fn bad_target(target: &McpServerTarget, detail: &str) -> McpError {
 /// A failed handshake, sorted: nothing there, a refusal of the credentials, not MCP, an error.
 fn init_error(target: &McpServerTarget, error: &ClientInitializeError) -> McpError {
     let server = target.name.clone();
-    let detail = scrub(&chain(error), &target.secrets());
-    if let ClientInitializeError::JsonRpcError(data) = error {
-        return McpError::Rpc { server, method: "initialize", detail: scrub(&data.message, &target.secrets()) };
-    }
-    if error.auth_challenge().is_some() {
-        return McpError::Unauthorized { server };
-    }
-    match failure_kind(error) {
+    let secrets = target.secrets();
+    // rmcp's transport error does not chain its cause: read from the transport's own error on.
+    let cause: &(dyn std::error::Error + 'static) = match error {
+        ClientInitializeError::JsonRpcError(data) => {
+            return McpError::Rpc { server, method: "initialize", detail: scrub(&data.message, &secrets) };
+        }
+        ClientInitializeError::TransportError { error, .. } => error.error.as_ref(),
+        other => other,
+    };
+    let detail = scrub(&chain(cause), &secrets);
+    match failure_kind(cause) {
         FailureKind::Connect => McpError::Connect { server, detail },
         FailureKind::Unauthorized => McpError::Unauthorized { server },
         // During the handshake, any answer that is not its answer means the URL is no MCP server.
