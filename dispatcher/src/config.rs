@@ -49,6 +49,9 @@ pub struct DispatcherConfig {
     /// `FLEET_FLOODING_TENANT_SUBMISSIONS` (default 4; 0: no limit): how many submissions of a
     /// tenant flooding the fleet (over its light-lane allowance) this dispatcher takes in at once.
     pub flooding_tenant_submissions: usize,
+    /// `FLEET_MCP_DISCOVERY_INTERVAL` (seconds, default 300): how often every registered MCP
+    /// server's tools are discovered again.
+    pub mcp_discovery_interval: std::time::Duration,
 }
 
 impl DispatcherConfig {
@@ -76,6 +79,9 @@ impl DispatcherConfig {
                 burst: src.parse("FLEET_LIGHT_LANE_CALL_BURST", 200)?,
             },
             flooding_tenant_submissions: src.parse("FLEET_FLOODING_TENANT_SUBMISSIONS", 4)?,
+            mcp_discovery_interval: src
+                .seconds("FLEET_MCP_DISCOVERY_INTERVAL", std::time::Duration::from_secs(300))?
+                .max(std::time::Duration::from_secs(1)),
         })
     }
 }

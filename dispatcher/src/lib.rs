@@ -6,6 +6,7 @@ pub mod config;
 mod console;
 pub mod error;
 pub mod lanes;
+pub mod mcp_discovery;
 mod routes;
 pub mod scopes;
 mod signing;
@@ -68,6 +69,15 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
         config.light_lane_tool_calls,
         config.flooding_tenant_submissions,
     );
+    let mcp = Arc::new(fleet_platform::mcp::McpClients::new());
+    let refresh = mcp_discovery::every(
+        store.clone(),
+        config.secrets_key.clone(),
+        Arc::clone(&mcp),
+        config.mcp_discovery_interval,
+        background.token(),
+    );
+    background.spawn(refresh);
     let state = AppState(Arc::new(Shared {
         config: Arc::new(config),
         broker: link,
@@ -78,6 +88,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
         console_tasks: tokio_util::task::TaskTracker::new(),
         shutdown: lifetime.intake().child_token(),
         lanes: Arc::new(lanes),
+        mcp,
     }));
     let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");

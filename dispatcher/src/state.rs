@@ -42,4 +42,6 @@ pub struct Shared {
     /// Which new jobs skip their kind's work queue (tenants not flooding the fleet), and how many
     /// of a flooding tenant's submissions are taken in at once.
     pub lanes: Arc<lanes::LightLanes>,
+    /// MCP sessions for discovery, one per server, reused.
+    pub mcp: Arc<fleet_platform::mcp::McpClients>,
 }

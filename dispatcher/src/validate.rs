@@ -40,6 +40,14 @@ pub fn tool_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A tool name a call may name: a registered tool's, or an MCP server's tool's (`server.tool`).
+pub fn called_tool_name(name: &str) -> Result<(), ApiError> {
+    if fleet_protocol::tools::is_callable_tool_name(name) {
+        return Ok(());
+    }
+    tool_name(name)
+}
+
 /// An optional identifier field (`room_id`, `assistant_id`): at most 256 characters, no control characters.
 pub fn identifier(field: &str, value: Option<&str>) -> Result<(), ApiError> {
     match value {

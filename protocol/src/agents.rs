@@ -405,7 +405,7 @@ pub fn check_assistant(a: &AssistantRecord) -> Result<(), String> {
         return Err(format!("enabled_tools names more than {MAX_ENABLED_TOOLS} tools"));
     }
     for (i, t) in a.enabled_tools.iter().enumerate() {
-        if t.is_empty() || t.len() > 64 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        if !crate::tools::is_callable_tool_name(t) {
             return Err(format!("enabled_tools[{i}] is not a tool name"));
         }
         if a.enabled_tools[..i].contains(t) {

@@ -125,6 +125,16 @@ impl Keys {
         format!("{}{{tool-health}}:open", self.prefix)
     }
 
+    /// A registered MCP server (JSON; its headers are encrypted).
+    pub fn mcp_server(&self, name: &str) -> String {
+        format!("{}{{mcp-servers}}:server:{name}", self.prefix)
+    }
+
+    /// Sorted set of registered MCP server names, for listing and the scheduled discovery.
+    pub fn mcp_servers_index(&self) -> String {
+        format!("{}{{mcp-servers}}:index", self.prefix)
+    }
+
     /// A registered webhook (JSON; the secret field is encrypted).
     pub fn webhook(&self, id: &str) -> String {
         format!("{}{{webhooks}}:webhook:{id}", self.prefix)

@@ -71,6 +71,8 @@ impl AttemptReport {
 
 pub struct CallbackContext<'a> {
     pub store: &'a Store,
+    /// The worker's MCP sessions, for a tool an MCP server lists.
+    pub mcp: &'a fleet_platform::mcp::McpClients,
     pub targets: &'a crate::registry::TargetCache,
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,

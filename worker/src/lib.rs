@@ -14,6 +14,7 @@ pub mod http;
 mod intake;
 mod jobs;
 pub mod llm;
+mod mcp_call;
 mod memory;
 mod notify;
 mod outcome;

@@ -10,6 +10,7 @@ pub(crate) mod common;
 pub(crate) mod dead_letters;
 pub(crate) mod docs;
 pub(crate) mod executions;
+pub(crate) mod mcp_servers;
 pub(crate) mod rooms;
 pub(crate) mod sessions;
 pub(crate) mod stream;
@@ -38,6 +39,7 @@ use crate::AppState;
 fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
         .merge(tools::routes())
+        .merge(mcp_servers::routes())
         .merge(audit::routes())
         .merge(usage::routes())
         .merge(tool_calls::routes())
@@ -235,11 +237,16 @@ mod tests {
         assert_eq!(route_rules().len(), operations - 1, "every operation but GET /v1/openapi.json has a rule");
         assert_eq!(route_rules().get(&Method::GET, "/v1/openapi.json"), None);
         let expected = [
+            "DELETE /v1/mcp_servers/{name}",
             "DELETE /v1/tools/{tool}",
             "DELETE /v1/webhooks/{id}",
             "GET /v1/audit",
+            "GET /v1/mcp_servers",
+            "GET /v1/mcp_servers/{name}",
             "GET /v1/webhooks",
             "GET /v1/webhooks/{id}",
+            "POST /v1/mcp_servers",
+            "POST /v1/mcp_servers/{name}/discover",
             "POST /v1/tools",
             "POST /v1/tools/{tool}/circuit/close",
             "PUT /v1/tools/{tool}",

@@ -81,7 +81,7 @@ impl ToolCallInput {
     /// Checks the call (its tool exists and the parameters satisfy its schema) and decides when it
     /// is due; a refusal names the field it is about.
     async fn check(&mut self, state: &AppState, tenancy: &Tenancy) -> Result<(), (&'static str, ApiError)> {
-        validate::tool_name(&self.tool_name).map_err(|e| ("tool_name", e))?;
+        validate::called_tool_name(&self.tool_name).map_err(|e| ("tool_name", e))?;
         self.owner = Some(tenancy.resolve(self.tenant.as_deref()).map_err(|e| ("tenant", e))?);
         validate::identifier("room_id", self.room_id.as_deref()).map_err(|e| ("room_id", e))?;
         validate::identifier("assistant_id", self.assistant_id.as_deref()).map_err(|e| ("assistant_id", e))?;

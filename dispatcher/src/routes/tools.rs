@@ -125,7 +125,7 @@ impl From<&StoredTool> for ToolOut {
             max_concurrency: t.limits.max_concurrency,
             rate_limit: t.limits.rate_limit,
             circuit_breaker: t.circuit_breaker,
-            execution: t.execution,
+            execution: t.execution.clone(),
             output_schema: t.output_schema.clone(),
             health: None,
             created_at: rfc3339_from_millis(t.created_at_ms),
@@ -204,7 +204,7 @@ fn merged(
     secret_ciphertext: Option<String>,
     now: i64,
 ) -> Result<StoredTool, ApiError> {
-    let execution = input.execution.or(existing.map(|t| t.execution)).unwrap_or_default();
+    let execution = input.execution.clone().or(existing.map(|t| t.execution.clone())).unwrap_or_default();
     let callback_url = input.callback_url.clone().or_else(|| existing.map(|t| t.callback_url.clone()));
     let secret_ciphertext = secret_ciphertext.or_else(|| existing.map(|t| t.secret_ciphertext.clone()));
     let (callback_url, secret_ciphertext) = match execution {
@@ -214,6 +214,11 @@ fn merged(
             ))
         }
         ToolExecution::Client => (String::new(), String::new()),
+        ToolExecution::Mcp(_) => {
+            return Err(ApiError::invalid(
+                "an MCP server's tools are written by its discovery (POST /v1/mcp_servers/{name}/discover), not here",
+            ))
+        }
         ToolExecution::Callback => (
             callback_url.filter(|u| !u.is_empty()).ok_or_else(|| ApiError::invalid("callback_url is required"))?,
             secret_ciphertext.filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid("callback_secret is required"))?,
@@ -239,7 +244,7 @@ fn merged(
         retry: retry_spec::updated(&input.retry, existing.and_then(|t| t.retry.as_ref())),
         limits: limits(existing.map(|t| &t.limits).unwrap_or(&ToolLimits::default()), input)?,
         circuit_breaker: input.circuit_breaker.or(existing.and_then(|t| t.circuit_breaker)),
-        execution,
+        execution: execution.clone(),
         output_schema: match &input.output_schema {
             Some(given) => given.clone().map(Value::Object),
             None => existing.and_then(|t| t.output_schema.clone()),

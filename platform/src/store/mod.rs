@@ -39,7 +39,8 @@ pub use limits::{
     CIRCUIT_HISTORY_MAX,
 };
 pub use registry::{
-    AssistantVersion, AssistantWrite, Registry, RegistryPage, RoomVersion, StoredTool, StoredWebhook, ToolVersion,
+    AssistantVersion, AssistantWrite, Registry, RegistryPage, RoomVersion, StoredMcpServer, StoredTool, StoredWebhook,
+    ToolVersion,
 };
 pub use sessions::{
     CompactHistory, Opened, RoundReport, RoundState, SessionEventSubscription, SessionFinish, SessionHolders,

@@ -208,7 +208,7 @@ impl TurnInput {
             return Err("assistant.instructions is longer than 64 KiB".into());
         }
         for (i, t) in self.assistant.enabled_tools.iter().enumerate() {
-            if t.is_empty() || t.len() > 64 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            if !crate::tools::is_callable_tool_name(t) {
                 return Err(format!("assistant.enabled_tools[{i}] is not a tool name"));
             }
         }

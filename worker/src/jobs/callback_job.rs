@@ -9,10 +9,11 @@ use serde_json::Value;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{Begin, ClaimAfter, Fence, Transition};
-use fleet_protocol::envelope::Envelope;
+use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::execution::{field, AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
+use fleet_protocol::tools::McpToolRef;
 use fleet_protocol::turn::CallOutcome;
 
 use super::claim::{self, Claim, Mode};
@@ -52,7 +53,8 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let kind = envelope.kind().as_str();
     cx.metrics.jobs_started.with_label_values(&[kind]).inc();
     let clock = Instant::now();
-    let report = attempt(cx, envelope, held, &admission).await;
+    let mcp = mcp_tool(cx, envelope).await;
+    let report = attempt(cx, envelope, held, &admission, mcp.as_ref()).await;
     limits::release(cx, admission).await;
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
@@ -107,15 +109,25 @@ async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> 
     Outcome::Parked(cx.soon())
 }
 
-/// The attempt itself, its claim and its tool's concurrency slot renewed while it runs.
+/// The MCP server's tool a tool call names, if its tool is one (read from the worker's cache).
+async fn mcp_tool(cx: &Cx<'_>, envelope: &Envelope) -> Option<McpToolRef> {
+    let Job::ToolCall(call) = &envelope.job else { return None };
+    let tool = cx.tool(&call.tool_name).await.ok().flatten()?;
+    tool.stored.execution.mcp().cloned()
+}
+
+/// The attempt itself, its claim and its tool's concurrency slot renewed while it runs: a signed
+/// POST, or, for an MCP server's tool, a `tools/call` (`mcp_call.rs`).
 async fn attempt(
     cx: &Cx<'_>,
     envelope: &Envelope,
     held: HeldClaim,
     admission: &limits::ToolAdmission,
+    mcp: Option<&McpToolRef>,
 ) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
+        mcp: cx.mcp,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
         client: cx.client,
@@ -126,7 +138,14 @@ async fn attempt(
     // Pinned here and lent to the renewals around it: a future they took by value would be laid out
     // again in each of their futures (the compiler does not overlap an awaited argument with the
     // future awaiting it), and the attempt is the largest part of a callback job.
-    let sent = std::pin::pin!(callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()));
+    let sent = std::pin::pin!(async {
+        match (mcp, &envelope.job) {
+            (Some(tool), Job::ToolCall(call)) => {
+                crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, tool).await
+            }
+            _ => callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()).await,
+        }
+    });
     let sent = std::pin::pin!(limits::holding(cx, admission, sent));
     let report = claim::renewing(cx, &envelope.execution_id, held, false, sent).await;
     report.expect("callbacks are not stopped by a lost lease")

@@ -4,7 +4,7 @@ mod agents;
 mod tools;
 
 pub use agents::{AssistantVersion, AssistantWrite, RegistryPage, RoomVersion};
-pub use tools::{StoredTool, StoredWebhook, ToolVersion};
+pub use tools::{StoredMcpServer, StoredTool, StoredWebhook, ToolVersion};
 
 use crate::store::client::Redis;
 

@@ -48,6 +48,68 @@ pub struct StoredTool {
     pub output_schema: Option<Value>,
 }
 
+/// A registered MCP server as stored: its headers only as ciphertext (bound to `mcp:{name}`).
+/// Its tools are stored as tools (`ToolExecution::Mcp`), named in `tools`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMcpServer {
+    pub name: String,
+    pub url: String,
+    /// The encrypted JSON object of the headers each request carries; empty: none.
+    #[serde(default)]
+    pub headers_ciphertext: String,
+    /// Their names, which the API shows.
+    #[serde(default)]
+    pub header_names: Vec<String>,
+    /// The operator's names for its tools: MCP tool name → fleet tool name.
+    #[serde(default)]
+    pub tool_names: std::collections::BTreeMap<String, String>,
+    pub max_discovery_pages: u32,
+    pub max_capabilities: u32,
+    /// Applied to each of its tools as a tool's own.
+    #[serde(default, skip_serializing_if = "ToolLimits::is_none")]
+    pub limits: ToolLimits,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<fleet_protocol::retry_spec::RetrySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<fleet_protocol::circuit::CircuitBreaker>,
+    /// The operator's policy: a call whose outcome is unknown may be sent again.
+    #[serde(default)]
+    pub retry_unknown: bool,
+    #[serde(default)]
+    pub requires_approval_for_destructive: bool,
+    /// The fleet names of the tools its last discovery stored.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub discovered_at_ms: i64,
+    /// Why the last scheduled discovery failed (sanitised); its tools stay as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl StoredMcpServer {
+    /// The owner its headers' ciphertext is bound to.
+    pub fn headers_owner(name: &str) -> String {
+        format!("mcp:{name}")
+    }
+
+    /// Where to reach it, its headers decrypted (in memory only).
+    pub fn target(&self, key: &fleet_protocol::secrets::SecretsKey) -> Result<crate::mcp::McpServerTarget, String> {
+        let headers = if self.headers_ciphertext.is_empty() {
+            vec![]
+        } else {
+            let text =
+                key.decrypt(&Self::headers_owner(&self.name), &self.headers_ciphertext).map_err(|e| e.to_string())?;
+            let map: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            map.into_iter().collect()
+        };
+        Ok(crate::mcp::McpServerTarget { name: self.name.clone(), url: self.url.clone(), headers })
+    }
+}
+
 /// A tool as read, with the stored text that a conditional write compares against.
 #[derive(Debug, Clone)]
 pub struct ToolVersion {
@@ -83,22 +145,26 @@ const TOOL_DELETE_LUA: &str = include_str!("lua/tool_delete.lua");
 #[derive(Debug, Clone, Copy)]
 enum EntryKind {
     Webhooks,
+    McpServers,
 }
 
 impl EntryKind {
     fn entry(self, keys: &Keys, id: &str) -> String {
         match self {
             EntryKind::Webhooks => keys.webhook(id),
+            EntryKind::McpServers => keys.mcp_server(id),
         }
     }
     fn index(self, keys: &Keys) -> String {
         match self {
             EntryKind::Webhooks => keys.webhooks_index(),
+            EntryKind::McpServers => keys.mcp_servers_index(),
         }
     }
     fn label(self) -> &'static str {
         match self {
             EntryKind::Webhooks => "webhook",
+            EntryKind::McpServers => "MCP server",
         }
     }
 }
@@ -287,5 +353,27 @@ impl Registry {
 
     pub async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
         self.registry_delete(EntryKind::Webhooks, id).await
+    }
+
+    /// Creates or replaces an MCP server's registration; returns whether it is new.
+    pub async fn put_mcp_server(&self, server: &StoredMcpServer) -> Result<bool, StoreError> {
+        self.registry_put(EntryKind::McpServers, &server.name, server).await
+    }
+
+    pub async fn get_mcp_server(&self, name: &str) -> Result<Option<StoredMcpServer>, StoreError> {
+        self.registry_get(EntryKind::McpServers, name).await
+    }
+
+    /// MCP servers in name order after `after`, at most `limit`.
+    pub async fn list_mcp_servers(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StoredMcpServer>, StoreError> {
+        self.registry_list(EntryKind::McpServers, after, limit).await
+    }
+
+    pub async fn delete_mcp_server(&self, name: &str) -> Result<bool, StoreError> {
+        self.registry_delete(EntryKind::McpServers, name).await
     }
 }

@@ -166,7 +166,9 @@ async fn plan(
     let turn_id = step.turn_id();
     // A seed 001 agent's model calls a tool configuration by its name; the job runs its tool.
     let configured = state.agent.as_ref().and_then(|a| a.config.tool_configurations.get_key_value(&call.name));
-    let tool_name = configured.map_or(&call.name, |(_, c)| &c.tool_name);
+    // An MCP tool is offered to the model as `server__tool`: the call names its fleet tool again.
+    let offered = fleet_protocol::tools::fleet_tool_for(&call.name, &state.assistant.enabled_tools).to_string();
+    let tool_name = configured.map_or(&offered, |(_, c)| &c.tool_name);
     let parameters = turn::parse_arguments(&call.arguments);
     let shown = parameters.as_ref().unwrap_or(&Value::Null);
     let mut event = turn::tool_call_event(call, shown, &state.message_id);

@@ -300,7 +300,8 @@ async fn configured_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     for name in &state.assistant.enabled_tools {
         if let Ok(Some(known)) = cx.tool(name).await {
             let tool = &known.stored;
-            specs.push(json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}));
+            let name = fleet_protocol::tools::model_function_name(&tool.name);
+            specs.push(json!({"type": "function", "function": {"name": name, "description": tool.description, "parameters": tool.parameters}}));
         }
     }
     let Some(agent) = &state.agent else { return specs };
