@@ -2,6 +2,7 @@
 //! bearer-token check and request metrics around every route).
 
 pub(crate) mod agent_events;
+pub(crate) mod approvals;
 pub(crate) mod artifacts;
 pub(crate) mod assistants;
 pub(crate) mod audit;
@@ -39,6 +40,7 @@ fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
         .merge(tools::routes())
         .merge(audit::routes())
+        .merge(approvals::routes())
         .merge(usage::routes())
         .merge(tool_calls::routes())
         .merge(turns::routes())

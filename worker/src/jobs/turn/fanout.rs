@@ -18,6 +18,7 @@ use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, Tur
 use fleet_protocol::execution::{field, AttemptRecord};
 use fleet_protocol::history;
 use fleet_protocol::life::Owed;
+use fleet_protocol::schedule::first_destination;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::ToolExecution;
 use fleet_protocol::turn::{self, call_key, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
@@ -186,6 +187,7 @@ async fn plan(
         key: key.clone(),
         client_event: None,
         configuration: configured.map(|(name, _)| name.clone()),
+        approval: None,
     };
     let refused = match refusal(cx, state, turn_id, round, &planned, &parameters).await {
         Some((code, error)) => Some((code, json!(error))),
@@ -194,7 +196,9 @@ async fn plan(
     };
     let Some((code, result)) = refused else {
         if !client {
-            return Ok(planned);
+            // A call that waits for an operator keeps its job, published to wait for the decision.
+            let approval = crate::jobs::approval::policy(cx, tool_name, configured.map(|(_, c)| c)).await;
+            return Ok(PendingCall { approval, ..planned });
         }
         // The client can only answer a call whose event it saw: without it, the step runs again.
         let Some(event) = event else { return Err(step.release_and_park().await) };
@@ -277,15 +281,15 @@ pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnStat
             continue;
         }
         let Some(exec) = &call.execution_id else { continue };
-        let envelope = tool_call_envelope(state, turn_id, call, args, state.round - 1);
+        let mut envelope = tool_call_envelope(state, turn_id, call, args.clone(), state.round - 1);
         create_record(cx, state, call, exec).await?;
-        let topology = &cx.config.common.topology;
-        messages.push(Outgoing::job(
-            topology.jobs_exchange(),
-            JobKind::ToolCall.as_str().into(),
-            &envelope,
-            trace_headers(),
-        ));
+        if let Some(policy) = &call.approval {
+            envelope = crate::jobs::approval::hold(cx, state, turn_id, call, policy, &args, envelope).await?;
+        }
+        // Due now, to its work queue; one waiting for its approval, to the delay queue that holds it.
+        let common = &cx.config.common;
+        let (exchange, routing_key) = first_destination(&common.topology, &common.retry, &envelope, now_ms());
+        messages.push(Outgoing::job(exchange, routing_key, &envelope, trace_headers()));
     }
     // All or nothing: a call that went out and is sent again is a copy, acked by its claim.
     let all = || async { cx.publisher.publish_many(&messages).await.into_iter().collect::<Result<Vec<()>, _>>() };
@@ -409,6 +413,7 @@ fn tool_call_envelope(state: &TurnState, turn_id: &str, call: &PendingCall, para
             round,
             position,
             configuration: call.configuration.clone(),
+            approval: None,
         }),
     });
     Envelope::new(call.execution_id.clone().unwrap_or_default(), job, now_ms())
