@@ -216,3 +216,42 @@ async fn an_undecided_call_takes_its_tools_timeout_outcome_at_the_deadline() {
         assert_eq!(status, 409, "the deadline decided it");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_client_call_becomes_pending_for_the_client_only_once_approved() {
+    let llm = MockLlm::start(|body, _| {
+        let answered = body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool");
+        match answered {
+            None => LlmReply::ToolCalls(vec![("call_1".into(), "wipe_device".into(), r#"{"confirm":true}"#.into())]),
+            Some(tool) => LlmReply::text(&format!("wiped: {}", tool["content"].as_str().unwrap())),
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let tool = json!({"description": "Wipes the user's device", "execution": "client", "effects": ["execute"],
+        "requires_approval": true, "parameters": {"type": "object"}});
+    let (status, resp) = fleet.request(Method::PUT, "/v1/tools/wipe_device", Some(&tool)).await;
+    assert!(status == 200 || status == 201, "{resp}");
+    let agent = json!({"name": "device_agent", "title": "Device", "instructions": "Help.", "enabled_tools": ["wipe_device"]});
+    assert_eq!(fleet.post("/v1/agents/assistants", &agent).await.0, 201);
+    fleet_tests::turn::send_agent_input(&fleet, "device_agent", "s_client", "wipe it").await;
+
+    let request = approval_requests(&fleet, "s_client", 1).await.remove(0);
+    let pending = |events: &[Value]| events.iter().any(|e| e["type"] == "client_tool_pending");
+    assert!(!pending(&session_events(&fleet, "s_client").await), "not the client's before the decision");
+    let path = format!("/v1/approvals/{}", request["approval_id"].as_str().unwrap());
+    let (status, decided) = fleet.request(Method::POST, &path, Some(&json!({"decision": "approve"}))).await;
+    assert_eq!(status, 200, "{decided}");
+    let events = wait_for("the call pending for the client", Duration::from_secs(30), || async {
+        let events = session_events(&fleet, "s_client").await;
+        pending(&events).then_some(events)
+    })
+    .await;
+    let announced = events.iter().find(|e| e["type"] == "client_tool_pending").unwrap();
+    let event_id = announced["pending_calls"][0]["event_id"].as_str().unwrap().to_string();
+    let answer = json!({"type": "tool_output", "tool_outputs": [{"event_id": event_id, "type": "success", "output": {"wiped": true}}]});
+    let (status, resp) = fleet.post(&fleet_tests::agent_events::events_path("device_agent", "s_client"), &answer).await;
+    assert_eq!(status, 201, "{resp}");
+    let text = resp.to_string();
+    assert!(text.contains("wiped: "), "{resp}");
+}

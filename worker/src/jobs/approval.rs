@@ -36,6 +36,14 @@ pub(crate) async fn policy(
     approvals::needs_approval(&settings, configuration.map(|c| c.approval_settings()).as_ref())
 }
 
+/// What a call waiting for its decision is held with: its policy, the arguments the operator is
+/// shown (masked), and for a client call what hands it to the client once approved.
+pub(crate) struct HeldForApproval<'a> {
+    pub policy: &'a ApprovalPolicy,
+    pub parameters: &'a Value,
+    pub client: Option<String>,
+}
+
 /// The call's job as it waits for its decision: it names its approval and is due at the deadline.
 /// Creates the approval (and asks the session for a decision) unless a copy of this step did.
 pub(crate) async fn hold(
@@ -43,10 +51,10 @@ pub(crate) async fn hold(
     state: &TurnState,
     turn_id: &str,
     call: &PendingCall,
-    policy: &ApprovalPolicy,
-    parameters: &Value,
+    held: HeldForApproval<'_>,
     mut envelope: Envelope,
 ) -> Result<Envelope, Outcome> {
+    let HeldForApproval { policy, parameters, client } = held;
     let id = approvals::approval_id(&envelope.execution_id);
     if let Job::ToolCall(job) = &mut envelope.job {
         if let Some(parent) = job.parent.as_mut() {
@@ -73,7 +81,7 @@ pub(crate) async fn hold(
         decided: None,
     };
     let job = String::from_utf8(envelope.to_bytes()).expect("an envelope is JSON");
-    let stored = StoredApproval { approval, deadline_ms, job };
+    let stored = StoredApproval { approval, deadline_ms, job, client };
     let park = |e| {
         tracing::warn!(error = %e, "cannot record a call's approval; the step runs again");
         Outcome::Parked(cx.soon())
@@ -92,19 +100,20 @@ pub(crate) async fn hold(
     Ok(Envelope { not_before_ms: Some(deadline_ms), ..envelope })
 }
 
-/// The gate of a claimed call that names an approval: `Ok` runs it; `Err` is how its delivery ends
-/// instead (refused and reported to its turn, or parked until its deadline).
+/// The gate of a claimed call that names an approval: `Ok` runs it (`Some`: an approved client
+/// call, handed to its client instead, `hand_to_client`); `Err` is how its delivery ends instead
+/// (refused and reported to its turn, or parked until its deadline).
 pub(crate) async fn gate(
     cx: &Cx<'_>,
     envelope: &Envelope,
     parent: Option<&Parent<'_>>,
     held: HeldClaim,
-) -> Result<(), Outcome> {
-    let Some(parent) = parent else { return Ok(()) };
-    let Some(id) = parent.turn.approval.as_deref() else { return Ok(()) };
+) -> Result<Option<String>, Outcome> {
+    let Some(parent) = parent else { return Ok(None) };
+    let Some(id) = parent.turn.approval.as_deref() else { return Ok(None) };
     for _ in 0..2 {
         let read = cx.store.approvals().get(id).await;
-        let Ok(found) = read else { return Err(release(cx, envelope, held, cx.soon()).await) };
+        let Ok(found) = read else { return Err(release_claim(cx, envelope, held, cx.soon()).await) };
         let Some(stored) = found else {
             // Lost (it outlives its deadline by days): nobody approved it.
             tracing::warn!(approval = id, "the call's approval is gone; the call is refused");
@@ -112,22 +121,22 @@ pub(crate) async fn gate(
             return Err(refuse(cx, envelope, parent, held, refused).await);
         };
         match approvals::call_gate(&stored.approval, stored.deadline_ms, now_ms()) {
-            CallGate::Run => return Ok(()),
+            CallGate::Run => return Ok(stored.client),
             CallGate::Refuse(result) => return Err(refuse(cx, envelope, parent, held, *result).await),
             CallGate::Wait(ms) => {
                 let wait = std::time::Duration::from_millis(ms.max(0) as u64);
-                return Err(release(cx, envelope, held, wait).await);
+                return Err(release_claim(cx, envelope, held, wait).await);
             }
             CallGate::Expire => {
                 let decided = Decided { by: "deadline".into(), at: rfc3339_from_millis(now_ms()), reason: None };
                 match cx.store.approvals().decide(id, ApprovalStatus::TimedOut, &decided).await {
                     Ok(DecideWrite::Taken | DecideWrite::Already(_)) => continue,
-                    Ok(DecideWrite::Missing) | Err(_) => return Err(release(cx, envelope, held, cx.soon()).await),
+                    Ok(DecideWrite::Missing) | Err(_) => return Err(release_claim(cx, envelope, held, cx.soon()).await),
                 }
             }
         }
     }
-    Err(release(cx, envelope, held, cx.soon()).await)
+    Err(release_claim(cx, envelope, held, cx.soon()).await)
 }
 
 /// An approval standing for one that is gone, enough to answer the call.
@@ -187,8 +196,36 @@ async fn refuse(
     }
 }
 
+/// An approved client call: the client is told of it (its `tool_output` is taken from now on), and
+/// the job ends without a callback; the client's answer is the call's outcome.
+pub(crate) async fn hand_to_client(
+    cx: &Cx<'_>,
+    envelope: &Envelope,
+    session: &str,
+    held: HeldClaim,
+    release: &str,
+) -> Outcome {
+    let Ok(release) = serde_json::from_str::<Value>(release) else { return Outcome::Done(Finished::Success) };
+    let event_id = release["event_id"].as_str().unwrap_or_default().to_string();
+    let Ok(call) = serde_json::from_value::<fleet_protocol::agent_session::ClientCall>(release["call"].clone()) else {
+        return Outcome::Done(Finished::Success);
+    };
+    if cx.store.sessions().put_client_calls(session, &[(event_id.clone(), call)]).await.is_err() {
+        return release_claim(cx, envelope, held, cx.soon()).await;
+    }
+    emit(cx, session, release["event"].clone()).await;
+    let result = serde_json::json!({"handed_to_client": event_id});
+    let done = Transition::new(ClaimAfter::Complete(&result)).status(ExecutionStatus::Succeeded);
+    let lease = cx.config.claim_lease;
+    match cx.store.executions().transition(&envelope.execution_id, Fence::Token(held.token), lease, &done).await {
+        Ok(true) => Outcome::Done(Finished::Success),
+        Ok(false) => Outcome::Fenced,
+        Err(_) => Outcome::Requeue,
+    }
+}
+
 /// Gives the claim back and parks the call for `wait`.
-async fn release(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, wait: std::time::Duration) -> Outcome {
+async fn release_claim(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, wait: std::time::Duration) -> Outcome {
     let released = Transition::new(ClaimAfter::Release("released"));
     let _ = cx
         .store

@@ -40,7 +40,10 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
         Claim::Cancelled => return Ok(parent::cancelled(cx, envelope, parent).await),
     };
     // A call waiting for an operator runs only as its approval's decision (or deadline) allows.
-    approval::gate(cx, envelope, parent, held).await?;
+    if let Some(release) = approval::gate(cx, envelope, parent, held).await? {
+        let session = parent.and_then(|p| p.session_id).unwrap_or_default();
+        return Ok(approval::hand_to_client(cx, envelope, session, held, &release).await);
+    }
     // Over its tool's limits a call gives its claim back and is parked: nothing sent or spent.
     let admission = limits::admit(cx, envelope, held).await?;
     if mode == Mode::Hold {

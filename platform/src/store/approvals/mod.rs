@@ -28,6 +28,8 @@ pub struct StoredApproval {
     pub approval: Approval,
     pub deadline_ms: i64,
     pub job: String,
+    /// For a client tool's call: what hands it to the client once approved (JSON).
+    pub client: Option<String>,
 }
 
 /// What a decision's write found.
@@ -56,6 +58,7 @@ impl Approvals {
             .arg(&stored.job)
             .arg(stored.deadline_ms)
             .arg(ttl)
+            .arg(stored.client.as_deref().unwrap_or(""))
             .invoke_async(&mut conn)
             .await;
         let created = self.redis.count(created)? == 1;
@@ -81,18 +84,20 @@ impl Approvals {
             .arg("decided")
             .arg("deadline_ms")
             .arg("job")
+            .arg("client")
             .query_async(&mut self.redis.conn().await?)
             .await;
         let fields = self.redis.count(r)?;
-        let [state, body, decided, deadline, job] = <[Option<String>; 5]>::try_from(fields)
-            .map_err(|_| StoreError::Corrupt(format!("approval {id}: not five fields")))?;
+        let [state, body, decided, deadline, job, client] = <[Option<String>; 6]>::try_from(fields)
+            .map_err(|_| StoreError::Corrupt(format!("approval {id}: not six fields")))?;
         let (Some(state), Some(body)) = (state, body) else { return Ok(None) };
         let corrupt = |what: &str| StoreError::Corrupt(format!("approval {id}: {what}"));
         let mut approval: Approval = serde_json::from_str(&body).map_err(|e| corrupt(&e.to_string()))?;
         approval.status = ApprovalStatus::parse(&state).ok_or_else(|| corrupt("state"))?;
         approval.decided = decided.and_then(|d| serde_json::from_str::<Decided>(&d).ok());
         let deadline_ms = deadline.and_then(|d| d.parse().ok()).ok_or_else(|| corrupt("deadline"))?;
-        Ok(Some(StoredApproval { approval, deadline_ms, job: job.unwrap_or_default() }))
+        let client = client.filter(|c| !c.is_empty());
+        Ok(Some(StoredApproval { approval, deadline_ms, job: job.unwrap_or_default(), client }))
     }
 
     /// Moves a pending approval to `to`, with who decided; any other state is left as it is.
