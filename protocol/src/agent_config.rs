@@ -110,7 +110,7 @@ pub struct ToolConfiguration {
     pub argument_overrides: Map<String, Value>,
     /// What its calls do (seed 002's `effects`), beside its tool's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub effects: Vec<crate::approvals::Effect>,
+    pub effects: Vec<crate::approval_policy::Effect>,
     /// Each call waits for an operator's decision, even if its tool does not ask for one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_approval: bool,
@@ -119,7 +119,7 @@ pub struct ToolConfiguration {
     pub approval_timeout_secs: Option<u64>,
     /// What a call becomes when nobody decided in time (else its tool's, else `deny`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval_timeout_outcome: Option<crate::approvals::TimeoutOutcome>,
+    pub approval_timeout_outcome: Option<crate::approval_policy::TimeoutOutcome>,
 }
 
 /// A seed 001 agent's turn: the agent's parts as the turn started (a later version of the agent
@@ -243,8 +243,8 @@ impl Overrides {
 
 impl ToolConfiguration {
     /// Its approval settings, laid over its tool's by `approvals::needs_approval`.
-    pub fn approval_settings(&self) -> crate::approvals::ApprovalSettings {
-        crate::approvals::ApprovalSettings {
+    pub fn approval_settings(&self) -> crate::approval_policy::ApprovalSettings {
+        crate::approval_policy::ApprovalSettings {
             effects: self.effects.clone(),
             requires_approval: self.requires_approval,
             approval_timeout_secs: self.approval_timeout_secs,

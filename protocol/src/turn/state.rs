@@ -37,7 +37,7 @@ pub struct PendingCall {
     pub configuration: Option<String>,
     /// The call waits for an operator's decision, under this policy (`approvals::needs_approval`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<crate::approvals::ApprovalPolicy>,
+    pub approval: Option<crate::approval_policy::ApprovalPolicy>,
 }
 
 impl PendingCall {
@@ -100,7 +100,7 @@ impl CallOutcome {
             || (self.external.is_some()
                 && self.result.get("dead_lettered").is_none()
                 && self.result.get("cancelled").is_none()
-                && !crate::approvals::is_refusal(&self.result))
+                && !crate::approval_policy::is_refusal(&self.result))
     }
 }
 
