@@ -112,6 +112,18 @@ pub struct ToolConfiguration {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     #[cfg_attr(feature = "schema", schema(value_type = Object))]
     pub argument_overrides: Map<String, Value>,
+    /// What its calls do (seed 002's `effects`), beside its tool's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<crate::approval_policy::Effect>,
+    /// Each call waits for an operator's decision, even if its tool does not ask for one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
+    /// How long a call waits for its decision (else its tool's, else 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_secs: Option<u64>,
+    /// What a call becomes when nobody decided in time (else its tool's, else `deny`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_outcome: Option<crate::approval_policy::TimeoutOutcome>,
 }
 
 /// A seed 001 agent's turn: the agent's parts as the turn started (a later version of the agent
@@ -234,6 +246,16 @@ impl Overrides {
 }
 
 impl ToolConfiguration {
+    /// Its approval settings, laid over its tool's by `approvals::needs_approval`.
+    pub fn approval_settings(&self) -> crate::approval_policy::ApprovalSettings {
+        crate::approval_policy::ApprovalSettings {
+            effects: self.effects.clone(),
+            requires_approval: self.requires_approval,
+            approval_timeout_secs: self.approval_timeout_secs,
+            approval_timeout_outcome: self.approval_timeout_outcome,
+        }
+    }
+
     /// The paths the overrides fill (what `tool_input` events freeze).
     pub fn override_paths(&self) -> Vec<String> {
         self.argument_overrides.keys().cloned().collect()
@@ -459,6 +481,9 @@ impl AgentConfig {
             return Err(format!("{field}: the name is taken (an enabled tool, or a built-in one: {builtin:?})"));
         }
         check_name(&format!("{field}.tool_name"), &config.tool_name)?;
+        if let Some(problem) = config.approval_settings().problem(&format!("{field}.")) {
+            return Err(problem);
+        }
         for (path, value) in &config.argument_overrides {
             if parse_path(path).is_none() {
                 return Err(format!("{field}.argument_overrides: {path:?} is not a dot-notation path"));

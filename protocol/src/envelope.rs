@@ -93,6 +93,10 @@ pub struct TurnParent {
     /// resolved against the session at each attempt, never carried in the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<String>,
+    /// The approval that holds the call (`approvals::approval_id`): the job runs only as its
+    /// decision (or deadline) allows. The job first waits in the broker until that deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
 }
 
 impl TurnParent {

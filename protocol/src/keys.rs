@@ -292,6 +292,19 @@ impl Keys {
         format!("{}{{usage:{day}}}", self.prefix)
     }
 
+    /// An approval (a hash: its state, body, decision and the job its decision publishes).
+    pub fn approval(&self, id: &str) -> String {
+        format!("{}approval:{{{}}}", self.prefix, hash_tag_safe(id))
+    }
+
+    /// Approvals by creation time (a sorted set): every tenant's (`None`), or one tenant's.
+    pub fn approvals_index(&self, tenant: Option<&str>) -> String {
+        match tenant {
+            None => format!("{}{{approvals}}:all", self.prefix),
+            Some(t) => format!("{}{{approvals}}:tenant:{}", self.prefix, hash_tag_safe(t)),
+        }
+    }
+
     /// The operators' audit log (a stream: who changed what, when, how many).
     pub fn audit_log(&self) -> String {
         format!("{}{{audit}}:log", self.prefix)

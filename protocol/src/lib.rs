@@ -7,6 +7,8 @@ pub mod activity;
 pub mod agent_config;
 pub mod agent_session;
 pub mod agents;
+pub mod approval_policy;
+pub mod approvals;
 pub mod artifacts;
 pub mod budget;
 pub mod callback;

@@ -70,6 +70,8 @@ pub(crate) enum Finished {
     ContextLimit,
     /// A tool answered seed 002's structured result with a status other than `success`.
     ToolFailed,
+    /// A turn's call its approval refused (denied, or undecided by its deadline): nothing sent.
+    Refused,
 }
 
 impl Finished {
@@ -83,6 +85,7 @@ impl Finished {
             Finished::ToolUnavailable => "tool_unavailable",
             Finished::ContextLimit => "context_limit_exceeded",
             Finished::ToolFailed => "tool_failed",
+            Finished::Refused => "approval_refused",
         }
     }
 }
@@ -135,6 +138,7 @@ mod tests {
             Finished::ToolUnavailable,
             Finished::ContextLimit,
             Finished::ToolFailed,
+            Finished::Refused,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|f| f.label()).collect();
         assert_eq!(labels.len(), all.len());

@@ -36,11 +36,12 @@ pub(crate) struct Viewer<'a> {
     pub csrf: &'a str,
 }
 
-const NAV: [(&str, &str); 8] = [
+const NAV: [(&str, &str); 9] = [
     ("/console", "Overview"),
     ("/console/dead-letters", "Dead letters"),
     ("/console/executions", "Executions"),
     ("/console/tools", "Tools"),
+    ("/console/approvals", "Approvals"),
     ("/console/webhooks", "Webhooks"),
     ("/console/sessions", "Sessions"),
     ("/console/audit", "Audit log"),

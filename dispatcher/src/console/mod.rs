@@ -7,6 +7,7 @@
 // A refused form's page is the handler's answer as it is: checks return the `Response` itself.
 #![allow(clippy::result_large_err)]
 
+mod approvals;
 mod bulk;
 pub(crate) mod dead_letters;
 pub(crate) mod html;
@@ -113,6 +114,9 @@ fn declared() -> Vec<(ConsoleRoute, MethodRouter<AppState>)> {
         r("GET", "/console/webhooks", P, get(webhooks::page)),
         r("GET", "/console/sessions", P, get(pages::sessions)),
         r("POST", "/console/sessions/{id}/forget", C, post(pages::forget)),
+        r("GET", "/console/approvals", P, get(approvals::page)),
+        r("POST", "/console/approvals/{id}/approve", C, post(approvals::approve)),
+        r("POST", "/console/approvals/{id}/deny", C, post(approvals::deny)),
         r("GET", "/console/audit", P, get(pages::audit)),
         r("GET", "/console/static/console.js", O, get(script)),
         r("GET", "/console/static/console.css", O, get(style)),

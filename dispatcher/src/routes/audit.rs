@@ -56,7 +56,8 @@ pub(crate) struct AuditEntryOut {
     /// `api`, `console` or `fleetctl`.
     via: String,
     /// `dead_letter.retry`, `dead_letter.retry_edited`, `dead_letter.delete`, `dead_letters.redrive`,
-    /// `dead_letters.purge`, `execution.cancel`, `circuit.close` or `session.forget`.
+    /// `dead_letters.purge`, `execution.cancel`, `circuit.close`, `session.forget`, `approval.approve`
+    /// or `approval.deny`.
     action: String,
     /// An id, a tool, a session, or a bulk operation's filter.
     target: String,

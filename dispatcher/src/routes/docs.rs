@@ -32,6 +32,7 @@ use utoipa::{IntoResponses, Modify, OpenApi};
         (name = "webhooks", description = "Event subscriptions"),
         (name = "assistants", description = "Seed 000's assistants: what a room's turns run with"),
         (name = "rooms", description = "Seed 000's rooms (a room is a session) and their messages"),
+        (name = "approvals", description = "Calls waiting for an operator's decision"),
         (name = "audit", description = "What operators changed"),
         (name = "usage", description = "Model tokens used per hour, by tenant and assistant"),
         (name = "meta", description = "This document"),

@@ -2,6 +2,7 @@
 //! bearer-token check and request metrics around every route).
 
 pub(crate) mod agent_events;
+pub(crate) mod approvals;
 pub(crate) mod artifacts;
 pub(crate) mod assistants;
 pub(crate) mod audit;
@@ -41,6 +42,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .merge(tools::routes())
         .merge(mcp_servers::routes())
         .merge(audit::routes())
+        .merge(approvals::routes())
         .merge(usage::routes())
         .merge(tool_calls::routes())
         .merge(turns::routes())

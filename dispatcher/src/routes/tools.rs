@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
 use fleet_platform::store::{StoredTool, ToolVersion};
+use fleet_protocol::approvals::{ApprovalSettings, Effect, TimeoutOutcome, DEFAULT_APPROVAL_TIMEOUT_SECS};
 use fleet_protocol::circuit::CircuitBreaker;
 use fleet_protocol::limits::{self, RateLimit, ToolLimits};
 use fleet_protocol::retry_spec::{self, ObjectOnly, RetrySpec};
@@ -73,6 +74,17 @@ pub(crate) struct ToolInput {
     #[serde(default, deserialize_with = "fleet_protocol::retry_spec::explicit_null")]
     #[schema(value_type = Option<Map<String, Value>>)]
     output_schema: Option<Option<Map<String, Value>>>,
+    /// What its calls do: any of `read`, `write`, `execute`, `network` (an unknown one is a 400
+    /// naming it).
+    #[schema(value_type = Option<Vec<Effect>>)]
+    effects: Option<Vec<String>>,
+    /// Whether each call a model makes waits for an operator's decision (`/v1/approvals`).
+    requires_approval: Option<bool>,
+    /// How long a call waits for its decision: 1-2592000 seconds (default 3600).
+    #[schema(minimum = 1, maximum = 2592000)]
+    approval_timeout_secs: Option<u64>,
+    /// What a call becomes when nobody decided in time (default `deny`).
+    approval_timeout_outcome: Option<TimeoutOutcome>,
 }
 
 /// A tool as the API shows it (never its secret).
@@ -103,6 +115,14 @@ pub(crate) struct ToolOut {
     /// The JSON Schema its results must satisfy, if it has one.
     #[schema(value_type = Option<Map<String, Value>>)]
     output_schema: Option<Value>,
+    /// What its calls do (seed 002's `effects`).
+    effects: Vec<Effect>,
+    /// Whether each call a model makes waits for an operator's decision (`/v1/approvals`).
+    requires_approval: bool,
+    /// How long a call waits for its decision.
+    approval_timeout_secs: u64,
+    /// What a call becomes when nobody decided in time.
+    approval_timeout_outcome: TimeoutOutcome,
     /// Endpoint health, on `GET /v1/tools/{tool}` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     health: Option<ToolHealthOut>,
@@ -127,6 +147,10 @@ impl From<&StoredTool> for ToolOut {
             circuit_breaker: t.circuit_breaker,
             execution: t.execution.clone(),
             output_schema: t.output_schema.clone(),
+            effects: t.approvals.effects.clone(),
+            requires_approval: t.approvals.requires_approval,
+            approval_timeout_secs: t.approvals.approval_timeout_secs.unwrap_or(DEFAULT_APPROVAL_TIMEOUT_SECS),
+            approval_timeout_outcome: t.approvals.approval_timeout_outcome.unwrap_or_default(),
             health: None,
             created_at: rfc3339_from_millis(t.created_at_ms),
             updated_at: rfc3339_from_millis(t.updated_at_ms),
@@ -191,7 +215,28 @@ fn check_fields(input: &ToolInput, allow_private: bool) -> Result<(), ApiError> 
             .map_err(|e| ApiError::invalid(e.to_string()))?;
     }
     limits(&ToolLimits::default(), input)?;
+    approvals(None, input)?;
     Ok(())
+}
+
+/// The approval settings `input` makes of `current`'s; an unknown effect is a 400 naming it.
+fn approvals(current: Option<&ApprovalSettings>, input: &ToolInput) -> Result<ApprovalSettings, ApiError> {
+    let current = current.cloned().unwrap_or_default();
+    let effects = match &input.effects {
+        Some(names) => Effect::parse_all("effects", names)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e))?,
+        None => current.effects,
+    };
+    let settings = ApprovalSettings {
+        effects,
+        requires_approval: input.requires_approval.unwrap_or(current.requires_approval),
+        approval_timeout_secs: input.approval_timeout_secs.or(current.approval_timeout_secs),
+        approval_timeout_outcome: input.approval_timeout_outcome.or(current.approval_timeout_outcome),
+    };
+    match settings.problem("") {
+        Some(problem) => Err(ApiError::invalid(problem)),
+        None => Ok(settings),
+    }
 }
 
 /// The tool `input` makes of `existing` (or a new one named `name`); `secret_ciphertext` is the
@@ -249,6 +294,7 @@ fn merged(
             Some(given) => given.clone().map(Value::Object),
             None => existing.and_then(|t| t.output_schema.clone()),
         },
+        approvals: approvals(existing.map(|t| &t.approvals), input)?,
     })
 }
 
@@ -522,6 +568,7 @@ mod tests {
             circuit_breaker: None,
             execution: Default::default(),
             output_schema: None,
+            approvals: Default::default(),
         }
     }
 

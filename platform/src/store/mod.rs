@@ -13,6 +13,7 @@ use fleet_protocol::keys::Keys;
 use crate::metrics::Metrics;
 use crate::tls::ClientTls;
 
+mod approvals;
 mod audit;
 mod client;
 mod connection;
@@ -25,6 +26,7 @@ pub(crate) mod scan;
 mod script;
 mod sessions;
 
+pub use approvals::{Approvals, DecideWrite, StoredApproval};
 pub use audit::{is_cursor, Audit, AuditEntry, AuditEvent, AUDIT_MAX_ENTRIES};
 pub(crate) use client::sends_at_once;
 pub use client::Redis;
@@ -67,6 +69,7 @@ pub struct Store {
     limits: Limits,
     console: ConsoleIndex,
     audit: Audit,
+    approvals: Approvals,
 }
 
 impl Store {
@@ -97,6 +100,7 @@ impl Store {
             dead_letters: DeadLetters { redis: redis.clone(), executions: executions.clone(), retention: dead_letters },
             limits: Limits { redis: redis.clone() },
             audit: Audit { redis: redis.clone() },
+            approvals: Approvals { redis: redis.clone() },
             executions,
             console,
             redis,
@@ -148,5 +152,9 @@ impl Store {
 
     pub fn audit(&self) -> &Audit {
         &self.audit
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
     }
 }

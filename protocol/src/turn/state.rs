@@ -35,6 +35,9 @@ pub struct PendingCall {
     /// The agent's tool configuration the model called by name (seed 001), if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<String>,
+    /// The call waits for an operator's decision, under this policy (`approvals::needs_approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval_policy::ApprovalPolicy>,
 }
 
 impl PendingCall {
@@ -47,6 +50,7 @@ impl PendingCall {
             key,
             client_event: None,
             configuration: None,
+            approval: None,
         }
     }
 
@@ -95,7 +99,8 @@ impl CallOutcome {
         self.ok
             || (self.external.is_some()
                 && self.result.get("dead_lettered").is_none()
-                && self.result.get("cancelled").is_none())
+                && self.result.get("cancelled").is_none()
+                && !crate::approval_policy::is_refusal(&self.result))
     }
 }
 
@@ -344,6 +349,7 @@ mod tests {
             key: String::new(),
             client_event: None,
             configuration: None,
+            approval: None,
         };
         assert_eq!(legacy.outcome_key(), "call_0");
         let keyed = PendingCall { key: call_key(1, 0), ..legacy };

@@ -71,6 +71,8 @@ struct Acme {
     dead_letter: String,
     /// An artifact acme uploaded to its seed 001 session.
     artifact: String,
+    /// A call of acme's turn waiting for an operator's decision.
+    approval: String,
 }
 
 impl Acme {
@@ -78,6 +80,8 @@ impl Acme {
     fn fill(&self, template: &str) -> String {
         let id = if template.starts_with("/v1/dead-letters") {
             &self.dead_letter
+        } else if template.starts_with("/v1/approvals") {
+            &self.approval
         } else if template.starts_with("/v1/sessions") {
             &self.session
         } else {
@@ -94,8 +98,17 @@ impl Acme {
             + if template == "/v1/usage" { "?tenant=acme" } else { "" }
     }
 
-    fn ids(&self) -> [&str; 7] {
-        [&self.execution, &self.session, &self.assistant, &self.room, &self.seed_session, &self.dead_letter, &self.artifact]
+    fn ids(&self) -> [&str; 8] {
+        [
+            &self.execution,
+            &self.session,
+            &self.assistant,
+            &self.room,
+            &self.seed_session,
+            &self.dead_letter,
+            &self.artifact,
+            &self.approval,
+        ]
     }
 
     /// A body that gets past parsing, about acme's resources where it names any.
@@ -109,6 +122,7 @@ impl Acme {
             ("PUT", "/v1/agents/assistants/{assistant_id}") => json!({"title": "Taken over"}),
             ("POST", "/v1/agents/rooms/{room_id}/messages") => json!({"content": "hi"}),
             ("POST", "/v1/agents/{assistant_id}/rooms") => json!({}),
+            ("POST", "/v1/approvals/{id}") => json!({"decision": "deny", "reason": "beta's"}),
             ("POST", "/v1/dead-letters/purge" | "/v1/dead-letters/retry") => {
                 json!({"execution_ids": [self.dead_letter]})
             }
@@ -157,6 +171,13 @@ async fn acme_resources(fleet: &Fleet) -> Acme {
     let call = json!({"tool_name": "refuses", "parameters": {"query": "q"}});
     let called = ok("tool call", fleet.request_as(ACME, &Method::POST, "/v1/tool-calls", Some(&call)).await, 202);
     let dead_letter = called["data"]["execution_id"].as_str().unwrap().to_string();
+    let guarded = turn_body("s_walk_guarded", "guarded", &["guarded"]);
+    ok("guarded turn", fleet.request_as(ACME, &Method::POST, "/v1/turns", Some(&guarded)).await, 202);
+    let approval = fleet_tests::wait_for("acme's approval", timeout, || async {
+        let (_, listed) = fleet.request_as(ACME, &Method::GET, "/v1/approvals?status=pending", None).await;
+        listed["data"][0]["id"].as_str().map(str::to_string)
+    })
+    .await;
 
     fleet.wait_status(&execution, "succeeded", timeout).await;
     fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", timeout).await;
@@ -175,6 +196,7 @@ async fn acme_resources(fleet: &Fleet) -> Acme {
         seed_session: "s_walk_seed".into(),
         dead_letter,
         artifact,
+        approval,
     }
 }
 
@@ -220,13 +242,25 @@ fn judge(expect: Expect, status: u16, body: &Value, acme: &Acme) -> Option<Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not_exist() {
-    let llm = MockLlm::start(|_, _| LlmReply::text("fine")).await;
+    // A turn asked "guarded" calls the tool that waits for an operator's approval (none is given).
+    let llm = MockLlm::start(|body, _| {
+        let asked = body["messages"].as_array().unwrap().iter().any(|m| m["content"] == "guarded");
+        let answered = body["messages"].as_array().unwrap().iter().any(|m| m["role"] == "tool");
+        match asked && !answered {
+            true => LlmReply::ToolCalls(vec![("call_g".into(), "guarded".into(), r#"{"query":"q"}"#.into())]),
+            false => LlmReply::text("fine"),
+        }
+    })
+    .await;
     // Every call is refused for good (404): each ends as a dead letter at once.
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
     let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta,{LOOKER}:console:read");
     let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens)).await;
     fleet.token = ADMIN.to_string();
     fleet.register_tool("refuses", &receiver.url("/refuses"), SECRET).await;
+    fleet.register_tool("guarded", &receiver.url("/guarded"), SECRET).await;
+    let guarded = json!({"requires_approval": true, "effects": ["write"]});
+    assert_eq!(fleet.request(Method::PUT, "/v1/tools/guarded", Some(&guarded)).await.0, 200);
     let acme = acme_resources(&fleet).await;
     walk_the_console(&fleet, &acme).await;
 
@@ -281,11 +315,13 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
         format!("/v1/agents/assistants/{}", acme.assistant),
         format!("/v1/agents/rooms/{}", acme.room),
         format!("/v1/dead-letters/{}", acme.dead_letter),
+        format!("/v1/approvals/{}", acme.approval),
     ] {
         let (status, body) = fleet.request_as(ACME, &Method::GET, &path, None).await;
         assert_eq!(status, 200, "acme: GET {path}: {body}");
         assert_ne!(body["data"]["title"], "Taken over", "{body}");
         assert_ne!(body["data"]["status"], "closed", "{body}");
+        assert_ne!(body["data"]["status"], "denied", "{body}");
     }
     let (_, messages) =
         fleet.request_as(ACME, &Method::GET, &format!("/v1/sessions/{}/messages", acme.session), None).await;
@@ -294,7 +330,11 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
         Some(2),
         "the turn's exchange, no more: {messages}"
     );
-    assert_eq!(llm.requests().len(), 5, "acme's three turns and beta's two, in beta's own sessions of acme's keys");
+    assert_eq!(
+        llm.requests().len(),
+        6,
+        "acme's four turns (one waiting for its approval) and beta's two, in beta's own sessions of acme's keys"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

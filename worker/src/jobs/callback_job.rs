@@ -18,7 +18,7 @@ use fleet_protocol::turn::CallOutcome;
 
 use super::claim::{self, Claim, Mode};
 use super::parent::{self, Parent};
-use super::{circuit, limits};
+use super::{approval, circuit, limits};
 use crate::callback::{self, AttemptReport, AttemptVerdict, CallbackContext};
 use crate::context::Cx;
 use crate::outcome::{Failure, Finished, HeldClaim, Outcome};
@@ -40,6 +40,11 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
         Claim::Owed { owed, result } => return Err(Outcome::Owed(owed, result)),
         Claim::Cancelled => return Ok(parent::cancelled(cx, envelope, parent).await),
     };
+    // A call waiting for an operator runs only as its approval's decision (or deadline) allows.
+    if let Some(release) = approval::gate(cx, envelope, parent, held).await? {
+        let session = parent.and_then(|p| p.session_id).unwrap_or_default();
+        return Ok(approval::hand_to_client(cx, envelope, session, held, &release).await);
+    }
     // Over its tool's limits a call gives its claim back and is parked: nothing sent or spent.
     let admission = limits::admit(cx, envelope, held).await?;
     if mode == Mode::Hold {

@@ -2,6 +2,7 @@
 //! has its pipeline, its dead-letter aftermath and its retry notice. Each pipeline claims, attempts
 //! and returns an `Outcome`; `settle` carries it out. Nothing here imports `settle` or `delivery`.
 
+mod approval;
 mod callback_job;
 pub(crate) mod circuit;
 pub(crate) mod claim;

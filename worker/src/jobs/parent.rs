@@ -95,8 +95,16 @@ pub(crate) async fn tool_call_finished(
         let mut event = if outcome.answered() {
             turn::tool_result_event(call_id, parent.tool_name, &outcome, &report.message_id)
         } else {
-            let error = outcome.result.to_string();
-            let code = if outcome.result["cancelled"] == true { "cancelled" } else { "tool_callback_failed" };
+            let mut error = outcome.result.to_string();
+            let code = match outcome.result["error"]["code"].as_str() {
+                // Seed 002's refusal by an approval: its code (`APPROVAL_DENIED`, …) and safe message.
+                Some(code) if fleet_protocol::approvals::is_refusal(&outcome.result) => {
+                    error = outcome.result["error"]["message"].as_str().unwrap_or_default().to_string();
+                    code
+                }
+                _ if outcome.result["cancelled"] == true => "cancelled",
+                _ => "tool_callback_failed",
+            };
             turn::error_event(code, &error, Some((call_id, parent.tool_name)), &report.message_id)
         };
         if let Some(configuration) = &parent.turn.configuration {

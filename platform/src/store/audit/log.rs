@@ -21,7 +21,7 @@ pub struct AuditEvent<'a> {
     /// Through what: `api`, `console` or `fleetctl`.
     pub via: &'a str,
     /// What: `dead_letter.retry`, `dead_letters.redrive`, `dead_letters.purge`, `dead_letter.delete`,
-    /// `execution.cancel`, `circuit.close`, `session.forget`.
+    /// `execution.cancel`, `circuit.close`, `session.forget`, `approval.approve`, `approval.deny`.
     pub action: &'a str,
     /// What it acted on: an id, a tool, a session, or the filter of a bulk operation.
     pub target: &'a str,

@@ -46,6 +46,9 @@ pub struct StoredTool {
     /// A JSON Schema its results must satisfy (seed 001: a client's `tool_output` is checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
+    /// Its `effects` and whether (and how long) its calls wait for an operator's decision.
+    #[serde(default, skip_serializing_if = "fleet_protocol::approvals::ApprovalSettings::is_default")]
+    pub approvals: fleet_protocol::approvals::ApprovalSettings,
 }
 
 /// A registered MCP server as stored: its headers only as ciphertext (bound to `mcp:{name}`).

@@ -18,6 +18,7 @@ use fleet_protocol::envelope::{Envelope, Job, JobKind, ToolCallJob, TurnJob, Tur
 use fleet_protocol::execution::{field, AttemptRecord};
 use fleet_protocol::history;
 use fleet_protocol::life::Owed;
+use fleet_protocol::schedule::first_destination;
 use fleet_protocol::timefmt::rfc3339_from_millis;
 use fleet_protocol::tools::ToolExecution;
 use fleet_protocol::turn::{self, call_key, CallOutcome, Completion, Message, PendingCall, ToolCall, TurnState};
@@ -184,10 +185,11 @@ async fn plan(
     let planned = PendingCall {
         call_id: call.id.clone(),
         tool_name: tool_name.clone(),
-        execution_id: (!client).then_some(exec),
+        execution_id: (!client).then(|| exec.clone()),
         key: key.clone(),
         client_event: None,
         configuration: configured.map(|(name, _)| name.clone()),
+        approval: None,
     };
     let refused = match refusal(cx, state, turn_id, round, &planned, &parameters).await {
         Some((code, error)) => Some((code, json!(error))),
@@ -195,12 +197,17 @@ async fn plan(
         None => unavailable_answer(cx, tool_name).await.map(|answer| (TOOL_UNAVAILABLE, answer)),
     };
     let Some((code, result)) = refused else {
+        // A call that waits for an operator has a job, published to wait for the decision (a client
+        // call's job hands it to the client once approved).
+        let approval = crate::jobs::approval::policy(cx, tool_name, configured.map(|(_, c)| c)).await;
         if !client {
-            return Ok(planned);
+            return Ok(PendingCall { approval, ..planned });
         }
         // The client can only answer a call whose event it saw: without it, the step runs again.
         let Some(event) = event else { return Err(step.release_and_park().await) };
-        return Ok(PendingCall { client_event: Some(agent_session::event_id(&event)), ..planned });
+        let execution_id = approval.as_ref().map(|_| exec);
+        let client_event = Some(agent_session::event_id(&event));
+        return Ok(PendingCall { client_event, execution_id, approval, ..planned });
     };
     let error = result.as_str().map_or_else(|| result.to_string(), str::to_string);
     let refused = CallOutcome { ok: false, result, external: None };
@@ -263,31 +270,37 @@ pub(super) async fn publish_owed(cx: &Cx<'_>, cause: &Envelope, state: &TurnStat
     let arguments = round_arguments(state);
     let mut messages = Vec::new();
     let mut client = Vec::new();
+    let mut handed = None;
     for (call, args) in state.pending.iter().zip(arguments) {
         if done.contains_key(call.outcome_key()) {
             continue;
         }
         if let Some(event_id) = &call.client_event {
-            let (arguments, shown) = client_arguments(cx, state, turn_id, call, args).await;
+            let (arguments, shown) = client_arguments(cx, state, turn_id, call, args.clone()).await;
             let pending = PendingClientCall {
                 event_id: event_id.clone(),
                 tool_name: call.tool_name.clone(),
                 configuration: call.configuration.clone(),
                 arguments,
             };
-            client.push((call, pending, shown));
-            continue;
+            if call.approval.is_none() {
+                client.push((call, pending, shown));
+                continue;
+            }
+            // Told to the client only once approved: kept with the approval until then.
+            handed = Some(client_release(turn_id, state, call, &pending, shown));
         }
         let Some(exec) = &call.execution_id else { continue };
-        let envelope = tool_call_envelope(state, turn_id, call, args, state.round - 1);
+        let mut envelope = tool_call_envelope(state, turn_id, call, args.clone(), state.round - 1);
         create_record(cx, state, call, exec).await?;
-        let topology = &cx.config.common.topology;
-        messages.push(Outgoing::job(
-            topology.jobs_exchange(),
-            JobKind::ToolCall.as_str().into(),
-            &envelope,
-            trace_headers(),
-        ));
+        if let Some(policy) = &call.approval {
+            let held = crate::jobs::approval::HeldForApproval { policy, parameters: &args, client: handed.take() };
+            envelope = crate::jobs::approval::hold(cx, state, turn_id, call, held, envelope).await?;
+        }
+        // Due now, to its work queue; one waiting for its approval, to the delay queue that holds it.
+        let common = &cx.config.common;
+        let (exchange, routing_key) = first_destination(&common.topology, &common.retry, &envelope, now_ms());
+        messages.push(Outgoing::job(exchange, routing_key, &envelope, trace_headers()));
     }
     // All or nothing: a call that went out and is sent again is a copy, acked by its claim.
     let all = || async { cx.publisher.publish_many(&messages).await.into_iter().collect::<Result<Vec<()>, _>>() };
@@ -321,6 +334,28 @@ async fn client_arguments(
             (args, None)
         }
     }
+}
+
+/// What hands an approved client call to its client: the call its `tool_output` is checked
+/// against, and the `client_tool_pending` event (JSON, kept with the approval).
+fn client_release(
+    turn_id: &str,
+    state: &TurnState,
+    call: &PendingCall,
+    pending: &PendingClientCall,
+    shown: Option<Value>,
+) -> String {
+    let named = ClientCall {
+        turn: turn_id.to_string(),
+        key: call.key.clone(),
+        round: state.round - 1,
+        call_id: call.call_id.clone(),
+        tool_name: call.tool_name.clone(),
+        configuration: call.configuration.clone(),
+        shown_overrides: shown,
+    };
+    let event = agent_session::client_tool_pending_event(std::slice::from_ref(pending), &state.message_id);
+    json!({"event_id": pending.event_id, "call": named, "event": event}).to_string()
 }
 
 /// Records which turn's call each client event names (what the client's `tool_output` is checked
@@ -411,6 +446,7 @@ fn tool_call_envelope(state: &TurnState, turn_id: &str, call: &PendingCall, para
             round,
             position,
             configuration: call.configuration.clone(),
+            approval: None,
         }),
     });
     Envelope::new(call.execution_id.clone().unwrap_or_default(), job, now_ms())
