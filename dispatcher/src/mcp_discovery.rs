@@ -2,6 +2,7 @@
 //! and stored as a fleet tool (`ToolExecution::Mcp`), and the tools it no longer lists removed.
 //! Run at registration, on `POST /v1/mcp_servers/{name}/discover`, and on a schedule (`every`).
 
+use fleet_protocol::approval_policy::{ApprovalSettings, Effect};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -88,6 +89,7 @@ pub fn plan(server: &StoredMcpServer, listed: &[McpTool]) -> Result<Vec<StoredTo
             idempotent: a.idempotent_hint,
             open_world: a.open_world_hint,
         };
+        let approvals = mcp_approvals(server, &hints);
         let execution = ToolExecution::Mcp(McpToolRef { server: server.name.clone(), tool: tool.name.clone(), hints });
         planned.push(StoredTool {
             id: String::new(),
@@ -104,9 +106,18 @@ pub fn plan(server: &StoredMcpServer, listed: &[McpTool]) -> Result<Vec<StoredTo
             circuit_breaker: server.circuit_breaker,
             execution,
             output_schema,
+            approvals,
         });
     }
     Ok(planned)
+}
+
+/// An MCP tool's approval settings from its hints: a `destructiveHint` tool waits for an
+/// operator's decision when its server's policy says so; `readOnlyHint` says it only reads.
+fn mcp_approvals(server: &StoredMcpServer, hints: &ToolHints) -> ApprovalSettings {
+    let effects = if hints.read_only == Some(true) { vec![Effect::Read] } else { vec![] };
+    let requires_approval = hints.destructive == Some(true) && server.requires_approval_for_destructive;
+    ApprovalSettings { effects, requires_approval, ..Default::default() }
 }
 
 /// The fleet name of `server`'s tool `tool`: the operator's, else `server.tool`, whose function
