@@ -4,6 +4,7 @@
 //! Registration refuses what cannot be used; headers are sent and never shown; a refresh discovers
 //! a new tool; a failure the server reports reaches the model; a drop mid-call ends `unknown`
 //! and is sent again only for a tool that says a repeat is harmless; a copy of a call is only acked.
+//! The TypeScript SDK's server (`tests/mcp/ts/server.cjs`) takes the same path.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -238,4 +239,40 @@ async fn a_drop_mid_call_ends_unknown_unless_the_tool_is_idempotent_and_a_copy_i
     assert!(done["external_result"].to_string().contains("set k"), "{done}");
     assert_eq!(server.calls("set_value").await, 2);
     tap.close().await;
+}
+
+/// The same path against the official TypeScript SDK's server: a model's call of `ts.multiply`
+/// runs as a job and the model reads its structured result; the tool's failure reaches it as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typescript_sdk_servers_tools_run_as_jobs() {
+    let server = fleet_tests::mcp::McpTestServer::typescript().await;
+    let llm = MockLlm::start(|body, _| {
+        if body["messages"].as_array().unwrap().iter().any(|m| m["role"] == "tool") {
+            LlmReply::text("42 it is.")
+        } else {
+            LlmReply::ToolCalls(vec![
+                ("call_mul".into(), "ts__multiply".into(), r#"{"a":6,"b":7}"#.into()),
+                ("call_fail".into(), "ts__fail".into(), r#"{"id":"o-9"}"#.into()),
+            ])
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(llm_fleet(&llm)).await;
+    let (status, body) = fleet.post("/v1/mcp_servers", &json!({"name": "ts", "url": server.url})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = post_turn(&fleet, &turn_body("s_mcp_ts", "multiply", &["ts.multiply", "ts.fail"])).await;
+    let done = fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+    let second = &llm.requests()[1];
+    let tools: Vec<Value> = second.messages().into_iter().filter(|m| m["role"] == "tool").collect();
+    let by_id = |id: &str| tools.iter().find(|m| m["tool_call_id"] == id).unwrap()["content"].clone();
+    let product = call_record(&fleet, &done, "ts.multiply").await;
+    assert_eq!(product["external_result"]["structuredContent"], json!({"product": 42}), "{product}");
+    assert_eq!(product["external_result"]["source"], "ts:multiply");
+    assert!(by_id("call_mul").as_str().unwrap().contains("42"), "{}", by_id("call_mul"));
+    let failed = call_record(&fleet, &done, "ts.fail").await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["external_result"]["status"], "failed");
+    assert_eq!(failed["external_result"]["error"]["code"], "NOT_FOUND", "the tool's own safe error: {failed}");
+    assert!(by_id("call_fail").as_str().unwrap().contains("failed: error NOT_FOUND"), "{}", by_id("call_fail"));
+    assert_eq!(server.count("tools/call").await, 2, "each call sent once");
 }
