@@ -113,7 +113,7 @@ pub(crate) async fn gate(
     let Some(id) = parent.turn.approval.as_deref() else { return Ok(None) };
     for _ in 0..2 {
         let read = cx.store.approvals().get(id).await;
-        let Ok(found) = read else { return Err(release_claim(cx, envelope, held, cx.soon()).await) };
+        let Ok(found) = read else { return Err(super::claim::release_and_park(cx, envelope, held, cx.soon()).await) };
         let Some(stored) = found else {
             // Lost (it outlives its deadline by days): nobody approved it.
             tracing::warn!(approval = id, "the call's approval is gone; the call is refused");
@@ -125,18 +125,20 @@ pub(crate) async fn gate(
             CallGate::Refuse(result) => return Err(refuse(cx, envelope, parent, held, *result).await),
             CallGate::Wait(ms) => {
                 let wait = std::time::Duration::from_millis(ms.max(0) as u64);
-                return Err(release_claim(cx, envelope, held, wait).await);
+                return Err(super::claim::release_and_park(cx, envelope, held, wait).await);
             }
             CallGate::Expire => {
                 let decided = Decided { by: "deadline".into(), at: rfc3339_from_millis(now_ms()), reason: None };
                 match cx.store.approvals().decide(id, ApprovalStatus::TimedOut, &decided).await {
                     Ok(DecideWrite::Taken | DecideWrite::Already(_)) => continue,
-                    Ok(DecideWrite::Missing) | Err(_) => return Err(release_claim(cx, envelope, held, cx.soon()).await),
+                    Ok(DecideWrite::Missing) | Err(_) => {
+                        return Err(super::claim::release_and_park(cx, envelope, held, cx.soon()).await)
+                    }
                 }
             }
         }
     }
-    Err(release_claim(cx, envelope, held, cx.soon()).await)
+    Err(super::claim::release_and_park(cx, envelope, held, cx.soon()).await)
 }
 
 /// An approval standing for one that is gone, enough to answer the call.
@@ -211,7 +213,7 @@ pub(crate) async fn hand_to_client(
         return Outcome::Done(Finished::Success);
     };
     if cx.store.sessions().put_client_calls(session, &[(event_id.clone(), call)]).await.is_err() {
-        return release_claim(cx, envelope, held, cx.soon()).await;
+        return super::claim::release_and_park(cx, envelope, held, cx.soon()).await;
     }
     emit(cx, session, release["event"].clone()).await;
     let result = serde_json::json!({"handed_to_client": event_id});
@@ -222,15 +224,4 @@ pub(crate) async fn hand_to_client(
         Ok(false) => Outcome::Fenced,
         Err(_) => Outcome::Requeue,
     }
-}
-
-/// Gives the claim back and parks the call for `wait`.
-async fn release_claim(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, wait: std::time::Duration) -> Outcome {
-    let released = Transition::new(ClaimAfter::Release("released"));
-    let _ = cx
-        .store
-        .executions()
-        .transition(&envelope.execution_id, Fence::Token(held.token), cx.config.claim_lease, &released)
-        .await;
-    Outcome::Parked(wait)
 }

@@ -98,20 +98,9 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
         Ok(Begin::Cancelled) => Err(parent::cancelled(cx, envelope, parent).await),
         Err(e) => {
             tracing::warn!(error = %e, "cannot record the attempt's start; parked");
-            Err(release_and_park(cx, envelope, held).await)
+            Err(claim::release_and_park(cx, envelope, held, cx.soon()).await)
         }
     }
-}
-
-/// Gives the claim back and parks the job: something it needs failed before any side effect.
-async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim) -> Outcome {
-    let released = Transition::new(ClaimAfter::Release("released"));
-    let _ = cx
-        .store
-        .executions()
-        .transition(&envelope.execution_id, Fence::Token(held.token), cx.config.claim_lease, &released)
-        .await;
-    Outcome::Parked(cx.soon())
 }
 
 /// The MCP server's tool a tool call names, if its tool is one (read from the worker's cache).

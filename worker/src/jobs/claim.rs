@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{Delivery, DeliveryClaim, NewExecution};
+use fleet_platform::store::{ClaimAfter, Delivery, DeliveryClaim, Fence, NewExecution, Transition};
 use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::life::{Claimed, Owed};
 use fleet_protocol::turn::TurnState;
@@ -149,6 +149,15 @@ pub(crate) async fn while_renewing<T, F: Future<Output = bool>>(
             }
         }
     }
+}
+
+/// Gives a callback job's claim back and parks it for `wait`: something it needs failed, or
+/// waits, before any side effect (the claim's holder no longer matters: a newer one is fine).
+pub(super) async fn release_and_park(cx: &Cx<'_>, envelope: &Envelope, held: HeldClaim, wait: Duration) -> Outcome {
+    let released = Transition::new(ClaimAfter::Release("released"));
+    let lease = cx.config.claim_lease;
+    let _ = cx.store.executions().transition(&envelope.execution_id, Fence::Token(held.token), lease, &released).await;
+    Outcome::Parked(wait)
 }
 
 #[cfg(test)]
