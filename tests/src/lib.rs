@@ -21,6 +21,7 @@ pub mod rabbit_cluster;
 pub mod receiver;
 pub mod redis_failover;
 pub mod redis_instance;
+pub mod rust_mcp;
 pub mod schedule;
 pub mod seed;
 pub mod sockets;

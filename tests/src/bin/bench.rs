@@ -19,7 +19,9 @@
 //! FLEET_BENCH_CONCURRENCY (32), FLEET_BENCH_LATENCY_JOBS (1000), FLEET_BENCH_TURNS (200),
 //! FLEET_BENCH_TURNS_ONLY (1: only the turns: the overhead per turn and the follow-up's start),
 //! FLEET_BENCH_AGENT_ONLY (1: only what seed 001's agent parts add to a turn, `agent.rs`),
-//! FLEET_BENCH_AGENT_TURNS (50 per variant),
+//! FLEET_BENCH_AGENT_TURNS (50 per variant; also the approval pause's turns of each kind),
+//! FLEET_BENCH_REACH_ONLY (1: only seed 002's reach, `reach.rs`: an MCP call's drain beside a
+//! callback's, and an approval pause), FLEET_BENCH_REACH_JOBS (5000 per drain),
 //! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
 //! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
 //! docs/performance.md), FLEET_BENCH_MINIMAL_BIN (a wrapper the minimal pipeline is run through,
@@ -55,6 +57,8 @@ use fleet_tests::llm::{LlmReply, MockLlm};
 mod agent;
 #[path = "bench/minimal.rs"]
 mod minimal;
+#[path = "bench/reach.rs"]
+mod reach;
 use fleet_tests::{amqp_url, free_port, redis_url};
 
 /// The bench tool's callback secret.
@@ -464,6 +468,14 @@ async fn main() -> anyhow::Result<()> {
         agent::print(&medians);
         return Ok(());
     }
+    let reach_jobs = setting("FLEET_BENCH_REACH_JOBS", 5000);
+    if std::env::var("FLEET_BENCH_REACH_ONLY").is_ok_and(|v| v == "1") {
+        let drains = reach::mcp_beside_callback(&conn, reach_jobs, workers, concurrency).await?;
+        let pause = reach::approval_pause(&conn, agent_turns).await?;
+        println!();
+        reach::print(&drains, pause);
+        return Ok(());
+    }
     if std::env::var("FLEET_BENCH_TURNS_ONLY").is_ok_and(|v| v == "1") {
         let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
         println!();
@@ -553,6 +565,9 @@ async fn main() -> anyhow::Result<()> {
     let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
     // ---- 7. seed 001's agent parts, each beside the turn without it ----
     let agent_medians = agent::agent_phase(&conn, agent_turns).await?;
+    // ---- 8. seed 002's reach: an MCP call beside a callback; an approval pause ----
+    let reach_drains = reach::mcp_beside_callback(&conn, reach_jobs, workers, concurrency).await?;
+    let approval_pause = reach::approval_pause(&conn, agent_turns).await?;
 
     let _ = conn.close(200, "".into()).await;
     println!();
@@ -604,8 +619,9 @@ async fn main() -> anyhow::Result<()> {
     );
     print_turns(overheads, follow_ups, &hops);
     agent::print(&agent_medians);
+    reach::print(&reach_drains, approval_pause);
 
-    // ---- 8. a provider's quota shared by two tenants' turns ----
+    // ---- 9. a provider's quota shared by two tenants' turns ----
     println!();
     budget(&conn, workers, &concurrency.to_string(), clients).await
 }

@@ -1,6 +1,9 @@
 //! `fleet-demo`: the local demo's driver. Starts a small tool owner's receiver that verifies every
 //! signature (independently of the fleet's code, with the seed's 300 s window), registers it as a
-//! tool with the running dispatcher, sends one call and prints the verified result.
+//! tool with the running dispatcher, sends one call and prints the verified result. Then an agent
+//! turn that calls that tool, and one that calls an MCP server's tool: an order-lookup server on
+//! the official Rust SDK (`fleet_tests::rust_mcp`), registered with the dispatcher, its tools
+//! discovered, the model's call a durable job whose structured result the turn reads.
 
 use std::time::Duration;
 
@@ -91,21 +94,67 @@ async fn main() -> anyhow::Result<()> {
     if execution["status"] != "succeeded" {
         bail!("the demo call did not succeed");
     }
-    demo_turn(&http, &api, &token).await
+    let user = "Find me a laptop";
+    demo_turn(&http, &api, &token, "agent turn", &["search_products"], user).await?;
+    demo_mcp(&http, &api, &token).await
 }
 
-/// An agent turn: the model calls the demo tool, reads its result and answers; the session's SSE
-/// stream is printed as it arrives.
-async fn demo_turn(http: &reqwest::Client, api: &str, token: &str) -> anyhow::Result<()> {
+/// An MCP server's tool: the server registered (its tools discovered), then a turn whose model
+/// calls it; the call's execution shows the server's structured result.
+async fn demo_mcp(http: &reqwest::Client, api: &str, token: &str) -> anyhow::Result<()> {
+    let server = fleet_tests::rust_mcp::RustMcpServer::start().await?;
+    println!("\n--- an MCP server's tool ---\ndemo MCP server (official Rust SDK) listening at {}", server.url);
+    let body = json!({"name": "orders", "url": server.url});
+    let resp = http.post(format!("{api}/v1/mcp_servers")).bearer_auth(token).json(&body).send().await?;
+    let status = resp.status();
+    let registered: Value = resp.json().await?;
+    // A fleet kept from an earlier demo (DEMO_KEEP) already has it: discover it again instead.
+    let registered = if status.as_u16() == 409 {
+        let url = format!("{api}/v1/mcp_servers/orders");
+        http.delete(&url).bearer_auth(token).send().await?;
+        http.post(format!("{api}/v1/mcp_servers")).bearer_auth(token).json(&body).send().await?.json().await?
+    } else {
+        registered
+    };
+    println!("POST /v1/mcp_servers -> {status}: tools {}", registered["data"]["tools"]);
+    let user = "Where is my order o-1001?";
+    let id = demo_turn(http, api, token, "agent turn with an MCP tool", &["orders.lookup_order"], user).await?;
+    let v: Value = http.get(format!("{api}/v1/executions/{id}")).bearer_auth(token).send().await?.json().await?;
+    let call = v["data"]["turn"]["tool_calls"][0]["execution_id"].as_str().context("the turn's MCP call")?;
+    let v: Value = http.get(format!("{api}/v1/executions/{call}")).bearer_auth(token).send().await?.json().await?;
+    println!(
+        "the MCP call {call}: {} after {} attempt(s), tools/call answered {} time(s); its result: {}",
+        v["data"]["status"],
+        v["data"]["attempts"].as_array().map(Vec::len).unwrap_or(0),
+        server.calls(),
+        v["data"]["external_result"]
+    );
+    server.stop().await;
+    if v["data"]["status"] != "succeeded" {
+        bail!("the demo's MCP call did not succeed");
+    }
+    Ok(())
+}
+
+/// An agent turn with `tools` enabled: the model calls one, reads its result and answers; the
+/// session's SSE stream is printed as it arrives. The turn's execution id.
+async fn demo_turn(
+    http: &reqwest::Client,
+    api: &str,
+    token: &str,
+    title: &str,
+    tools: &[&str],
+    said: &str,
+) -> anyhow::Result<String> {
     use futures::StreamExt;
-    let session = format!("demo_session_{}", std::process::id());
-    println!("\n--- agent turn (session {session}) ---");
+    let session = format!("demo_session_{}_{}", std::process::id(), tools.len() + said.len());
+    println!("\n--- {title} (session {session}) ---");
     let stream =
         reqwest::Client::new().get(format!("{api}/v1/sessions/{session}/stream")).bearer_auth(token).send().await?;
     let turn = json!({
         "session_id": session,
-        "assistant": {"id": "asst_demo", "instructions": "Help the user shop.", "model_config": {"provider": "openai", "model": "demo-model", "temperature": 0.2}, "enabled_tools": ["search_products"]},
-        "messages": [{"role": "user", "content": "Find me a laptop"}]
+        "assistant": {"id": "asst_demo", "instructions": "Help the user shop.", "model_config": {"provider": "openai", "model": "demo-model", "temperature": 0.2}, "enabled_tools": tools},
+        "messages": [{"role": "user", "content": said}]
     });
     let resp = http.post(format!("{api}/v1/turns")).bearer_auth(token).json(&turn).send().await?;
     let body: Value = resp.json().await?;
@@ -132,27 +181,35 @@ async fn demo_turn(http: &reqwest::Client, api: &str, token: &str) -> anyhow::Re
     if v["data"]["status"] != "succeeded" {
         bail!("the demo turn did not succeed");
     }
-    Ok(())
+    Ok(id.to_string())
 }
 
 /// A stand-in OpenAI-compatible model for the demo (used unless FLEET_LLM_BASE_URL is set): it
-/// calls `search_products` with the user's words, then answers from the tool's result.
+/// calls the tool it is offered (`search_products` with the user's words, or the MCP server's
+/// `orders__lookup_order`), then answers from the tool's result.
 async fn serve_llm(addr: &str) -> anyhow::Result<()> {
     use fleet_tests::llm::{LlmReply, MockLlm};
     let llm = MockLlm::start_on(addr, |body, _| {
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let offered = body["tools"][0]["function"]["name"].as_str().unwrap_or("search_products").to_string();
+        let said = |text: &str| LlmReply::Text {
+            tokens: text.split_inclusive(' ').map(str::to_string).collect(),
+            delay: Duration::from_millis(40),
+        };
         match messages.iter().rev().find(|m| m["role"] == "tool") {
-            None => {
+            None if offered == "search_products" => {
                 LlmReply::ToolCalls(vec![("call_1".into(), "search_products".into(), r#"{"query":"laptop"}"#.into())])
+            }
+            None => LlmReply::ToolCalls(vec![("call_1".into(), offered, r#"{"order_id":"o-1001"}"#.into())]),
+            Some(tool) if offered != "search_products" => {
+                let shipped = tool["content"].to_string().contains("shipped");
+                said(if shipped { "Your order o-1001 has shipped." } else { "I could not find order o-1001." })
             }
             Some(tool) => {
                 let result: Value =
                     serde_json::from_str(tool["content"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
                 let name = result["products"][0]["name"].as_str().unwrap_or("nothing").to_string();
-                LlmReply::Text {
-                    tokens: format!("I found the {name} for you.").split_inclusive(' ').map(str::to_string).collect(),
-                    delay: Duration::from_millis(40),
-                }
+                said(&format!("I found the {name} for you."))
             }
         }
     })

@@ -173,8 +173,9 @@ async fn plan(
     let parameters = turn::parse_arguments(&call.arguments);
     let shown = parameters.as_ref().unwrap_or(&Value::Null);
     let mut event = turn::tool_call_event(call, shown, &state.message_id);
+    // Announced under the fleet tool's name, as its result is (not `server__tool`, the model's).
+    event["tool_call"]["tool_name"] = json!(tool_name);
     if let Some((name, c)) = configured {
-        event["tool_call"]["tool_name"] = json!(tool_name);
         agent_session::name_configuration(&mut event, name, "argument_override_paths", json!(c.override_paths()));
     }
     let event = emit_id(cx, &state.session_id, event).await;

@@ -1,0 +1,106 @@
+//! An MCP tool server on the official Rust SDK (`rmcp`), in this process on loopback: the demo's
+//! order lookup and the bench's MCP tool, so neither needs Python or Node. Its one tool,
+//! `lookup_order`, answers `{order_id, status}` as structured content at once, as cheaply as the
+//! bench's callback receiver answers, so a bench comparing the two measures the fleet's paths.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// The one tool's name.
+pub const TOOL: &str = "lookup_order";
+
+#[derive(Clone)]
+struct Orders {
+    calls: Arc<AtomicU64>,
+}
+
+impl ServerHandler for Orders {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let schema = json!({"type": "object", "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"]});
+        let Value::Object(schema) = schema else { unreachable!("an object literal") };
+        let mut tool = Tool::new(TOOL, "Looks an order up by its id: its status.", schema);
+        tool.annotations = Some(ToolAnnotations::from_raw(None, Some(true), Some(false), Some(true), Some(false)));
+        Ok(ListToolsResult::with_all_items(vec![tool]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let order = request.arguments.as_ref().and_then(|a| a.get("order_id")).cloned().unwrap_or(Value::Null);
+        let found = json!({"order_id": order, "status": "shipped"});
+        let mut result = CallToolResult::success(vec![ContentBlock::text(format!("order {order}: shipped"))]);
+        result.structured_content = Some(found);
+        Ok(result.into())
+    }
+}
+
+/// A running server, stopped when dropped.
+pub struct RustMcpServer {
+    /// Its Streamable HTTP endpoint (`http://127.0.0.1:<port>/mcp`).
+    pub url: String,
+    calls: Arc<AtomicU64>,
+    stop: CancellationToken,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RustMcpServer {
+    pub async fn start() -> std::io::Result<Self> {
+        let stop = CancellationToken::new();
+        let calls = Arc::new(AtomicU64::new(0));
+        let orders = Orders { calls: calls.clone() };
+        let config =
+            StreamableHttpServerConfig::default().with_json_response(true).with_cancellation_token(stop.child_token());
+        let service: StreamableHttpService<Orders, LocalSessionManager> =
+            StreamableHttpService::new(move || Ok(orders.clone()), Default::default(), config);
+        let router = axum::Router::new().nest_service("/mcp", service);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/mcp", listener.local_addr()?);
+        let until = stop.clone();
+        let served = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).with_graceful_shutdown(until.cancelled_owned()).await;
+        });
+        Ok(RustMcpServer { url, calls, stop, served: Some(served) })
+    }
+
+    /// The `tools/call` requests it answered.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Stops serving and waits for the server's task.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(served) = self.served.take() {
+            let _ = served.await;
+        }
+    }
+}
+
+impl Drop for RustMcpServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
