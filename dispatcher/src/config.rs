@@ -121,7 +121,8 @@ fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
 fn services_catalog(src: &Source) -> Result<Vec<CatalogEntry>, ConfigError> {
     const SETTING: &str = "FLEET_SERVICES_CATALOG";
     let Some(path) = src.get(SETTING) else { return Ok(vec![]) };
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::new(SETTING, format!("{path}: cannot be read: {e}")))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigError::new(SETTING, format!("{path}: cannot be read: {e}")))?;
     parse_catalog(&text).map_err(|e| ConfigError::new(SETTING, format!("{path}: {e}")))
 }
 

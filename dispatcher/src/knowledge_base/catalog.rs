@@ -190,7 +190,9 @@ fn secret_field(value: &Value, at: &str) -> Option<String> {
                 secret_field(inner, &path)
             }
         }),
-        Value::Array(items) => items.iter().enumerate().find_map(|(i, inner)| secret_field(inner, &format!("{at}[{i}]"))),
+        Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, inner)| secret_field(inner, &format!("{at}[{i}]")))
+        }
         _ => None,
     }
 }
@@ -280,7 +282,9 @@ impl CatalogEntry {
             return Some(format!("capability {c:?} must be 1-128 characters without control characters"));
         }
         match (self.auth_type, &self.oauth) {
-            (AuthType::Oauth2, None) => Some("auth_type oauth2 needs oauth: {authorization_url, token_url, scopes}".into()),
+            (AuthType::Oauth2, None) => {
+                Some("auth_type oauth2 needs oauth: {authorization_url, token_url, scopes}".into())
+            }
             (AuthType::Oauth2, Some(oauth)) => oauth.problem(),
             (other, Some(_)) => Some(format!("oauth is for auth_type oauth2, not {}", other.as_str())),
             (_, None) => None,
@@ -387,7 +391,13 @@ pub fn assemble(catalog: &[CatalogEntry], servers: &[StoredMcpServer], tools: &[
     let mut seen = HashSet::new();
     let from_servers = servers.iter().map(|s| ServiceOut::from_mcp_server(s, &tool_descriptions(s, tools)));
     let from_tools = tools.iter().filter(|t| t.execution.is_callback()).map(ServiceOut::from_tool);
-    catalog.iter().map(ServiceOut::from_entry).chain(from_servers).chain(from_tools).filter(|s| seen.insert(s.id.clone())).collect()
+    catalog
+        .iter()
+        .map(ServiceOut::from_entry)
+        .chain(from_servers)
+        .chain(from_tools)
+        .filter(|s| seen.insert(s.id.clone()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -518,7 +528,10 @@ mod tests {
         assert_eq!(services[1].auth_type, AuthType::Bearer);
         assert_eq!(services[1].capabilities, ["orders.lookup"]);
         assert!(services[1].description.ends_with("Its tools: Looks an order up."), "{}", services[1].description);
-        assert_eq!((services[2].auth_type, services[2].capabilities.as_slice()), (AuthType::Hmac, &["weather".to_string()][..]));
+        assert_eq!(
+            (services[2].auth_type, services[2].capabilities.as_slice()),
+            (AuthType::Hmac, &["weather".to_string()][..])
+        );
         assert_eq!(ServiceOut::from_mcp_server(&server("k", &["X-Api-Key"], &[]), &[]).auth_type, AuthType::ApiKey);
         assert_eq!(ServiceOut::from_mcp_server(&server("k", &[], &[]), &[]).auth_type, AuthType::Open);
         let shown = serde_json::to_value(&services[0]).unwrap();

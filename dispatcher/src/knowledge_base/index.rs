@@ -44,7 +44,8 @@ impl ServiceIndex {
     /// Indexes `services` (blocking: a few milliseconds for a few hundred).
     pub fn build(services: Vec<ServiceOut>) -> Result<Self, IndexError> {
         let mut schema = Schema::builder();
-        let indexing = TextFieldIndexing::default().set_tokenizer("en_stem").set_index_option(IndexRecordOption::WithFreqs);
+        let indexing =
+            TextFieldIndexing::default().set_tokenizer("en_stem").set_index_option(IndexRecordOption::WithFreqs);
         let text = TextOptions::default().set_indexing_options(indexing);
         let fields = FIELDS.map(|(name, _)| schema.add_text_field(name, text.clone()));
         let place = schema.add_u64_field("place", STORED);
@@ -160,7 +161,12 @@ mod tests {
     /// schedules without being a calendar.
     fn catalog() -> Vec<ServiceOut> {
         vec![
-            service("slack", "Slack", "Team messaging: channels and direct messages", &["post_message", "list_channels"]),
+            service(
+                "slack",
+                "Slack",
+                "Team messaging: channels and direct messages",
+                &["post_message", "list_channels"],
+            ),
             service("stripe", "Stripe", "Online payments and invoicing", &["create_invoice", "refund_payment"]),
             service("calendly", "Calendly", "Booking pages for meetings", &["create_booking_link"]),
             service(

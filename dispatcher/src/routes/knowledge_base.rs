@@ -30,7 +30,9 @@ const PAGE: usize = 200;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServiceSearch {
-    /// What the service should do, in words (1-1000 characters), e.g. `calendar scheduling`.
+    /// What the service should do, in words (1-1000 characters, not only spaces), e.g.
+    /// `calendar scheduling`.
+    #[schema(min_length = 1, max_length = 1000, example = "calendar scheduling")]
     query: String,
     /// At most this many services (1-50, default 10).
     #[schema(minimum = 1, maximum = 50)]
@@ -42,6 +44,7 @@ pub(crate) struct ServiceSearch {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServiceLookup {
     /// The service's id, as a search shows it.
+    #[schema(min_length = 1, example = "google_calendar")]
     service_id: String,
 }
 
