@@ -13,6 +13,8 @@ export FLEET_ALLOW_PRIVATE_CALLBACKS=true   # the demo receiver listens on loopb
 export FLEET_TOPOLOGY_PREFIX="${FLEET_TOPOLOGY_PREFIX:-demo}"
 export FLEET_REDIS_KEY_PREFIX="${FLEET_REDIS_KEY_PREFIX:-demo:}"
 export FLEET_HTTP_ADDR="${FLEET_HTTP_ADDR:-127.0.0.1:8080}"
+# The knowledge base's services (docs/api.md "Knowledge base"): the example catalog.
+export FLEET_SERVICES_CATALOG="${FLEET_SERVICES_CATALOG:-$PWD/deploy/services-catalog.example.json}"
 worker_ports=(${FLEET_DEMO_WORKER_PORTS:-9090 9091})
 export RUST_LOG="${RUST_LOG:-info,lapin=warn}"
 

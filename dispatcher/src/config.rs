@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use fleet_platform::config::{socket_addr, CommonConfig, ConfigError, Source};
 use fleet_protocol::secrets::SecretsKey;
 
+use crate::knowledge_base::catalog::{parse_catalog, CatalogEntry};
 use crate::lanes::LaneRate;
 use crate::scopes::{parse_token_entry, Grant};
 
@@ -52,6 +53,9 @@ pub struct DispatcherConfig {
     /// `FLEET_MCP_DISCOVERY_INTERVAL` (seconds, default 300): how often every registered MCP
     /// server's tools are discovered again.
     pub mcp_discovery_interval: std::time::Duration,
+    /// `FLEET_SERVICES_CATALOG`: the operator's services catalog (a JSON file), read and checked
+    /// once; empty when the setting is not set.
+    pub services_catalog: Vec<CatalogEntry>,
 }
 
 impl DispatcherConfig {
@@ -82,6 +86,7 @@ impl DispatcherConfig {
             mcp_discovery_interval: src
                 .seconds("FLEET_MCP_DISCOVERY_INTERVAL", std::time::Duration::from_secs(300))?
                 .max(std::time::Duration::from_secs(1)),
+            services_catalog: services_catalog(src)?,
         })
     }
 }
@@ -109,6 +114,16 @@ fn api_tokens(raw: &str) -> Result<Vec<ApiToken>, String> {
         return Err("must list at least one token".into());
     }
     Ok(tokens)
+}
+
+/// `FLEET_SERVICES_CATALOG`: the file's entries. A file that cannot be read, is malformed, holds
+/// an id twice or a field named like a secret stops the dispatcher, naming the file and the entry.
+fn services_catalog(src: &Source) -> Result<Vec<CatalogEntry>, ConfigError> {
+    const SETTING: &str = "FLEET_SERVICES_CATALOG";
+    let Some(path) = src.get(SETTING) else { return Ok(vec![]) };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigError::new(SETTING, format!("{path}: cannot be read: {e}")))?;
+    parse_catalog(&text).map_err(|e| ConfigError::new(SETTING, format!("{path}: {e}")))
 }
 
 /// A light lane's rate (`FLEET_LIGHT_LANE_RATE`, `FLEET_LIGHT_LANE_CALL_RATE`): a finite number
@@ -145,6 +160,32 @@ mod tests {
         assert!(!format!("{c:?}").contains("token-one"));
         assert!(!c.allow_private_callbacks);
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn a_bad_services_catalog_stops_the_dispatcher_naming_the_file_and_the_entry() {
+        let dir = std::env::temp_dir().join(format!("fleet-catalog-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("services.json");
+        let twice = r#"[{"id": "a", "name": "A", "auth_type": "none"}, {"id": "a", "name": "B", "auth_type": "none"}]"#;
+        std::fs::write(&file, twice).unwrap();
+        let path = file.to_str().unwrap();
+        let load = |path: &str| {
+            DispatcherConfig::load(&Source::from_pairs([
+                ("FLEET_SECRETS_KEY", KEY),
+                ("FLEET_API_TOKENS", "token-one-0123456789"),
+                ("FLEET_SERVICES_CATALOG", path),
+            ]))
+        };
+        let e = load(path).unwrap_err();
+        assert_eq!(e.setting, "FLEET_SERVICES_CATALOG");
+        assert!(e.problem.starts_with(path) && e.problem.contains("entry [1] (id \"a\")"), "{}", e.problem);
+        let e = load("/nonexistent/services.json").unwrap_err();
+        assert!(e.problem.starts_with("/nonexistent/services.json: cannot be read"), "{}", e.problem);
+        std::fs::write(&file, r#"[{"id": "a", "name": "A", "auth_type": "none"}]"#).unwrap();
+        assert_eq!(load(path).unwrap().services_catalog.len(), 1);
+        assert!(load("").unwrap().services_catalog.is_empty(), "unset or empty: no catalog");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

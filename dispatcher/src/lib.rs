@@ -5,6 +5,7 @@ pub mod circuit;
 pub mod config;
 mod console;
 pub mod error;
+pub mod knowledge_base;
 pub mod lanes;
 pub mod mcp_discovery;
 mod routes;
@@ -89,6 +90,7 @@ pub async fn run(config: DispatcherConfig, lifetime: Lifetime) -> Result<(), Dis
         shutdown: lifetime.intake().child_token(),
         lanes: Arc::new(lanes),
         mcp,
+        services_index: Default::default(),
     }));
     let console_tasks = state.console_tasks.clone();
     tracing::info!(addr = %state.config.http_addr, "dispatcher listening");

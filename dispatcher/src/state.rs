@@ -10,7 +10,7 @@ use fleet_platform::metrics::Metrics;
 use fleet_platform::store::Store;
 
 use crate::config::DispatcherConfig;
-use crate::{lanes, stream, tool_schemas};
+use crate::{knowledge_base, lanes, stream, tool_schemas};
 
 /// Everything a request handler needs, behind one `Arc`: axum clones the state for every
 /// extractor and middleware of every request, and a clone of the parts themselves cost a dozen
@@ -44,4 +44,6 @@ pub struct Shared {
     pub lanes: Arc<lanes::LightLanes>,
     /// MCP sessions for discovery, one per server, reused.
     pub mcp: Arc<fleet_platform::mcp::McpClients>,
+    /// The services index of the knowledge base's last search, kept while the services are the same.
+    pub services_index: Arc<knowledge_base::index::IndexCache>,
 }

@@ -470,6 +470,41 @@ def test_tls_files_are_mounted_and_named(chart, default_docs, full_docs):
     assert "tls-client" not in volumes
 
 
+def test_services_catalog_is_mounted_and_named(chart, default_docs, full_docs, full_values):
+    # Default: no catalog, nothing mounted.
+    d = one(default_docs, "Deployment", "dispatcher")
+    assert "FLEET_SERVICES_CATALOG" not in env_map(container(d))
+    assert not find(default_docs, "ConfigMap", "services-catalog")
+    # values-full: the entries of the values, in a ConfigMap of the chart's, mounted where the
+    # setting names it, its checksum on the pods.
+    cm = one(full_docs, "ConfigMap", "services-catalog")
+    assert json.loads(cm["data"]["services.json"]) == full_values["dispatcher"]["servicesCatalog"]["services"]
+    d = one(full_docs, "Deployment", "dispatcher")
+    c = container(d)
+    assert env_map(c)["FLEET_SERVICES_CATALOG"]["value"] == "/etc/fleet/services/services.json"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["services-catalog"] == {"name": "services-catalog", "mountPath": "/etc/fleet/services", "readOnly": True}
+    volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["services-catalog"]["configMap"] == {
+        "name": cm["metadata"]["name"], "items": [{"key": "services.json", "path": "services.json"}]}
+    assert "checksum/services-catalog" in d["spec"]["template"]["metadata"]["annotations"]
+    assert "FLEET_SERVICES_CATALOG" not in env_map(container(one(full_docs, "Deployment", "worker")))
+    # An operator's ConfigMap, under its own key: mounted, not rendered.
+    docs = render(chart, {"dispatcher": {"servicesCatalog": {"configMapName": "my-services", "key": "catalog.json"}}})
+    assert not find(docs, "ConfigMap", "services-catalog")
+    d = one(docs, "Deployment", "dispatcher")
+    volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["services-catalog"]["configMap"] == {
+        "name": "my-services", "items": [{"key": "catalog.json", "path": "services.json"}]}
+    assert "checksum/services-catalog" not in d["spec"]["template"]["metadata"].get("annotations", {})
+    # The example catalog deploy/ ships is one the schema takes.
+    example = json.loads((DEPLOY_DIR / "services-catalog.example.json").read_text())
+    docs = render(chart, {"dispatcher": {"servicesCatalog": {"services": example}}})
+    assert json.loads(one(docs, "ConfigMap", "services-catalog")["data"]["services.json"]) == example
+    for doc in docs:
+        kubernetes_validate.validate(strip(doc), KUBE_VERSION, strict=True)
+
+
 def test_generated_secret(default_docs):
     secret = one(default_docs, "Secret", "config")
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}

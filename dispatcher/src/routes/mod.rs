@@ -11,6 +11,7 @@ pub(crate) mod common;
 pub(crate) mod dead_letters;
 pub(crate) mod docs;
 pub(crate) mod executions;
+pub(crate) mod knowledge_base;
 pub(crate) mod mcp_servers;
 pub(crate) mod rooms;
 pub(crate) mod sessions;
@@ -55,6 +56,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .merge(rooms::routes())
         .merge(agent_events::routes())
         .merge(artifacts::routes())
+        .merge(knowledge_base::routes())
 }
 
 /// The routes that need no token, documented the same way.

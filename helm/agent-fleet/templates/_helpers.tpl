@@ -412,3 +412,16 @@ Service name).
 dispatcher: {{ default (include "agent-fleet.dispatcher.fullname" .) $j.dispatcher | quote }}
 worker: {{ default (include "agent-fleet.worker.fullname" .) $j.worker | quote }}
 {{- end }}
+
+{{/*
+The ConfigMap holding the knowledge base's services catalog: the chart's (from
+dispatcher.servicesCatalog.services) or the operator's (configMapName); empty: none.
+*/}}
+{{- define "agent-fleet.servicesCatalogConfigMap" -}}
+{{- $c := .Values.dispatcher.servicesCatalog }}
+{{- if $c.services }}
+{{- printf "%s-services-catalog" (include "agent-fleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $c.configMapName }}
+{{- end }}
+{{- end }}

@@ -20,6 +20,8 @@ const SECRET: &str = "whsec_tenant_walk_0001";
 const ADMIN: &str = "walk-admin-token-0123456789";
 const ACME: &str = "walk-acme-token-0123456789";
 const BETA: &str = "walk-beta-token-0123456789";
+/// The services catalog the deployment ships as its example: the knowledge base's routes read it.
+const EXAMPLE_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/services-catalog.example.json");
 /// An operator's token that may only look at the console.
 const LOOKER: &str = "walk-looker-token-0123456789";
 
@@ -78,8 +80,11 @@ struct Acme {
 impl Acme {
     /// The path with acme's resources in it; for the seed 001 route, acme's agent and session.
     fn fill(&self, template: &str) -> String {
-        let id = if template.starts_with("/v1/dead-letters") {
+        let id: &str = if template.starts_with("/v1/dead-letters") {
             &self.dead_letter
+        } else if template.starts_with("/v1/knowledge-base") {
+            // The shared catalog's: no tenant's resource.
+            "google_calendar"
         } else if template.starts_with("/v1/approvals") {
             &self.approval
         } else if template.starts_with("/v1/sessions") {
@@ -132,6 +137,8 @@ impl Acme {
             }
             ("POST", "/v1/tools") | ("PUT", "/v1/tools/{tool}") => tool,
             ("POST", "/v1/turns") => turn_body(&self.session, "hi", &[]),
+            ("POST", "/v1/knowledge-base/services/search") => json!({"query": "calendar scheduling", "limit": 5}),
+            ("POST", "/v1/knowledge-base/services/lookup") => json!({"service_id": "google_calendar"}),
             ("PUT", "/v1/webhooks/{id}") => json!({"url": "http://127.0.0.1:9/h"}),
             ("POST", "/v2/agents/{agent_key}/sessions/{session_key}/events") => seed_input("hi"),
             _ => return None,
@@ -255,7 +262,8 @@ async fn every_route_answers_another_tenants_token_as_if_acmes_resources_did_not
     // Every call is refused for good (404): each ends as a dead letter at once.
     let receiver = Receiver::start(SECRET, |_, _| Reply::status(404)).await;
     let tokens = format!("{ADMIN},{ACME}@acme,{BETA}@beta,{LOOKER}:console:read");
-    let mut fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens)).await;
+    let options = llm_fleet(&llm).env("FLEET_API_TOKENS", &tokens).env("FLEET_SERVICES_CATALOG", EXAMPLE_CATALOG);
+    let mut fleet = spawn_fleet(options).await;
     fleet.token = ADMIN.to_string();
     fleet.register_tool("refuses", &receiver.url("/refuses"), SECRET).await;
     fleet.register_tool("guarded", &receiver.url("/guarded"), SECRET).await;
