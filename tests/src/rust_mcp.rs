@@ -79,6 +79,11 @@ impl RustMcpServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/mcp", listener.local_addr()?);
         let until = stop.clone();
+        // Without TCP_NODELAY, rmcp's response (written in parts) waits out the client's delayed
+        // ACK: ~40 ms a call.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let served = tokio::spawn(async move {
             let _ = axum::serve(listener, router).with_graceful_shutdown(until.cancelled_owned()).await;
         });

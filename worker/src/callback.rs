@@ -73,6 +73,7 @@ pub struct CallbackContext<'a> {
     pub store: &'a Store,
     /// The worker's MCP sessions, for a tool an MCP server lists.
     pub mcp: &'a fleet_platform::mcp::McpClients,
+    pub(crate) mcp_servers: &'a crate::context::TtlCache<crate::context::McpServerEntry>,
     pub targets: &'a crate::registry::TargetCache,
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,

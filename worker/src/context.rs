@@ -28,6 +28,9 @@ pub struct WorkerParts {
     pub client: CallbackClient,
     /// MCP sessions, one per server, reused by every call.
     pub mcp: fleet_platform::mcp::McpClients,
+    /// Registered MCP servers as their calls reach them (headers decrypted), for the registry
+    /// cache's ttl: a call does not read Redis and decrypt each time.
+    pub(crate) mcp_servers: TtlCache<McpServerEntry>,
     pub llm: LlmClients,
     pub targets: TargetCache,
     pub(crate) tools: ToolCache,
@@ -48,6 +51,7 @@ impl WorkerParts {
                 &config.common.tls,
             ),
             mcp: fleet_platform::mcp::McpClients::new(),
+            mcp_servers: TtlCache::new(config.registry_cache_ttl),
             llm: LlmClients::new(config),
             targets: TargetCache::new(config.registry_cache_ttl),
             tools: TtlCache::new(config.registry_cache_ttl),
@@ -69,6 +73,7 @@ impl WorkerParts {
             metrics: &self.metrics,
             client: &self.client,
             mcp: &self.mcp,
+            mcp_servers: &self.mcp_servers,
             llm: &self.llm,
             targets: &self.targets,
             tools: &self.tools,
@@ -90,6 +95,7 @@ pub(crate) struct Cx<'a> {
     pub metrics: &'a Metrics,
     pub client: &'a CallbackClient,
     pub mcp: &'a fleet_platform::mcp::McpClients,
+    pub mcp_servers: &'a TtlCache<McpServerEntry>,
     pub llm: &'a LlmClients,
     pub targets: &'a TargetCache,
     pub tools: &'a ToolCache,
@@ -110,6 +116,10 @@ impl Cx<'_> {
         self.metrics.jobs_finished.with_label_values(&[kind, outcome]).inc();
     }
 }
+
+/// A registered MCP server as its calls use it: where to reach it, and whether its operator lets
+/// a call whose outcome is unknown be sent again.
+pub(crate) type McpServerEntry = std::sync::Arc<(fleet_platform::mcp::McpServerTarget, bool)>;
 
 /// What a tool call's pipeline needs of its tool's registry entry before the attempt: its limits
 /// and its circuit breaker.

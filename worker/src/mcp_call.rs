@@ -37,18 +37,14 @@ pub(crate) async fn attempt(
         call_id: call.parent.as_ref().map_or(execution_id, |p| p.call_id.as_str()),
         source: format!("{}:{}", tool.server, tool.tool),
     };
-    let server = match ctx.store.registry().get_mcp_server(&tool.server).await {
-        Ok(Some(server)) => server,
-        Ok(None) => return refused(format!("MCP server {:?} is no longer registered", tool.server)),
-        Err(e) => return unsent(format!("registry unavailable: {e}"), "registry"),
+    let server = match server_of(ctx, &tool.server).await {
+        Ok(server) => server,
+        Err(report) => return report,
     };
-    let target = match server.target(ctx.secrets) {
-        Ok(target) => target,
-        Err(e) => return refused(format!("MCP server headers cannot be used: {e}")),
-    };
+    let (target, retry_unknown) = (&server.0, server.1);
     let arguments = call.parameters.as_object().cloned().unwrap_or_default();
-    let answer = clients.call_tool(&target, &tool.tool, arguments, called.call_id, ctx.callback_timeout).await;
-    let mut report = judge(answer, &called, tool.hints.repeatable() || server.retry_unknown);
+    let answer = clients.call_tool(target, &tool.tool, arguments, called.call_id, ctx.callback_timeout).await;
+    let mut report = judge(answer, &called, tool.hints.repeatable() || retry_unknown);
     report.error = report.error.map(|e| sanitize_error(&ctx.redactor.redact_with(None, &e)));
     if let AttemptVerdict::Structured(result) = &mut report.verdict {
         let mut value = serde_json::to_value(&**result).expect("a result serialises");
@@ -58,6 +54,25 @@ pub(crate) async fn attempt(
         }
     }
     report
+}
+
+/// The server `name` as its calls reach it: from the worker's cache, else read and decrypted.
+async fn server_of(ctx: &CallbackContext<'_>, name: &str) -> Result<crate::context::McpServerEntry, AttemptReport> {
+    if let Some(entry) = ctx.mcp_servers.get(name) {
+        return Ok(entry);
+    }
+    let server = match ctx.store.registry().get_mcp_server(name).await {
+        Ok(Some(server)) => server,
+        Ok(None) => return Err(refused(format!("MCP server {name:?} is no longer registered"))),
+        Err(e) => return Err(unsent(format!("registry unavailable: {e}"), "registry")),
+    };
+    let target = match server.target(ctx.secrets) {
+        Ok(target) => target,
+        Err(e) => return Err(refused(format!("MCP server headers cannot be used: {e}"))),
+    };
+    let entry = std::sync::Arc::new((target, server.retry_unknown));
+    ctx.mcp_servers.put(name, entry.clone());
+    Ok(entry)
 }
 
 /// What an answer means (pure): a success is the result; a failure the server reported ends the

@@ -122,6 +122,7 @@ async fn attempt(
     let ctx = CallbackContext {
         store: cx.store,
         mcp: cx.mcp,
+        mcp_servers: cx.mcp_servers,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
         client: cx.client,

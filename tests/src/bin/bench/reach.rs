@@ -14,15 +14,15 @@ use serde_json::{json, Value};
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::rust_mcp::{RustMcpServer, TOOL};
 
-use super::{median, read_frames, row, wait_until, BenchFleet, Receiver, SECRET};
+use super::{cpu_seconds, median, read_frames, row, wait_until, BenchFleet, Receiver, SECRET};
 
 /// The rounds of each drain; each variant's figure is its median.
 const ROUNDS: usize = 3;
 
-/// Jobs/s of each drain's rounds: the callback's and the MCP call's.
+/// Each drain's rounds: jobs/s, and the workers' CPU per job (µs) from the first call to the last.
 pub(super) struct ReachDrains {
-    callback: Vec<f64>,
-    mcp: Vec<f64>,
+    callback: Vec<(f64, f64)>,
+    mcp: Vec<(f64, f64)>,
 }
 
 /// The two drains, `jobs` calls each, `ROUNDS` times, taking turns.
@@ -84,20 +84,23 @@ async fn enqueue(
     Ok(())
 }
 
-/// Starts the workers on the backlog: jobs/s from the first call reaching its tool to the last.
+/// Starts the workers on the backlog: jobs/s from the first call reaching its tool to the last,
+/// and the workers' CPU per job (µs) meanwhile: the fleet's own cost of a call, whatever the tool's.
 async fn drain(
     fleet: &mut BenchFleet,
     workers: usize,
     reached: impl Fn() -> usize,
     jobs: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     for _ in 0..workers {
         fleet.spawn_worker()?;
     }
+    let cpu = |fleet: &BenchFleet| fleet.workers.iter().map(|w| cpu_seconds(w.id())).sum::<f64>();
     wait_until(Duration::from_secs(60), || reached() >= 1).await?;
-    let first = Instant::now();
+    let (first, cpu_first) = (Instant::now(), cpu(fleet));
     wait_until(Duration::from_secs(600), || reached() >= jobs).await?;
-    Ok((jobs - 1) as f64 / first.elapsed().as_secs_f64())
+    let per_job_us = 1e6 * (cpu(fleet) - cpu_first) / (jobs - 1) as f64;
+    Ok(((jobs - 1) as f64 / first.elapsed().as_secs_f64(), per_job_us))
 }
 
 /// The fleet's time per turn (ms, its model calls' time left out) with an approval decided at
@@ -181,19 +184,26 @@ async fn one_turn(fleet: &BenchFleet, session: &str, approval: bool) -> anyhow::
 /// The rows: each drain's median and its rounds, their ratio; the approval pause's median.
 pub(super) fn print(drains: &ReachDrains, (with, without): (Vec<f64>, Vec<f64>)) {
     let spread = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
-    let (callback, mcp) = (median(drains.callback.clone()), median(drains.mcp.clone()));
+    let rates = |d: &[(f64, f64)]| d.iter().map(|(r, _)| *r).collect::<Vec<_>>();
+    let cpus = |d: &[(f64, f64)]| d.iter().map(|(_, c)| *c).collect::<Vec<_>>();
+    let (callback, mcp) = (median(rates(&drains.callback)), median(rates(&drains.mcp)));
     let rounds = format!("{} rounds", drains.callback.len());
+    let label = format!("reach: HTTP callback drain (jobs/s; {rounds}: {})", spread(&rates(&drains.callback)));
+    row(&label, format!("{callback:.0}"), "", "".into());
     row(
-        &format!("reach: HTTP callback drain (jobs/s; {rounds}: {})", spread(&drains.callback)),
-        format!("{callback:.0}"),
-        "",
-        "".into(),
-    );
-    row(
-        &format!("reach: MCP tools/call drain (jobs/s; {rounds}: {})", spread(&drains.mcp)),
+        &format!("reach: MCP tools/call drain (jobs/s; {rounds}: {})", spread(&rates(&drains.mcp))),
         format!("{mcp:.0}"),
         ">= 1/1.3 of the callback's",
         format!("{:.2}×", mcp / callback),
+    );
+    let (callback_cpu, mcp_cpu) = (median(cpus(&drains.callback)), median(cpus(&drains.mcp)));
+    let label = format!("reach: workers' CPU per callback (µs; {})", spread(&cpus(&drains.callback)));
+    row(&label, format!("{callback_cpu:.0}"), "", "".into());
+    row(
+        &format!("reach: workers' CPU per MCP call (µs; {})", spread(&cpus(&drains.mcp))),
+        format!("{mcp_cpu:.0}"),
+        "<= 1.3× the callback's",
+        format!("{:.2}×", mcp_cpu / callback_cpu),
     );
     let (with, without) = (median(with), median(without));
     row("reach: a turn calling a tool, fleet's time, median (ms)", format!("{without:.2}"), "", "".into());
