@@ -183,6 +183,21 @@ pub struct QueryResult {
     pub truncated: bool,
 }
 
+/// A decimal (PostgreSQL `numeric`, MySQL `DECIMAL`) as JSON: a number when it has at most 15
+/// significant digits, which a double holds exactly as written; else, and for `NaN` or an
+/// infinity, the decimal's text as a string, so no digit is lost.
+pub fn decimal_json(text: &str) -> serde_json::Value {
+    let digits = text.trim_start_matches(['-', '+']).replace('.', "");
+    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+    let parsed = text.parse::<f64>().ok().filter(|f| f.is_finite());
+    match parsed.and_then(serde_json::Number::from_f64) {
+        Some(number) if significant <= 15 && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            serde_json::Value::Number(number)
+        }
+        _ => serde_json::Value::String(text.to_string()),
+    }
+}
+
 /// A PostgreSQL column's type as `information_schema.columns` gives it (`data_type`, and
 /// `udt_name` for arrays and user-defined types), in the seed's short words: `varchar`,
 /// `timestamp`, `timestamptz`, `char`, `time`, `timetz`; arrays as `text[]`; user-defined types
@@ -250,6 +265,18 @@ mod tests {
         let slow = QueryLimits { statement_timeout_ms: 3_600_000, ..QueryLimits::default() };
         assert_eq!(slow.validate().unwrap_err().field, "statement_timeout_ms");
         assert!(serde_json::from_str::<QueryLimits>(r#"{"max_row": 10}"#).is_err());
+    }
+
+    #[test]
+    fn decimals_are_numbers_unless_a_double_would_change_them() {
+        use serde_json::json;
+        assert_eq!(decimal_json("19.99"), json!(19.99));
+        assert_eq!(decimal_json("-0.0001"), json!(-0.0001));
+        assert_eq!(decimal_json("1200.00"), json!(1200.0));
+        assert_eq!(decimal_json("123456789012345"), json!(123456789012345.0));
+        assert_eq!(decimal_json("12345678901234567890.5"), json!("12345678901234567890.5"));
+        assert_eq!(decimal_json("NaN"), json!("NaN"));
+        assert_eq!(decimal_json("Infinity"), json!("Infinity"));
     }
 
     #[test]
