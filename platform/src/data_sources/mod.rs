@@ -136,7 +136,9 @@ impl DataSources {
             (Drivers::Postgres(pool), SourceConnection::Postgresql(sql)) => {
                 postgres::check(pool, &call(sql, target, &secrets)).await
             }
-            (Drivers::Mysql(pool), SourceConnection::Mysql(sql)) => mysql::check(pool, &call(sql, target, &secrets)).await,
+            (Drivers::Mysql(pool), SourceConnection::Mysql(sql)) => {
+                mysql::check(pool, &call(sql, target, &secrets)).await
+            }
             (Drivers::Rest(client), SourceConnection::RestApi(rest)) => rest::check(client, rest, target).await,
             _ => Err(changed_type()),
         }
@@ -152,7 +154,9 @@ impl DataSources {
             (Drivers::Postgres(pool), SourceConnection::Postgresql(sql)) => {
                 postgres::schema(pool, &call(sql, target, &secrets)).await
             }
-            (Drivers::Mysql(pool), SourceConnection::Mysql(sql)) => mysql::schema(pool, &call(sql, target, &secrets)).await,
+            (Drivers::Mysql(pool), SourceConnection::Mysql(sql)) => {
+                mysql::schema(pool, &call(sql, target, &secrets)).await
+            }
             (Drivers::Rest(_), SourceConnection::RestApi(_)) => Ok(Vec::new()),
             _ => Err(changed_type()),
         }

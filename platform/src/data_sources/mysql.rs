@@ -101,14 +101,14 @@ pub(crate) async fn query(
 }
 
 /// What a query read, or its own refusal (a driver error is the outer result).
-type Read = Result<(Vec<String>, CappedRows), DataSourceError>;
+type MyRead = Result<(Vec<String>, CappedRows), DataSourceError>;
 
 async fn read(
     conn: &mut Conn,
     sql: &str,
     values: Vec<mysql_async::Value>,
     limits: &QueryLimits,
-) -> Result<Read, mysql_async::Error> {
+) -> Result<MyRead, mysql_async::Error> {
     let statement = conn.prep(sql).await?;
     if usize::from(statement.num_params()) != values.len() {
         let message = format!("the query takes {} parameter(s), {} given", statement.num_params(), values.len());

@@ -31,7 +31,9 @@ pub(crate) fn render(column: &Column, value: MyValue) -> Value {
         MyValue::UInt(u) => json!(u),
         // Through its shortest text, so 1.1 stays 1.1 and not 1.100000023841858.
         MyValue::Float(f) => decimal_json(&f.to_string()),
-        MyValue::Double(d) => serde_json::Number::from_f64(d).map(Value::Number).unwrap_or_else(|| json!(d.to_string())),
+        MyValue::Double(d) => {
+            serde_json::Number::from_f64(d).map(Value::Number).unwrap_or_else(|| json!(d.to_string()))
+        }
         MyValue::Date(y, mo, d, h, mi, s, us) => match column.column_type() {
             ColumnType::MYSQL_TYPE_DATE | ColumnType::MYSQL_TYPE_NEWDATE => json!(format!("{y:04}-{mo:02}-{d:02}")),
             _ => json!(format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{}Z", fraction(us))),

@@ -104,14 +104,14 @@ pub(crate) async fn query(
 
 /// What a query read: its columns and its rows, or its own failure (a driver error of the fetch is
 /// the outer result, so the connection's fate is judged the one way).
-type Read = Result<(Vec<String>, CappedRows), DataSourceError>;
+type PgRead = Result<(Vec<String>, CappedRows), DataSourceError>;
 
 async fn read(
     tx: &Transaction<'_>,
     sql: &str,
     params: Vec<TextParam>,
     limits: &QueryLimits,
-) -> Result<Read, tokio_postgres::Error> {
+) -> Result<PgRead, tokio_postgres::Error> {
     let statement = tx.prepare(sql).await?;
     if statement.params().len() != params.len() {
         let message = format!("the query takes {} parameter(s), {} given", statement.params().len(), params.len());
@@ -119,7 +119,8 @@ async fn read(
     }
     let columns: Vec<String> = statement.columns().iter().map(|c| c.name().to_string()).collect();
     if let Some(c) = statement.columns().iter().find(|c| !renderable(c.type_())) {
-        let unsupported = DataSourceError::UnsupportedValue { column: c.name().into(), type_name: c.type_().name().into() };
+        let unsupported =
+            DataSourceError::UnsupportedValue { column: c.name().into(), type_name: c.type_().name().into() };
         return Ok(Err(unsupported));
     }
     let portal = tx.bind_raw(&statement, params.iter()).await?;
@@ -136,7 +137,10 @@ async fn read(
                     Ok(cell) => cells.push(cell.0),
                     Err(_) => {
                         let name = column.type_().name().to_string();
-                        return Ok(Err(DataSourceError::UnsupportedValue { column: column.name().into(), type_name: name }));
+                        return Ok(Err(DataSourceError::UnsupportedValue {
+                            column: column.name().into(),
+                            type_name: name,
+                        }));
                     }
                 }
             }

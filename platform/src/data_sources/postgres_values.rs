@@ -62,6 +62,7 @@ pub(crate) fn renderable(ty: &Type) -> bool {
                     | Type::TIME
                     | Type::INTERVAL
                     | Type::BYTEA
+                    | Type::VOID
             ) || ty.name() == "citext"
         }
     }
@@ -88,7 +89,7 @@ fn render(ty: &Type, raw: &[u8]) -> Result<Value, BoxError> {
         Type::JSON | Type::JSONB => Value::from_sql(ty, raw)?,
         Type::UUID => Value::String(uuid::Uuid::from_sql(ty, raw)?.to_string()),
         Type::TIMESTAMP => timestamp(raw, |raw| Ok(time::PrimitiveDateTime::from_sql(ty, raw)?.assume_utc()))?,
-        Type::TIMESTAMPTZ => timestamp(raw, |raw| Ok(time::OffsetDateTime::from_sql(ty, raw)?))?,
+        Type::TIMESTAMPTZ => timestamp(raw, |raw| time::OffsetDateTime::from_sql(ty, raw))?,
         Type::DATE => match raw {
             [0x7f, 0xff, 0xff, 0xff] => json!("infinity"),
             [0x80, 0, 0, 0] => json!("-infinity"),
@@ -97,6 +98,8 @@ fn render(ty: &Type, raw: &[u8]) -> Result<Value, BoxError> {
         Type::TIME => Value::String(clock(time::Time::from_sql(ty, raw)?)),
         Type::INTERVAL => Value::String(interval(raw)?),
         Type::BYTEA => Value::String(base64::engine::general_purpose::STANDARD.encode(raw)),
+        // What `SELECT pg_sleep(1)` returns: nothing.
+        Type::VOID => Value::Null,
         _ => Value::String(String::from_sql(ty, raw)?),
     })
 }
@@ -127,7 +130,8 @@ fn clock(t: time::Time) -> String {
 /// An interval in ISO 8601 (`P1Y2M3DT4H5M6.5S`): microseconds, days and months as the server
 /// sends them, each part keeping its own sign.
 fn interval(raw: &[u8]) -> Result<String, BoxError> {
-    let [m0, m1, m2, m3, m4, m5, m6, m7, d0, d1, d2, d3, o0, o1, o2, o3] = raw.try_into().map_err(|_| "bad interval")?;
+    let [m0, m1, m2, m3, m4, m5, m6, m7, d0, d1, d2, d3, o0, o1, o2, o3] =
+        raw.try_into().map_err(|_| "bad interval")?;
     let micros = i64::from_be_bytes([m0, m1, m2, m3, m4, m5, m6, m7]);
     let days = i32::from_be_bytes([d0, d1, d2, d3]);
     let months = i32::from_be_bytes([o0, o1, o2, o3]);

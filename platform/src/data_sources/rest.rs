@@ -40,7 +40,11 @@ impl RestClient {
 
 /// A GET of the base URL: any answer but a server error or a refusal of the credentials will do
 /// (many APIs answer 404 at their root).
-pub(crate) async fn check(client: &RestClient, rest: &RestConnection, target: &SourceTarget) -> Result<(), DataSourceError> {
+pub(crate) async fn check(
+    client: &RestClient,
+    rest: &RestConnection,
+    target: &SourceTarget,
+) -> Result<(), DataSourceError> {
     let url = rest_url(&rest.base_url, "/", &[]).map_err(|e| DataSourceError::BadTarget(e.to_string()))?;
     let (status, _) = get(client, rest, target, url, &target.limits).await?;
     match status {
@@ -61,7 +65,8 @@ pub(crate) async fn query(
     limits: &QueryLimits,
 ) -> Result<QueryResult, DataSourceError> {
     let started = Instant::now();
-    let url = rest_url(&rest.base_url, path.trim(), parameters).map_err(|e| DataSourceError::BadParameter(e.to_string()))?;
+    let url =
+        rest_url(&rest.base_url, path.trim(), parameters).map_err(|e| DataSourceError::BadParameter(e.to_string()))?;
     let (status, body) = get(client, rest, target, url, limits).await?;
     match status {
         200..=299 => {}

@@ -16,7 +16,13 @@ pub(crate) struct CappedRows {
 
 impl CappedRows {
     pub(crate) fn new(limits: &QueryLimits) -> Self {
-        CappedRows { rows: Vec::new(), bytes: 0, max_rows: limits.max_rows, max_bytes: limits.max_bytes, truncated: false }
+        CappedRows {
+            rows: Vec::new(),
+            bytes: 0,
+            max_rows: limits.max_rows,
+            max_bytes: limits.max_bytes,
+            truncated: false,
+        }
     }
 
     /// Keeps `row` if it fits; returns whether the reader should go on.

@@ -95,7 +95,8 @@ fn refuse(field: &str, reason: impl Into<String>) -> ConnectionError {
 impl SourceConnection {
     /// The connection a registration's `type` and `connection` describe, validated.
     pub fn from_parts(source_type: SourceType, connection: serde_json::Value) -> Result<Self, ConnectionError> {
-        let read = |e: serde_json::Error| refuse("", format!("is not a valid {} connection: {e}", source_type.as_str()));
+        let read =
+            |e: serde_json::Error| refuse("", format!("is not a valid {} connection: {e}", source_type.as_str()));
         let parsed = match source_type {
             SourceType::Postgresql => SourceConnection::Postgresql(serde_json::from_value(connection).map_err(read)?),
             SourceType::Mysql => SourceConnection::Mysql(serde_json::from_value(connection).map_err(read)?),

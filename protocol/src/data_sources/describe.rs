@@ -112,7 +112,13 @@ mod tests {
 
     #[test]
     fn the_model_reads_tables_columns_types_and_mappings() {
-        let text = tool_description("sales_database", Some("Sales and customer data"), &seed_tables(), &seed_mappings(), 10_000);
+        let text = tool_description(
+            "sales_database",
+            Some("Sales and customer data"),
+            &seed_tables(),
+            &seed_mappings(),
+            10_000,
+        );
         let expected = "Data source `sales_database`: Sales and customer data\n\
             Tables (2):\n\
             - customers: Customer accounts and profiles. Also called: users, clients.\n  \

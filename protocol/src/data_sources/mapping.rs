@@ -143,7 +143,10 @@ pub(super) mod tests {
     }
 
     fn mapping(description: &str, synonyms: &[&str]) -> SemanticMapping {
-        SemanticMapping { description: Some(description.into()), synonyms: synonyms.iter().map(|s| s.to_string()).collect() }
+        SemanticMapping {
+            description: Some(description.into()),
+            synonyms: synonyms.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     #[test]

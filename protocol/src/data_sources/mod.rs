@@ -304,7 +304,8 @@ mod tests {
             json,
             serde_json::json!({"columns": ["id"], "rows": [["uuid-1"]], "row_count": 1, "execution_time_ms": 45, "truncated": false})
         );
-        let column = serde_json::to_value(Column { name: "id".into(), r#type: "uuid".into(), nullable: false }).unwrap();
+        let column =
+            serde_json::to_value(Column { name: "id".into(), r#type: "uuid".into(), nullable: false }).unwrap();
         assert_eq!(column, serde_json::json!({"name": "id", "type": "uuid", "nullable": false}));
     }
 }

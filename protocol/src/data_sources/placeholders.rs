@@ -113,10 +113,7 @@ mod tests {
     fn literals_identifiers_and_comments_are_left_alone() {
         let sql = "SELECT '$1', 'it''s $2', \"$3\", `a$4`, 'x\\'$5', a$6 -- $7\n, $1 # $8\n/* $9 ? */ FROM t";
         let p = question_mark_placeholders(sql).unwrap();
-        assert_eq!(
-            p.sql,
-            "SELECT '$1', 'it''s $2', \"$3\", `a$4`, 'x\\'$5', a$6 -- $7\n, ? # $8\n/* $9 ? */ FROM t"
-        );
+        assert_eq!(p.sql, "SELECT '$1', 'it''s $2', \"$3\", `a$4`, 'x\\'$5', a$6 -- $7\n, ? # $8\n/* $9 ? */ FROM t");
         assert_eq!(p.order, vec![0]);
         // `--` without a space is two minus signs, not a comment.
         assert_eq!(question_mark_placeholders("SELECT 1--$1").unwrap().sql, "SELECT 1--?");

@@ -93,9 +93,9 @@ pub struct JsonTable {
 
 /// The rows of a JSON answer: an array is one row per item; an object with exactly one array
 /// field (`{"data": [...], "next": "..."}`) is that array's; any other object is one row; a
-/// scalar is one row. An object item's keys are columns, in the order they first appear (a
-/// missing key is `null`); a non-object item is the column `value`. Values stay JSON. At most
-/// `max_rows` rows, `truncated` when there were more.
+/// scalar is one row. An object item's keys are columns, in the order they first appear (those
+/// new in one object in alphabetical order; a missing key is `null`); a non-object item is the
+/// column `value`. Values stay JSON. At most `max_rows` rows, `truncated` when there were more.
 pub fn json_table(answer: Value, max_rows: usize) -> JsonTable {
     let items = match answer {
         Value::Array(items) => items,
@@ -112,10 +112,12 @@ pub fn json_table(answer: Value, max_rows: usize) -> JsonTable {
     let items: Vec<Value> = items.into_iter().take(max_rows).collect();
     let mut columns: Vec<String> = Vec::new();
     for item in &items {
-        let keys: Vec<&String> = match item {
+        let mut keys: Vec<&String> = match item {
             Value::Object(object) => object.keys().collect(),
             _ => vec![],
         };
+        // Alphabetical within an object, whatever order the JSON map keeps.
+        keys.sort();
         let scalar_key = "value".to_string();
         let keys = if item.is_object() { keys } else { vec![&scalar_key] };
         for key in keys {
