@@ -1,6 +1,7 @@
 //! Why a data-source operation failed, sorted by what the caller does next (fix the source, fix
 //! the query, try again later), in words safe to store: sanitised, and never holding a secret.
 
+use fleet_protocol::data_sources::{ConnectionError, TypeRefused};
 use fleet_protocol::sanitize::sanitize_error;
 
 /// A data-source failure. Every text in it passed [`scrub`]: one line, no password or header value.
@@ -100,6 +101,20 @@ impl DataSourceError {
     }
 }
 
+/// A type refused by `SourceType::parse`, as the client's error (for a caller that maps both).
+impl From<TypeRefused> for DataSourceError {
+    fn from(refused: TypeRefused) -> Self {
+        DataSourceError::Unsupported(refused.to_string())
+    }
+}
+
+/// A connection field refused by its validation.
+impl From<ConnectionError> for DataSourceError {
+    fn from(e: ConnectionError) -> Self {
+        DataSourceError::BadTarget(e.to_string())
+    }
+}
+
 /// Text fit for an error: every secret replaced by `****`, then sanitised to one short line.
 pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
     let mut text = text.to_string();
@@ -145,6 +160,9 @@ mod tests {
         let timeout = DataSourceError::Timeout { timeout_ms: 500 };
         assert_eq!((timeout.code(), timeout.http_status(), timeout.is_transient()), ("timeout", 504, false));
         assert!(DataSourceError::Busy { max_connections: 4 }.is_transient());
+        let refused = DataSourceError::from(fleet_protocol::data_sources::SourceType::parse("mssql").unwrap_err());
+        assert_eq!((refused.code(), refused.http_status()), ("unsupported_type", 422));
+        assert!(refused.to_string().contains("`mssql` is not supported by this fleet"), "{refused}");
         let cast = DataSourceError::UnsupportedValue { column: "area".into(), type_name: "polygon".into() };
         assert!(cast.to_string().contains("`area::text`") && cast.to_string().contains("polygon"), "{cast}");
     }

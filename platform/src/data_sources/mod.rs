@@ -80,7 +80,7 @@ impl SourceTarget {
     }
 
     fn validate(&self) -> Result<(), DataSourceError> {
-        self.connection.validate().map_err(|e| DataSourceError::BadTarget(e.to_string()))?;
+        self.connection.validate()?;
         self.limits.validate().map_err(|e| DataSourceError::BadTarget(e.to_string()))
     }
 }

@@ -118,10 +118,11 @@ async fn read(
     let mut result = conn.exec_iter(&statement, params).await?;
     let described = result.columns().unwrap_or_else(|| Vec::new().into());
     if let Some(column) = described.iter().find(|c| !renderable(c)) {
-        let unsupported =
-            DataSourceError::UnsupportedValue { column: column.name_str().into(), type_name: type_name(column) };
-        result.drop_result().await?;
-        return Ok(Err(unsupported));
+        // Its rows stay unread: the session is closed, not drained (see `finish`).
+        return Ok(Err(DataSourceError::UnsupportedValue {
+            column: column.name_str().into(),
+            type_name: type_name(column),
+        }));
     }
     let columns: Vec<String> = described.iter().map(|c| c.name_str().into_owned()).collect();
     let mut rows = CappedRows::new(limits);
@@ -185,7 +186,8 @@ async fn rollback(session: &mut MySession, call: &SqlCall<'_>, limits: &QueryLim
 }
 
 /// An operation's end: a clean session back to the pool, and one the server refused once it is
-/// rolled back; any other closed without reading what is left of its answer.
+/// rolled back; any other (a column with no rendering included, its rows unread) closed without
+/// reading what is left of its answer.
 async fn finish<T>(
     mut lease: Lease<'_, MySession>,
     outcome: Result<Result<(T, Left), DataSourceError>, tokio::time::error::Elapsed>,
@@ -200,7 +202,6 @@ async fn finish<T>(
                 DataSourceError::ReadOnly(_)
                     | DataSourceError::Database(_)
                     | DataSourceError::BadParameter(_)
-                    | DataSourceError::UnsupportedValue { .. }
                     | DataSourceError::Timeout { .. }
             );
             let rolled_back = match lease.conn() {
