@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure RabbitMQ (127.0.0.1:5672) and Redis (127.0.0.1:6379) are reachable: uses them if they
 # are up; else starts them if installed; else installs them from Debian's packages when run as
-# root; else says plainly what is missing. Idempotent.
+# root; else says plainly what is missing. The same for PostgreSQL (127.0.0.1:5432) and MariaDB
+# (127.0.0.1:3306), the data-source tests' databases, each given a test user that logs in with a
+# password (FLEET_TEST_DATABASES=0 skips them). Idempotent.
 set -euo pipefail
 # A broker or Redis started from here inherits this: RabbitMQ needs a descriptor per connection
 # and per queue segment, and a busy test run outgrows the usual 1024.
@@ -150,5 +152,90 @@ if [ "${FLEET_TEST_REDIS_CLUSTER:-1}" != 0 ]; then
     done
   fi
   echo "ensure-services: Redis Cluster 127.0.0.1:7000-7002 is up"
+fi
+# The data-source tests' databases: PostgreSQL and MariaDB on 127.0.0.1, each with the user
+# `fleet_test` (password `fleet_test_pw`) owning a database `fleet_ds`. The tests make a schema
+# (PostgreSQL) or a database `t_…` (MariaDB) of their own in them and drop it at the end.
+DS_USER=fleet_test
+DS_PASSWORD=fleet_test_pw
+DS_DATABASE=fleet_ds
+
+# psql as the cluster's superuser: through the local socket as `postgres` when root, else over TCP.
+psql_admin() {
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 "$@"
+  else
+    psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres "$@"
+  fi
+}
+
+ensure_postgres() {
+  if ! port_open 5432; then
+    command -v pg_ctlcluster >/dev/null || install_pkg postgresql
+    local cluster
+    cluster=$(pg_lsclusters --no-header 2>/dev/null | awk 'NR == 1 {print $1 " " $2}')
+    [ -n "$cluster" ] || { echo "ensure-services: no PostgreSQL cluster to start" >&2; return 1; }
+    echo "ensure-services: starting PostgreSQL $cluster"
+    # shellcheck disable=SC2086 # version and name, two words
+    pg_ctlcluster $cluster start
+    wait_port 5432 PostgreSQL
+  fi
+  # A wrong password must fail even where the cluster trusts local connections: the test user's
+  # TCP logins are checked (scram-sha-256), by lines ahead of every other.
+  local hba
+  hba=$(psql_admin -Atc 'SHOW hba_file')
+  if [ -w "$hba" ] && ! grep -q "^host all $DS_USER " "$hba"; then
+    { printf 'host all %s 127.0.0.1/32 scram-sha-256\nhost all %s ::1/128 scram-sha-256\n' "$DS_USER" "$DS_USER"
+      cat "$hba"; } >"$hba.fleet" && cat "$hba.fleet" >"$hba" && rm -f "$hba.fleet"
+    psql_admin -c 'SELECT pg_reload_conf()' >/dev/null
+  fi
+  psql_admin <<SQL
+SET password_encryption = 'scram-sha-256';
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DS_USER') THEN CREATE ROLE $DS_USER LOGIN; END IF;
+END \$\$;
+ALTER ROLE $DS_USER LOGIN PASSWORD '$DS_PASSWORD';
+SQL
+  if [ -z "$(psql_admin -Atc "SELECT 1 FROM pg_database WHERE datname = '$DS_DATABASE'")" ]; then
+    psql_admin -c "CREATE DATABASE $DS_DATABASE OWNER $DS_USER" >/dev/null
+  fi
+  echo "ensure-services: PostgreSQL 127.0.0.1:5432 is up ($DS_USER owns $DS_DATABASE)"
+}
+
+# The MariaDB client as root: through the local socket when root, else over TCP.
+mariadb_admin() {
+  local client
+  client=$(command -v mariadb || command -v mysql)
+  if [ "$(id -u)" = 0 ]; then "$client" -uroot "$@"; else "$client" -uroot -h127.0.0.1 "$@"; fi
+}
+
+ensure_mariadb() {
+  if ! port_open 3306; then
+    command -v mariadbd >/dev/null || command -v mysqld >/dev/null || [ -x /usr/sbin/mariadbd ] \
+      || install_pkg mariadb-server
+    echo "ensure-services: starting MariaDB"
+    if ! service mariadb start >/dev/null 2>&1; then
+      mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+      (setsid mysqld_safe --bind-address=127.0.0.1 >/dev/null 2>&1 &)
+    fi
+    wait_port 3306 MariaDB
+  fi
+  # The test databases are `t_…`: the user may make and drop those, and nothing else but its own.
+  mariadb_admin <<SQL
+CREATE DATABASE IF NOT EXISTS $DS_DATABASE;
+CREATE USER IF NOT EXISTS '$DS_USER'@'localhost' IDENTIFIED BY '$DS_PASSWORD';
+CREATE USER IF NOT EXISTS '$DS_USER'@'%' IDENTIFIED BY '$DS_PASSWORD';
+ALTER USER '$DS_USER'@'localhost' IDENTIFIED BY '$DS_PASSWORD';
+ALTER USER '$DS_USER'@'%' IDENTIFIED BY '$DS_PASSWORD';
+GRANT ALL PRIVILEGES ON \`$DS_DATABASE\`.* TO '$DS_USER'@'localhost', '$DS_USER'@'%';
+GRANT ALL PRIVILEGES ON \`t\\_%\`.* TO '$DS_USER'@'localhost', '$DS_USER'@'%';
+FLUSH PRIVILEGES;
+SQL
+  echo "ensure-services: MariaDB 127.0.0.1:3306 is up ($DS_USER owns $DS_DATABASE and t_* databases)"
+}
+
+if [ "${FLEET_TEST_DATABASES:-1}" != 0 ]; then
+  ensure_postgres
+  ensure_mariadb
 fi
 echo "ensure-services: RabbitMQ 127.0.0.1:5672 and Redis 127.0.0.1:6379 are up"

@@ -5,6 +5,7 @@ pub mod acks;
 pub mod artifacts;
 pub mod broker;
 pub mod config;
+pub mod data_sources;
 pub mod dead_letters;
 pub mod mcp;
 pub mod metrics;

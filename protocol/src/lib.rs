@@ -16,6 +16,7 @@ pub mod chat;
 pub mod circuit;
 pub mod classify;
 pub mod compaction;
+pub mod data_sources;
 pub mod dead_letters;
 pub mod envelope;
 pub mod events;

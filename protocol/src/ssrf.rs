@@ -2,7 +2,14 @@
 //! operator allows them (`FLEET_ALLOW_PRIVATE_CALLBACKS`); the check runs on the address actually
 //! connected to, so a DNS name that resolves (or rebinds) to a private address fails too.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The addresses a connection may use of those a name resolved to: every one when private targets
+/// are allowed, else the public ones. None left means the name is refused: the callback client's
+/// resolver and the data sources' connections both decide here.
+pub fn permitted(addrs: impl IntoIterator<Item = SocketAddr>, allow_private: bool) -> Vec<SocketAddr> {
+    addrs.into_iter().filter(|a| allow_private || !is_forbidden(a.ip())).collect()
+}
 
 /// Whether `ip` is loopback, private, link-local (which covers cloud metadata), shared, reserved or
 /// otherwise not a public unicast address, or an IPv6 address that tunnels or translates to one
@@ -105,6 +112,14 @@ mod tests {
         ] {
             assert!(forbidden(ip), "{ip} must be forbidden");
         }
+    }
+
+    #[test]
+    fn only_public_addresses_are_permitted_unless_private_ones_are_allowed() {
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:5432".parse().unwrap(), "8.8.8.8:5432".parse().unwrap()];
+        assert_eq!(permitted(addrs.clone(), false), vec![addrs[1]]);
+        assert_eq!(permitted(addrs.clone(), true), addrs);
+        assert!(permitted(vec![addrs[0]], false).is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use fleet_platform::tls::ClientTls;
 use fleet_protocol::classify::TransportFailure;
-use fleet_protocol::ssrf::is_forbidden;
+use fleet_protocol::ssrf::{is_forbidden, permitted};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{host} resolves only to loopback, private, link-local or metadata addresses")]
@@ -26,8 +26,7 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed: Vec<SocketAddr> = addrs.into_iter().filter(|a| !is_forbidden(a.ip())).collect();
+            let allowed: Vec<SocketAddr> = permitted(tokio::net::lookup_host((host.as_str(), 0)).await?, false);
             if allowed.is_empty() {
                 return Err(Box::new(ForbiddenResolution { host }) as Box<dyn std::error::Error + Send + Sync>);
             }
