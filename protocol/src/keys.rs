@@ -135,6 +135,16 @@ impl Keys {
         format!("{}{{mcp-servers}}:index", self.prefix)
     }
 
+    /// A registered data source (JSON; its connection is encrypted).
+    pub fn data_source(&self, id: &str) -> String {
+        format!("{}{{data-sources}}:source:{id}", self.prefix)
+    }
+
+    /// Sorted set of data source ids, for listing.
+    pub fn data_sources_index(&self) -> String {
+        format!("{}{{data-sources}}:index", self.prefix)
+    }
+
     /// A registered webhook (JSON; the secret field is encrypted).
     pub fn webhook(&self, id: &str) -> String {
         format!("{}{{webhooks}}:webhook:{id}", self.prefix)

@@ -28,6 +28,9 @@ pub enum ToolExecution {
     /// The fleet, through a registered MCP server (`POST /v1/mcp_servers`): a `tools/call` of
     /// `tool` on `server`. Discovery writes it; it is never given to `/v1/tools`.
     Mcp(McpToolRef),
+    /// The fleet, against a registered data source (`POST /v1/data-sources`): a read-only query.
+    /// The registration writes it; it is never given to `/v1/tools`.
+    DataSource(DataSourceRef),
 }
 
 impl ToolExecution {
@@ -39,9 +42,25 @@ impl ToolExecution {
     pub fn mcp(&self) -> Option<&McpToolRef> {
         match self {
             ToolExecution::Mcp(m) => Some(m),
-            ToolExecution::Callback | ToolExecution::Client => None,
+            ToolExecution::Callback | ToolExecution::Client | ToolExecution::DataSource(_) => None,
         }
     }
+
+    /// The data source behind it, for a data source's tool.
+    pub fn data_source(&self) -> Option<&DataSourceRef> {
+        match self {
+            ToolExecution::DataSource(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Which registered data source a fleet tool queries.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct DataSourceRef {
+    /// The source's id (`ds_…`).
+    pub source_id: String,
 }
 
 /// Which MCP server's tool a fleet tool is, and what the server says of it.

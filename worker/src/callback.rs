@@ -74,6 +74,10 @@ pub struct CallbackContext<'a> {
     /// The worker's MCP sessions, for a tool an MCP server lists.
     pub mcp: &'a fleet_platform::mcp::McpClients,
     pub(crate) mcp_servers: &'a crate::context::TtlCache<crate::context::McpServerEntry>,
+    /// Whether a data source may be on a private network (the operator's callback policy).
+    pub allow_private: bool,
+    /// The worker's tool cache: a data source's extraction rewrites its tool.
+    pub(crate) tools: &'a crate::context::ToolCache,
     pub targets: &'a crate::registry::TargetCache,
     pub callback_timeout: Duration,
     pub client: &'a CallbackClient,

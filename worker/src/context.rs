@@ -31,6 +31,8 @@ pub struct WorkerParts {
     /// Registered MCP servers as their calls reach them (headers decrypted), for the registry
     /// cache's ttl: a call does not read Redis and decrypt each time.
     pub(crate) mcp_servers: TtlCache<McpServerEntry>,
+    /// Bounded pools to the registered data sources, one per source.
+    pub data_sources: fleet_platform::data_sources::DataSources,
     pub llm: LlmClients,
     pub targets: TargetCache,
     pub(crate) tools: ToolCache,
@@ -52,6 +54,7 @@ impl WorkerParts {
             ),
             mcp: fleet_platform::mcp::McpClients::new(),
             mcp_servers: TtlCache::new(config.registry_cache_ttl),
+            data_sources: fleet_platform::data_sources::DataSources::new(config.common.tls.clone()),
             llm: LlmClients::new(config),
             targets: TargetCache::new(config.registry_cache_ttl),
             tools: TtlCache::new(config.registry_cache_ttl),
@@ -74,6 +77,7 @@ impl WorkerParts {
             client: &self.client,
             mcp: &self.mcp,
             mcp_servers: &self.mcp_servers,
+            data_sources: &self.data_sources,
             llm: &self.llm,
             targets: &self.targets,
             tools: &self.tools,
@@ -96,6 +100,7 @@ pub(crate) struct Cx<'a> {
     pub client: &'a CallbackClient,
     pub mcp: &'a fleet_platform::mcp::McpClients,
     pub mcp_servers: &'a TtlCache<McpServerEntry>,
+    pub data_sources: &'a fleet_platform::data_sources::DataSources,
     pub llm: &'a LlmClients,
     pub targets: &'a TargetCache,
     pub tools: &'a ToolCache,
@@ -151,6 +156,11 @@ impl<V: Clone> TtlCache<V> {
             entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
         }
         entries.insert(key.to_string(), (Instant::now(), value));
+    }
+
+    /// Drops `key`: this worker wrote it anew, and reads it again at its next use.
+    pub(crate) fn forget(&self, key: &str) {
+        self.entries.lock().unwrap().remove(key);
     }
 }
 

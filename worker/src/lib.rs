@@ -7,6 +7,7 @@ mod arguments;
 pub mod callback;
 pub mod config;
 mod context;
+mod data_source_call;
 mod delivery;
 mod eviction;
 pub mod health;

@@ -35,6 +35,7 @@ use utoipa::{IntoResponses, Modify, OpenApi};
         (name = "approvals", description = "Calls waiting for an operator's decision"),
         (name = "audit", description = "What operators changed"),
         (name = "usage", description = "Model tokens used per hour, by tenant and assistant"),
+        (name = "data-sources", description = "Seed 000's data sources: databases and REST APIs an assistant queries, read-only, as jobs"),
         (name = "knowledge-base", description = "Seed 000's knowledge base: the services an assistant can connect to"),
         (name = "meta", description = "This document"),
     )

@@ -8,6 +8,7 @@ pub(crate) mod assistants;
 pub(crate) mod audit;
 pub(crate) mod closing;
 pub(crate) mod common;
+pub(crate) mod data_sources;
 pub(crate) mod dead_letters;
 pub(crate) mod docs;
 pub(crate) mod executions;
@@ -42,6 +43,7 @@ fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(docs::ApiDoc::openapi())
         .merge(tools::routes())
         .merge(mcp_servers::routes())
+        .merge(data_sources::routes())
         .merge(audit::routes())
         .merge(approvals::routes())
         .merge(usage::routes())
@@ -241,18 +243,26 @@ mod tests {
         assert_eq!(route_rules().len(), operations - 1, "every operation but GET /v1/openapi.json has a rule");
         assert_eq!(route_rules().get(&Method::GET, "/v1/openapi.json"), None);
         let expected = [
+            "DELETE /v1/data-sources/{id}",
             "DELETE /v1/mcp_servers/{name}",
             "DELETE /v1/tools/{tool}",
             "DELETE /v1/webhooks/{id}",
             "GET /v1/audit",
+            "GET /v1/data-sources",
+            "GET /v1/data-sources/{id}",
             "GET /v1/mcp_servers",
             "GET /v1/mcp_servers/{name}",
             "GET /v1/webhooks",
             "GET /v1/webhooks/{id}",
+            "PATCH /v1/data-sources/{id}/semantic-mappings",
+            "POST /v1/data-sources",
+            "POST /v1/data-sources/{id}/query",
+            "POST /v1/data-sources/{id}/refresh-schema",
             "POST /v1/mcp_servers",
             "POST /v1/mcp_servers/{name}/discover",
             "POST /v1/tools",
             "POST /v1/tools/{tool}/circuit/close",
+            "PUT /v1/data-sources/{id}",
             "PUT /v1/tools/{tool}",
             "PUT /v1/webhooks/{id}",
         ];

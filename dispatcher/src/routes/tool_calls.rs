@@ -71,6 +71,24 @@ pub(crate) struct BatchInput {
 }
 
 impl ToolCallInput {
+    /// A call the fleet makes of its own tool (a data source's check, extraction or API query):
+    /// the caller checked it, so it is not held to the tool's schema, and it is the operator's
+    /// unless `tenant` names whose.
+    pub(crate) fn internal(tool_name: String, parameters: Map<String, Value>, tenant: Option<String>) -> Self {
+        ToolCallInput {
+            tool_name,
+            parameters,
+            room_id: None,
+            assistant_id: None,
+            run_at: None,
+            delay_seconds: None,
+            tenant: None,
+            priority: Some(Priority::High),
+            owner: Some(tenant.unwrap_or_else(|| "operator".into())),
+            due_ms: None,
+        }
+    }
+
     /// The bytes of this call a job carries (its parameters and labels as JSON).
     fn carried_bytes(&self) -> usize {
         let labels = [Some(&self.tool_name), self.room_id.as_ref(), self.assistant_id.as_ref()];

@@ -264,6 +264,11 @@ fn merged(
                 "an MCP server's tools are written by its discovery (POST /v1/mcp_servers/{name}/discover), not here",
             ))
         }
+        ToolExecution::DataSource(_) => {
+            return Err(ApiError::invalid(
+                "a data source's tool is written by its registration (POST /v1/data-sources), not here",
+            ))
+        }
         ToolExecution::Callback => (
             callback_url.filter(|u| !u.is_empty()).ok_or_else(|| ApiError::invalid("callback_url is required"))?,
             secret_ciphertext.filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid("callback_secret is required"))?,

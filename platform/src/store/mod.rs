@@ -41,8 +41,8 @@ pub use limits::{
     CIRCUIT_HISTORY_MAX,
 };
 pub use registry::{
-    AssistantVersion, AssistantWrite, Registry, RegistryPage, RoomVersion, StoredMcpServer, StoredTool, StoredWebhook,
-    ToolVersion,
+    AssistantVersion, AssistantWrite, ConnectionStatus, DataSourceVersion, Registry, RegistryPage, RoomVersion,
+    SchemaStatus, StoredDataSource, StoredMcpServer, StoredTool, StoredWebhook, ToolVersion,
 };
 pub use sessions::{
     CompactHistory, Opened, RoundReport, RoundState, SessionEventSubscription, SessionFinish, SessionHolders,

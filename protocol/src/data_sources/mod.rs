@@ -19,6 +19,7 @@ mod describe;
 mod mapping;
 mod placeholders;
 mod rest;
+mod tool;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,7 @@ pub use describe::tool_description;
 pub use mapping::{merge_mappings, MappingError, SemanticMapping};
 pub use placeholders::{question_mark_placeholders, PlaceholderError, Placeholders};
 pub use rest::{json_table, rest_url, JsonTable, RestPathError};
+pub use tool::{new_data_source_id, query_tool_parameters, tool_name, EXTRACT_SCHEMA};
 
 /// The kinds of data source this fleet reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

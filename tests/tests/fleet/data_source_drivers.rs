@@ -16,9 +16,9 @@ use fleet_protocol::data_sources::{Column, QueryLimits, QueryResult, SourceConne
 use mysql_async::prelude::Queryable;
 use serde_json::{json, Value};
 
-const USER: &str = "fleet_test";
-const PASSWORD: &str = "fleet_test_pw";
-const DATABASE: &str = "fleet_ds";
+pub(crate) const USER: &str = "fleet_test";
+pub(crate) const PASSWORD: &str = "fleet_test_pw";
+pub(crate) const DATABASE: &str = "fleet_ds";
 
 fn unique() -> String {
     format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
@@ -84,8 +84,8 @@ fn assert_code(result: Result<impl std::fmt::Debug, DataSourceError>, code: &str
 
 /// A schema of the test's own in `fleet_ds`, with the seed's tables, a sequence and a function
 /// that writes; dropped at the end (even when the test fails).
-struct PgSchema {
-    name: String,
+pub(crate) struct PgSchema {
+    pub(crate) name: String,
     admin: tokio_postgres::Client,
     _driver: tokio::task::JoinHandle<()>,
 }
@@ -102,7 +102,7 @@ async fn pg_admin() -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
 }
 
 impl PgSchema {
-    async fn new() -> PgSchema {
+    pub(crate) async fn new() -> PgSchema {
         let (admin, driver) = pg_admin().await;
         let name = unique();
         let setup = format!(
@@ -136,7 +136,7 @@ impl PgSchema {
         self.admin.query_one(&sql, &[]).await.unwrap().get(0)
     }
 
-    async fn state(&self) -> (i64, i64, i64) {
+    pub(crate) async fn state(&self) -> (i64, i64, i64) {
         let ticket: i64 =
             self.admin.query_one(&format!("SELECT last_value FROM {}.ticket", self.name), &[]).await.unwrap().get(0);
         (self.count("customers").await, self.count("orders").await, ticket)
@@ -409,8 +409,8 @@ async fn postgres_queries_share_a_bounded_pool_per_source() {
 // MariaDB
 
 /// A database `t_…` of the test's own with the seed's tables and a function that writes.
-struct MariaDb {
-    name: String,
+pub(crate) struct MariaDb {
+    pub(crate) name: String,
 }
 
 fn maria_opts(database: Option<&str>) -> mysql_async::OptsBuilder {
@@ -430,7 +430,7 @@ async fn maria_admin(database: Option<&str>) -> mysql_async::Conn {
 }
 
 impl MariaDb {
-    async fn new() -> MariaDb {
+    pub(crate) async fn new() -> MariaDb {
         let name = unique();
         let mut admin = maria_admin(None).await;
         admin.query_drop(format!("CREATE DATABASE {name}")).await.unwrap();
@@ -460,7 +460,7 @@ impl MariaDb {
         sql_target(SourceType::Mysql, 3306, &self.name, None, PASSWORD)
     }
 
-    async fn counts(&self) -> (i64, i64, Vec<String>) {
+    pub(crate) async fn counts(&self) -> (i64, i64, Vec<String>) {
         let mut admin = maria_admin(Some(&self.name)).await;
         let customers: Option<i64> = admin.query_first("SELECT COUNT(*) FROM customers").await.unwrap();
         let orders: Option<i64> = admin.query_first("SELECT COUNT(*) FROM orders").await.unwrap();

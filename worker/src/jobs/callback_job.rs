@@ -13,7 +13,7 @@ use fleet_protocol::envelope::{Envelope, Job};
 use fleet_protocol::execution::{field, AttemptOutcome, AttemptRecord, ExecutionStatus};
 use fleet_protocol::life::Owed;
 use fleet_protocol::timefmt::rfc3339_from_millis;
-use fleet_protocol::tools::McpToolRef;
+use fleet_protocol::tools::ToolExecution;
 use fleet_protocol::turn::CallOutcome;
 
 use super::claim::{self, Claim, Mode};
@@ -58,8 +58,8 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     let kind = envelope.kind().as_str();
     cx.metrics.jobs_started.with_label_values(&[kind]).inc();
     let clock = Instant::now();
-    let mcp = mcp_tool(cx, envelope).await;
-    let report = attempt(cx, envelope, held, &admission, mcp.as_ref()).await;
+    let runner = runner(cx, envelope).await;
+    let report = attempt(cx, envelope, held, &admission, runner.as_ref()).await;
     limits::release(cx, admission).await;
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
@@ -103,26 +103,33 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
     }
 }
 
-/// The MCP server's tool a tool call names, if its tool is one (read from the worker's cache).
-async fn mcp_tool(cx: &Cx<'_>, envelope: &Envelope) -> Option<McpToolRef> {
+/// What runs a tool call other than a signed POST: its tool is an MCP server's or a data source's
+/// (read from the worker's cache).
+async fn runner(cx: &Cx<'_>, envelope: &Envelope) -> Option<ToolExecution> {
     let Job::ToolCall(call) = &envelope.job else { return None };
     let tool = cx.tool(&call.tool_name).await.ok().flatten()?;
-    tool.stored.execution.mcp().cloned()
+    match &tool.stored.execution {
+        e @ (ToolExecution::Mcp(_) | ToolExecution::DataSource(_)) => Some(e.clone()),
+        ToolExecution::Callback | ToolExecution::Client => None,
+    }
 }
 
 /// The attempt itself, its claim and its tool's concurrency slot renewed while it runs: a signed
-/// POST, or, for an MCP server's tool, a `tools/call` (`mcp_call.rs`).
+/// POST, or, for an MCP server's tool, a `tools/call` (`mcp_call.rs`), or, for a data source's, a
+/// read-only query (`data_source_call.rs`).
 async fn attempt(
     cx: &Cx<'_>,
     envelope: &Envelope,
     held: HeldClaim,
     admission: &limits::ToolAdmission,
-    mcp: Option<&McpToolRef>,
+    runner: Option<&ToolExecution>,
 ) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
         mcp: cx.mcp,
         mcp_servers: cx.mcp_servers,
+        allow_private: cx.config.allow_private_callbacks,
+        tools: cx.tools,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
         client: cx.client,
@@ -134,9 +141,12 @@ async fn attempt(
     // again in each of their futures (the compiler does not overlap an awaited argument with the
     // future awaiting it), and the attempt is the largest part of a callback job.
     let sent = std::pin::pin!(async {
-        match (mcp, &envelope.job) {
-            (Some(tool), Job::ToolCall(call)) => {
+        match (runner, &envelope.job) {
+            (Some(ToolExecution::Mcp(tool)), Job::ToolCall(call)) => {
                 crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, tool).await
+            }
+            (Some(ToolExecution::DataSource(source)), Job::ToolCall(call)) => {
+                crate::data_source_call::attempt(&ctx, cx.data_sources, &envelope.execution_id, call, source).await
             }
             _ => callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()).await,
         }

@@ -1,0 +1,143 @@
+//! Seed 000's data sources as stored: the connection only as ciphertext (bound to the source's id),
+//! the schema the last extraction found, and the operator's semantic mappings. Every write is
+//! conditional on the entry the writer read, so an extraction finishing and a mapping patch never
+//! overwrite each other.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use fleet_protocol::data_sources::{QueryLimits, SealedConnection, SemanticMapping, Table};
+
+use super::Registry;
+use crate::store::script::Lua;
+use crate::store::StoreError;
+
+/// Writes an entry only if it is still what the writer read (`ARGV[1]`, empty: absent). KEYS:
+/// entry, index (one `{data-sources}` slot).
+const DATA_SOURCE_WRITE_LUA: &str = include_str!("lua/data_source_write.lua");
+static DATA_SOURCE_WRITE: Lua = Lua::new(|| crate::store::script::load(&[DATA_SOURCE_WRITE_LUA]));
+
+/// Whether the fleet can reach the source, as its last check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionStatus {
+    /// Registered or changed; its first check has not finished.
+    Checking,
+    Connected,
+    Error,
+}
+
+/// Where its schema stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaStatus {
+    Extracting,
+    Ready,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredDataSource {
+    /// `ds_` and 32 hex digits.
+    pub id: String,
+    /// Unique in the fleet: its tool is `ds.{name}`.
+    pub name: String,
+    pub description: String,
+    /// Its type and connection, the password and header values encrypted with the secrets key
+    /// (bound to `data-source:{id}`).
+    pub connection: SealedConnection,
+    pub limits: QueryLimits,
+    pub status: ConnectionStatus,
+    pub schema_status: SchemaStatus,
+    /// Why the last check or extraction failed (a safe message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub tables: Vec<Table>,
+    #[serde(default)]
+    pub mappings: BTreeMap<String, SemanticMapping>,
+    /// Its registrant's tenant (none: an operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Counts the changes of its connection: an extraction reports against the one it read.
+    #[serde(default)]
+    pub connection_version: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl StoredDataSource {
+    /// The owner its connection's ciphertext is bound to.
+    pub fn connection_owner(id: &str) -> String {
+        format!("data-source:{id}")
+    }
+}
+
+/// A data source as read, with the stored text that a conditional write compares against.
+#[derive(Debug, Clone)]
+pub struct DataSourceVersion {
+    pub source: StoredDataSource,
+    raw: String,
+}
+
+impl Registry {
+    /// Writes `source` if its entry is unchanged since `previous` was read (`None`: only if there
+    /// is none); returns whether it was written.
+    pub async fn write_data_source(
+        &self,
+        source: &StoredDataSource,
+        previous: Option<&DataSourceVersion>,
+    ) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(source).expect("a data source serialises");
+        let r: Result<i64, _> = DATA_SOURCE_WRITE
+            .key(self.redis.keys.data_source(&source.id))
+            .key(self.redis.keys.data_sources_index())
+            .arg(previous.map_or("", |p| p.raw.as_str()))
+            .arg(json)
+            .arg(&source.id)
+            .invoke_async(&mut self.redis.conn().await?)
+            .await;
+        Ok(self.redis.count(r)? == 1)
+    }
+
+    pub async fn read_data_source(&self, id: &str) -> Result<Option<DataSourceVersion>, StoreError> {
+        let read = self.redis.read_json(self.redis.keys.data_source(id), &format!("data source {id}")).await?;
+        Ok(read.map(|(source, raw)| DataSourceVersion { source, raw }))
+    }
+
+    /// Data sources in id order after `after`, at most `limit`.
+    pub async fn list_data_sources(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StoredDataSource>, StoreError> {
+        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
+        let ids: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.redis.keys.data_sources_index())
+            .arg(min)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.redis.conn().await?)
+            .await;
+        let mut sources = Vec::new();
+        for id in self.redis.count(ids)? {
+            if let Some(found) = self.read_data_source(&id).await? {
+                sources.push(found.source);
+            }
+        }
+        Ok(sources)
+    }
+
+    pub async fn delete_data_source(&self, id: &str) -> Result<bool, StoreError> {
+        let r: Result<(i64, i64), _> = redis::pipe()
+            .atomic()
+            .del(self.redis.keys.data_source(id))
+            .zrem(self.redis.keys.data_sources_index(), id)
+            .query_async(&mut self.redis.conn().await?)
+            .await;
+        Ok(self.redis.count(r)?.0 > 0)
+    }
+}
