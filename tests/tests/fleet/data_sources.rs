@@ -4,7 +4,8 @@
 //! write refused by the database with nothing changed, a parameter that never becomes SQL, a wrong
 //! password and an unsupported type each a 4xx naming why, the password never shown; and an
 //! assistant that answers the seed's "How many users signed up last month?" from the database
-//! through its model's SQL, a copy of whose query job is only acked.
+//! through its model's SQL, a copy of whose query job is only acked, as is a copy of a source's
+//! extraction job.
 
 use std::time::Duration;
 
@@ -182,5 +183,30 @@ async fn an_assistant_answers_how_many_users_signed_up_last_month_from_the_datab
     let record = fleet.wait_status(call.execution_id(), "succeeded", Duration::from_secs(5)).await;
     assert_eq!(record["attempts"].as_array().unwrap().len(), 1, "{record}");
     assert_eq!(llm.requests().len(), 2);
+    tap.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_sources_extraction_job_is_only_acked() {
+    let pg = PgSchema::new().await;
+    let fleet = spawn_fleet(FleetOptions::default().workers(1)).await;
+    let tap = JobTap::start(&fleet).await;
+    let (status, body) = fleet.post("/v1/data-sources", &postgres("copied", &pg, PASSWORD)).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let source = ready(&fleet, &id).await;
+    let extraction = tap.first("the extraction's job", |t| t.json.to_string().contains("\"extract_schema\"")).await;
+    let (_, tool) = fleet.get("/v1/tools/ds.copied").await;
+
+    let duplicates =
+        || async { metric(&fleet.worker_metrics(0).await, "fleet_duplicate_deliveries_total{kind=\"tool_call\"}") };
+    let before = duplicates().await;
+    tap.republish(&extraction).await;
+    wait_for("the copy counted", Duration::from_secs(20), || async { (duplicates().await > before).then_some(()) })
+        .await;
+    assert_eq!(fleet.get(&format!("/v1/data-sources/{id}")).await.1["data"], source, "the source is as it was");
+    assert_eq!(fleet.get("/v1/tools/ds.copied").await.1, tool, "its tool is as it was");
+    let record = fleet.wait_status(extraction.execution_id(), "succeeded", Duration::from_secs(5)).await;
+    assert_eq!(record["attempts"].as_array().unwrap().len(), 1, "{record}");
     tap.close().await;
 }
