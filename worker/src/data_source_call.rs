@@ -135,19 +135,13 @@ async fn record(
     Ok(())
 }
 
-/// The source's tool told its new schema.
+/// The source's tool told its new schema; this worker reads it at once (others within the
+/// registry cache's ttl).
 async fn refresh_tool(
     ctx: &CallbackContext<'_>,
     source: &StoredDataSource,
 ) -> Result<(), fleet_platform::store::StoreError> {
-    let name = ds::tool_name(&source.name);
-    let Some(current) = ctx.store.registry().read_tool(&name).await? else { return Ok(()) };
-    let mut tool = current.tool.clone();
-    let description = Some(source.description.as_str()).filter(|d| !d.is_empty());
-    tool.description = ds::tool_description(&source.name, description, &source.tables, &source.mappings, 16_000);
-    tool.updated_at_ms = fleet_platform::now_ms();
-    ctx.store.registry().write_tool(&tool, Some(&current)).await?;
-    // This worker reads its new description at once (others within the registry cache's ttl).
+    let name = ctx.store.registry().describe_data_source_tool(source).await?;
     ctx.tools.forget(&name);
     Ok(())
 }

@@ -35,8 +35,6 @@ use crate::AppState;
 const CHECK_WAIT: Duration = Duration::from_secs(20);
 /// What a query's answer waits beyond its statement timeout (the job's own path and a retry).
 const QUERY_SLACK: Duration = Duration::from_secs(10);
-/// The most characters of schema and mappings a model is told in the tool's description.
-const MAX_TOOL_DESCRIPTION: usize = 16_000;
 
 /// A data source's registration (seed 000's shape).
 #[derive(Deserialize, ToSchema)]
@@ -166,28 +164,27 @@ fn check(input: &DataSourceInput) -> Result<SourceType, ApiError> {
     if n.is_empty() || n.len() > 48 || !fleet_protocol::tools::is_plain_tool_name(n) {
         return Err(ApiError::invalid("name must be 1-48 letters, digits, '_' or '-'"));
     }
-    if input.description.as_ref().is_some_and(|d| d.chars().count() > 4000) {
+    check_settings(input.description.as_deref(), input.limits.as_ref())?;
+    source_type(&input.source_type)
+}
+
+/// A registration's or a change's description and limits, checked (pure).
+fn check_settings(description: Option<&str>, limits: Option<&QueryLimits>) -> Result<(), ApiError> {
+    if description.is_some_and(|d| d.chars().count() > 4000) {
         return Err(ApiError::invalid("description must be at most 4000 characters"));
     }
-    if let Some(limits) = &input.limits {
+    if let Some(limits) = limits {
         limits.validate().map_err(|e| ApiError::invalid(format!("limits: {e}")))?;
     }
-    source_type(&input.source_type)
+    Ok(())
 }
 
 /// The source's tool: its description tells the model the schema and the mappings.
 fn tool_of(source: &StoredDataSource, now: i64) -> StoredTool {
-    let description = ds::tool_description(
-        &source.name,
-        Some(source.description.as_str()).filter(|d| !d.is_empty()),
-        &source.tables,
-        &source.mappings,
-        MAX_TOOL_DESCRIPTION,
-    );
     StoredTool {
         id: fleet_protocol::tools::new_tool_id(),
         name: ds::tool_name(&source.name),
-        description,
+        description: source.tool_description(),
         parameters: ds::query_tool_parameters(),
         callback_url: String::new(),
         secret_ciphertext: String::new(),
@@ -350,12 +347,7 @@ pub(crate) async fn put_data_source(
 ) -> Result<Json<Data<DataSourceOut>>, ApiError> {
     require_json(&headers)?;
     let input: DataSourceUpdate = validate::parse_body(&body)?;
-    if let Some(limits) = &input.limits {
-        limits.validate().map_err(|e| ApiError::invalid(format!("limits: {e}")))?;
-    }
-    if input.description.as_ref().is_some_and(|d| d.chars().count() > 4000) {
-        return Err(ApiError::invalid("description must be at most 4000 characters"));
-    }
+    check_settings(input.description.as_deref(), input.limits.as_ref())?;
     let reconnect = input.connection.is_some();
     let source = update(&state, &id, |source| {
         if let Some(description) = &input.description {
@@ -403,14 +395,9 @@ async fn update(
     Err(ApiError::new(StatusCode::CONFLICT, "data_source_busy", format!("data source {id:?} kept changing; try again")))
 }
 
-/// Rewrites the source's tool description from its schema and mappings.
+/// Tells the source's tool its schema and mappings, and forgets the tool's cached schema.
 async fn refresh_tool(state: &AppState, source: &StoredDataSource) -> Result<(), ApiError> {
-    let name = ds::tool_name(&source.name);
-    let Some(current) = state.store.registry().read_tool(&name).await? else { return Ok(()) };
-    let mut tool = tool_of(source, current.tool.created_at_ms);
-    tool.id = current.tool.id.clone();
-    tool.updated_at_ms = now_ms();
-    state.store.registry().write_tool(&tool, Some(&current)).await?;
+    let name = state.store.registry().describe_data_source_tool(source).await?;
     state.tool_schemas.forget(&name);
     Ok(())
 }

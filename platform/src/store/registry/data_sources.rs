@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use fleet_protocol::data_sources::{QueryLimits, SealedConnection, SemanticMapping, Table};
 
+use super::tools::EntryKind;
 use super::Registry;
 use crate::store::script::Lua;
 use crate::store::StoreError;
@@ -67,10 +68,25 @@ pub struct StoredDataSource {
     pub updated_at_ms: i64,
 }
 
+/// The most characters of schema and mappings a model is told in a source's tool description.
+const MAX_TOOL_DESCRIPTION_CHARS: usize = 16_000;
+
 impl StoredDataSource {
     /// The owner its connection's ciphertext is bound to.
     pub fn connection_owner(id: &str) -> String {
         format!("data-source:{id}")
+    }
+
+    /// What its tool tells the model: its tables, columns and mappings, bounded.
+    pub fn tool_description(&self) -> String {
+        let description = Some(self.description.as_str()).filter(|d| !d.is_empty());
+        fleet_protocol::data_sources::tool_description(
+            &self.name,
+            description,
+            &self.tables,
+            &self.mappings,
+            MAX_TOOL_DESCRIPTION_CHARS,
+        )
     }
 }
 
@@ -112,32 +128,23 @@ impl Registry {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<StoredDataSource>, StoreError> {
-        let min = after.map(|a| format!("({a}")).unwrap_or_else(|| "-".into());
-        let ids: Result<Vec<String>, _> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.redis.keys.data_sources_index())
-            .arg(min)
-            .arg("+")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.redis.conn().await?)
-            .await;
-        let mut sources = Vec::new();
-        for id in self.redis.count(ids)? {
-            if let Some(found) = self.read_data_source(&id).await? {
-                sources.push(found.source);
-            }
-        }
-        Ok(sources)
+        self.registry_list(EntryKind::DataSources, after, limit).await
     }
 
     pub async fn delete_data_source(&self, id: &str) -> Result<bool, StoreError> {
-        let r: Result<(i64, i64), _> = redis::pipe()
-            .atomic()
-            .del(self.redis.keys.data_source(id))
-            .zrem(self.redis.keys.data_sources_index(), id)
-            .query_async(&mut self.redis.conn().await?)
-            .await;
-        Ok(self.redis.count(r)?.0 > 0)
+        self.registry_delete(EntryKind::DataSources, id).await
+    }
+
+    /// Tells `source`'s tool (if it is registered) the source's schema and mappings, written only
+    /// over the tool it read; its name, to forget in a cache.
+    pub async fn describe_data_source_tool(&self, source: &StoredDataSource) -> Result<String, StoreError> {
+        let name = fleet_protocol::data_sources::tool_name(&source.name);
+        if let Some(current) = self.read_tool(&name).await? {
+            let mut tool = current.tool.clone();
+            tool.description = source.tool_description();
+            tool.updated_at_ms = crate::now_ms();
+            self.write_tool(&tool, Some(&current)).await?;
+        }
+        Ok(name)
     }
 }

@@ -146,9 +146,10 @@ const TOOL_DELETE_LUA: &str = include_str!("lua/tool_delete.lua");
 
 /// Which registry an entry belongs to.
 #[derive(Debug, Clone, Copy)]
-enum EntryKind {
+pub(super) enum EntryKind {
     Webhooks,
     McpServers,
+    DataSources,
 }
 
 impl EntryKind {
@@ -156,18 +157,21 @@ impl EntryKind {
         match self {
             EntryKind::Webhooks => keys.webhook(id),
             EntryKind::McpServers => keys.mcp_server(id),
+            EntryKind::DataSources => keys.data_source(id),
         }
     }
     fn index(self, keys: &Keys) -> String {
         match self {
             EntryKind::Webhooks => keys.webhooks_index(),
             EntryKind::McpServers => keys.mcp_servers_index(),
+            EntryKind::DataSources => keys.data_sources_index(),
         }
     }
     fn label(self) -> &'static str {
         match self {
             EntryKind::Webhooks => "webhook",
             EntryKind::McpServers => "MCP server",
+            EntryKind::DataSources => "data source",
         }
     }
 }
@@ -208,7 +212,7 @@ impl Registry {
     }
 
     /// Entries in id order after `after`, at most `limit`.
-    async fn registry_list<T: serde::de::DeserializeOwned>(
+    pub(super) async fn registry_list<T: serde::de::DeserializeOwned>(
         &self,
         reg: EntryKind,
         after: Option<&str>,
@@ -233,7 +237,7 @@ impl Registry {
         Ok(entries)
     }
 
-    async fn registry_delete(&self, reg: EntryKind, id: &str) -> Result<bool, StoreError> {
+    pub(super) async fn registry_delete(&self, reg: EntryKind, id: &str) -> Result<bool, StoreError> {
         let r: Result<(i64, i64), _> = redis::pipe()
             .atomic()
             .del(reg.entry(&self.redis.keys, id))
