@@ -156,9 +156,14 @@ fi
 # The data-source tests' databases: PostgreSQL and MariaDB on 127.0.0.1, each with the user
 # `fleet_test` (password `fleet_test_pw`) owning a database `fleet_ds`. The tests make a schema
 # (PostgreSQL) or a database `t_…` (MariaDB) of their own in them and drop it at the end.
+# Seed 000's own example (tests/seeds/000/data-sources.sh) reads a database `sales` as
+# `readonly_user` (password `secure_password`), allowed to read it only; `fleet_test` fills it.
 DS_USER=fleet_test
 DS_PASSWORD=fleet_test_pw
 DS_DATABASE=fleet_ds
+SEED_USER=readonly_user
+SEED_PASSWORD=secure_password
+SEED_DATABASE=sales
 
 # psql as the cluster's superuser: through the local socket as `postgres` when root, else over TCP.
 psql_admin() {
@@ -184,22 +189,35 @@ ensure_postgres() {
   # TCP logins are checked (scram-sha-256), by lines ahead of every other.
   local hba
   hba=$(psql_admin -Atc 'SHOW hba_file')
-  if [ -w "$hba" ] && ! grep -q "^host all $DS_USER " "$hba"; then
-    { printf 'host all %s 127.0.0.1/32 scram-sha-256\nhost all %s ::1/128 scram-sha-256\n' "$DS_USER" "$DS_USER"
-      cat "$hba"; } >"$hba.fleet" && cat "$hba.fleet" >"$hba" && rm -f "$hba.fleet"
-    psql_admin -c 'SELECT pg_reload_conf()' >/dev/null
-  fi
+  local user
+  for user in "$DS_USER" "$SEED_USER"; do
+    if [ -w "$hba" ] && ! grep -q "^host all $user " "$hba"; then
+      { printf 'host all %s 127.0.0.1/32 scram-sha-256\nhost all %s ::1/128 scram-sha-256\n' "$user" "$user"
+        cat "$hba"; } >"$hba.fleet" && cat "$hba.fleet" >"$hba" && rm -f "$hba.fleet"
+      psql_admin -c 'SELECT pg_reload_conf()' >/dev/null
+    fi
+  done
   psql_admin <<SQL
 SET password_encryption = 'scram-sha-256';
 DO \$\$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DS_USER') THEN CREATE ROLE $DS_USER LOGIN; END IF;
 END \$\$;
 ALTER ROLE $DS_USER LOGIN PASSWORD '$DS_PASSWORD';
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$SEED_USER') THEN CREATE ROLE $SEED_USER LOGIN; END IF;
+END \$\$;
+ALTER ROLE $SEED_USER LOGIN PASSWORD '$SEED_PASSWORD';
 SQL
-  if [ -z "$(psql_admin -Atc "SELECT 1 FROM pg_database WHERE datname = '$DS_DATABASE'")" ]; then
-    psql_admin -c "CREATE DATABASE $DS_DATABASE OWNER $DS_USER" >/dev/null
-  fi
-  echo "ensure-services: PostgreSQL 127.0.0.1:5432 is up ($DS_USER owns $DS_DATABASE)"
+  local database
+  for database in "$DS_DATABASE" "$SEED_DATABASE"; do
+    if [ -z "$(psql_admin -Atc "SELECT 1 FROM pg_database WHERE datname = '$database'")" ]; then
+      psql_admin -c "CREATE DATABASE $database OWNER $DS_USER" >/dev/null
+    fi
+  done
+  # What fleet_test makes in `sales` the seed's user may read, and nothing more.
+  psql_admin -d "$SEED_DATABASE" \
+    -c "ALTER DEFAULT PRIVILEGES FOR ROLE $DS_USER IN SCHEMA public GRANT SELECT ON TABLES TO $SEED_USER" >/dev/null
+  echo "ensure-services: PostgreSQL 127.0.0.1:5432 is up ($DS_USER owns $DS_DATABASE and $SEED_DATABASE)"
 }
 
 # The MariaDB client as root: through the local socket when root, else over TCP.
@@ -229,9 +247,16 @@ ALTER USER '$DS_USER'@'localhost' IDENTIFIED BY '$DS_PASSWORD';
 ALTER USER '$DS_USER'@'%' IDENTIFIED BY '$DS_PASSWORD';
 GRANT ALL PRIVILEGES ON \`$DS_DATABASE\`.* TO '$DS_USER'@'localhost', '$DS_USER'@'%';
 GRANT ALL PRIVILEGES ON \`t\\_%\`.* TO '$DS_USER'@'localhost', '$DS_USER'@'%';
+CREATE DATABASE IF NOT EXISTS $SEED_DATABASE;
+GRANT ALL PRIVILEGES ON \`$SEED_DATABASE\`.* TO '$DS_USER'@'localhost', '$DS_USER'@'%';
+CREATE USER IF NOT EXISTS '$SEED_USER'@'localhost' IDENTIFIED BY '$SEED_PASSWORD';
+CREATE USER IF NOT EXISTS '$SEED_USER'@'%' IDENTIFIED BY '$SEED_PASSWORD';
+ALTER USER '$SEED_USER'@'localhost' IDENTIFIED BY '$SEED_PASSWORD';
+ALTER USER '$SEED_USER'@'%' IDENTIFIED BY '$SEED_PASSWORD';
+GRANT SELECT ON \`$SEED_DATABASE\`.* TO '$SEED_USER'@'localhost', '$SEED_USER'@'%';
 FLUSH PRIVILEGES;
 SQL
-  echo "ensure-services: MariaDB 127.0.0.1:3306 is up ($DS_USER owns $DS_DATABASE and t_* databases)"
+  echo "ensure-services: MariaDB 127.0.0.1:3306 is up ($DS_USER owns $DS_DATABASE, $SEED_DATABASE and t_* databases)"
 }
 
 if [ "${FLEET_TEST_DATABASES:-1}" != 0 ]; then

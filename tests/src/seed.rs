@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -139,3 +140,65 @@ impl Running {
         self.seen
     }
 }
+
+/// A step's printed answer: its title, its body as JSON (`Null` when empty) and its status.
+#[derive(Debug)]
+pub struct StepAnswer {
+    pub title: String,
+    pub body: Value,
+    pub status: u16,
+}
+
+/// The answers a seed script printed (`## title`, the body, `=> STATUS`), in order.
+pub fn steps(lines: &[String]) -> Vec<StepAnswer> {
+    let mut steps = Vec::new();
+    let mut title = None;
+    let mut body = String::new();
+    for line in lines {
+        if let Some(t) = line.strip_prefix("## ") {
+            title = Some(t.to_string());
+            body.clear();
+        } else if let Some(status) = line.strip_prefix("=> ") {
+            let body_json = if body.trim().is_empty() { Value::Null } else { serde_json::from_str(&body).unwrap() };
+            steps.push(StepAnswer {
+                title: title.take().expect("a step"),
+                body: body_json,
+                status: status.parse().unwrap(),
+            });
+            body.clear();
+        } else {
+            body.push_str(line);
+        }
+    }
+    steps
+}
+
+/// The seed's `customers` and `orders` (PostgreSQL), in the current schema: two customers who
+/// signed up in January 2026 with an order each, one from 2025.
+pub const PG_SEED_TABLES: &str = "
+    CREATE TABLE customers (id uuid PRIMARY KEY, email varchar(255) NOT NULL, name varchar(255),
+                            created_at timestamp NOT NULL);
+    CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL REFERENCES customers (id),
+                         total_amount numeric(12, 2) NOT NULL, created_at timestamp NOT NULL);
+    INSERT INTO customers VALUES
+      ('11111111-1111-1111-1111-111111111111', 'john@example.com', 'John Doe', '2026-01-15 10:00:00'),
+      ('22222222-2222-2222-2222-222222222222', 'jane@example.com', 'Jane Smith', '2026-01-16 11:00:00'),
+      ('33333333-3333-3333-3333-333333333333', 'old@example.com', NULL, '2025-06-01 09:30:00');
+    INSERT INTO orders VALUES
+      ('aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa', '11111111-1111-1111-1111-111111111111', 19.99, '2026-01-15 10:05:00'),
+      ('bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb', '22222222-2222-2222-2222-222222222222', 1200.50, '2026-01-16 11:30:00');";
+
+/// The same tables in MariaDB, one statement each.
+pub const MARIA_SEED_TABLES: [&str; 4] = [
+    "CREATE TABLE customers (id UUID PRIMARY KEY, email VARCHAR(255) NOT NULL, name VARCHAR(255) NULL, \
+     created_at DATETIME NOT NULL)",
+    "CREATE TABLE orders (id UUID PRIMARY KEY, customer_id UUID NOT NULL, total_amount DECIMAL(12, 2) NOT NULL, \
+     created_at DATETIME NOT NULL, FOREIGN KEY (customer_id) REFERENCES customers (id))",
+    "INSERT INTO customers VALUES \
+     ('11111111-1111-1111-1111-111111111111', 'john@example.com', 'John Doe', '2026-01-15 10:00:00'), \
+     ('22222222-2222-2222-2222-222222222222', 'jane@example.com', 'Jane Smith', '2026-01-16 11:00:00'), \
+     ('33333333-3333-3333-3333-333333333333', 'old@example.com', NULL, '2025-06-01 09:30:00')",
+    "INSERT INTO orders VALUES \
+     ('aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa', '11111111-1111-1111-1111-111111111111', 19.99, '2026-01-15 10:05:00'), \
+     ('bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb', '22222222-2222-2222-2222-222222222222', 1200.50, '2026-01-16 11:30:00')",
+];

@@ -164,8 +164,9 @@ impl<V: Clone> TtlCache<V> {
     }
 }
 
-/// Registered tools by name (`None`: not registered), as stored: the secret only as ciphertext.
-pub(crate) type ToolCache = TtlCache<Option<std::sync::Arc<KnownTool>>>;
+/// Registered tools by name (`None`: not registered), as stored: the secret only as ciphertext;
+/// with when (ms) each was read.
+pub(crate) type ToolCache = TtlCache<(i64, Option<std::sync::Arc<KnownTool>>)>;
 
 /// A registry entry as cached, with its parameters schema compiled the first time a call is checked
 /// against it: compiling costs far more than the check, and the schema lives and expires with the
@@ -193,11 +194,23 @@ pub(crate) type SubscriberCache = TtlCache<(i64, std::sync::Arc<Vec<StoredWebhoo
 impl Cx<'_> {
     /// A registered tool (cached).
     pub(crate) async fn tool(&self, name: &str) -> Result<Option<std::sync::Arc<KnownTool>>, StoreError> {
-        if let Some(tool) = self.tools.get(name) {
+        self.tool_since(name, i64::MIN).await
+    }
+
+    /// A registered tool for work that started at `since_ms`: a read kept from before then is read
+    /// again, so what the tool became before the work started (a new description, a data
+    /// source's new mappings) is what the work sees.
+    pub(crate) async fn tool_since(
+        &self,
+        name: &str,
+        since_ms: i64,
+    ) -> Result<Option<std::sync::Arc<KnownTool>>, StoreError> {
+        if let Some((_, tool)) = self.tools.get(name).filter(|(read, _)| *read >= since_ms) {
             return Ok(tool);
         }
+        let read_ms = fleet_platform::now_ms();
         let tool = self.store.registry().get_tool(name).await?.map(|t| std::sync::Arc::new(KnownTool::new(t)));
-        self.tools.put(name, tool.clone());
+        self.tools.put(name, (read_ms, tool.clone()));
         Ok(tool)
     }
 

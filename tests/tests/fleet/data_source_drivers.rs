@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use fleet_platform::data_sources::{DataSourceError, DataSources, SourceTarget};
 use fleet_platform::tls::ClientTls;
+use fleet_tests::seed::{MARIA_SEED_TABLES, PG_SEED_TABLES};
 use fleet_protocol::data_sources::{Column, QueryLimits, QueryResult, SourceConnection, SourceType, Table};
 use mysql_async::prelude::Queryable;
 use serde_json::{json, Value};
@@ -108,20 +109,10 @@ impl PgSchema {
         let setup = format!(
             "CREATE SCHEMA {name};
              SET search_path TO {name};
-             CREATE TABLE customers (id uuid PRIMARY KEY, email varchar(255) NOT NULL, name varchar(255),
-                                     created_at timestamp NOT NULL);
-             CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL REFERENCES customers (id),
-                                  total_amount numeric(12, 2) NOT NULL, created_at timestamp NOT NULL);
+             {PG_SEED_TABLES}
              CREATE SEQUENCE ticket;
              CREATE FUNCTION bump() RETURNS integer LANGUAGE sql VOLATILE AS
-               $$ INSERT INTO {name}.orders VALUES (gen_random_uuid(), '11111111-1111-1111-1111-111111111111', 1, now()) RETURNING 1 $$;
-             INSERT INTO customers VALUES
-               ('11111111-1111-1111-1111-111111111111', 'john@example.com', 'John Doe', '2026-01-15 10:00:00'),
-               ('22222222-2222-2222-2222-222222222222', 'jane@example.com', 'Jane Smith', '2026-01-16 11:00:00'),
-               ('33333333-3333-3333-3333-333333333333', 'old@example.com', NULL, '2025-06-01 09:30:00');
-             INSERT INTO orders VALUES
-               ('aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa', '11111111-1111-1111-1111-111111111111', 19.99, '2026-01-15 10:05:00'),
-               ('bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb', '22222222-2222-2222-2222-222222222222', 1200.50, '2026-01-16 11:30:00');"
+               $$ INSERT INTO {name}.orders VALUES (gen_random_uuid(), '11111111-1111-1111-1111-111111111111', 1, now()) RETURNING 1 $$;"
         );
         admin.batch_execute(&setup).await.expect("the test schema is made");
         PgSchema { name, admin, _driver: driver }
@@ -423,7 +414,7 @@ fn maria_opts(database: Option<&str>) -> mysql_async::OptsBuilder {
         .prefer_socket(false)
 }
 
-async fn maria_admin(database: Option<&str>) -> mysql_async::Conn {
+pub(crate) async fn maria_admin(database: Option<&str>) -> mysql_async::Conn {
     mysql_async::Conn::new(maria_opts(database))
         .await
         .expect("MariaDB on 127.0.0.1:3306 with the test user (scripts/ensure-services.sh)")
@@ -435,21 +426,9 @@ impl MariaDb {
         let mut admin = maria_admin(None).await;
         admin.query_drop(format!("CREATE DATABASE {name}")).await.unwrap();
         admin.query_drop(format!("USE {name}")).await.unwrap();
-        for statement in [
-            "CREATE TABLE customers (id UUID PRIMARY KEY, email VARCHAR(255) NOT NULL, name VARCHAR(255) NULL, \
-             created_at DATETIME NOT NULL)",
-            "CREATE TABLE orders (id UUID PRIMARY KEY, customer_id UUID NOT NULL, total_amount DECIMAL(12, 2) NOT NULL, \
-             created_at DATETIME NOT NULL, FOREIGN KEY (customer_id) REFERENCES customers (id))",
-            "CREATE FUNCTION bump() RETURNS INT MODIFIES SQL DATA BEGIN \
-             INSERT INTO orders VALUES (UUID(), '11111111-1111-1111-1111-111111111111', 1, NOW()); RETURN 1; END",
-            "INSERT INTO customers VALUES \
-             ('11111111-1111-1111-1111-111111111111', 'john@example.com', 'John Doe', '2026-01-15 10:00:00'), \
-             ('22222222-2222-2222-2222-222222222222', 'jane@example.com', 'Jane Smith', '2026-01-16 11:00:00'), \
-             ('33333333-3333-3333-3333-333333333333', 'old@example.com', NULL, '2025-06-01 09:30:00')",
-            "INSERT INTO orders VALUES \
-             ('aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa', '11111111-1111-1111-1111-111111111111', 19.99, '2026-01-15 10:05:00'), \
-             ('bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb', '22222222-2222-2222-2222-222222222222', 1200.50, '2026-01-16 11:30:00')",
-        ] {
+        let bump = "CREATE FUNCTION bump() RETURNS INT MODIFIES SQL DATA BEGIN \
+             INSERT INTO orders VALUES (UUID(), '11111111-1111-1111-1111-111111111111', 1, NOW()); RETURN 1; END";
+        for statement in MARIA_SEED_TABLES.into_iter().chain([bump]) {
             admin.query_drop(statement).await.expect("the test database is made");
         }
         let _ = admin.disconnect().await;

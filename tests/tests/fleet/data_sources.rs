@@ -5,15 +5,19 @@
 //! password and an unsupported type each a 4xx naming why, the password never shown; and an
 //! assistant that answers the seed's "How many users signed up last month?" from the database
 //! through its model's SQL, a copy of whose query job is only acked, as is a copy of a source's
-//! extraction job.
+//! extraction job. And the seed's own curl examples (`tests/seeds/000/data-sources.sh`) run as
+//! written against both databases, a seed assistant answering the seed's two questions between
+//! them, with the seed's password in no answer, log line or Redis value.
 
 use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::data_source_drivers::{MariaDb, PgSchema, DATABASE, PASSWORD, USER};
+use crate::data_source_drivers::{maria_admin, MariaDb, PgSchema, DATABASE, PASSWORD, USER};
+use fleet_tests::fleet::redis_values_containing;
 use fleet_tests::llm::{LlmReply, MockLlm};
+use fleet_tests::seed::{self, steps, Running, MARIA_SEED_TABLES, PG_SEED_TABLES};
 use fleet_tests::tap::JobTap;
 use fleet_tests::turn::{llm_fleet, post_turn, turn_body};
 use fleet_tests::{metric, spawn_fleet, wait_for, Fleet, FleetOptions};
@@ -209,4 +213,169 @@ async fn a_copy_of_a_sources_extraction_job_is_only_acked() {
     let record = fleet.wait_status(extraction.execution_id(), "succeeded", Duration::from_secs(5)).await;
     assert_eq!(record["attempts"].as_array().unwrap().len(), 1, "{record}");
     tap.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The seed's own examples
+
+/// The seed's password for its `readonly_user` (scripts/ensure-services.sh).
+const SEED_PASSWORD: &str = "secure_password";
+
+/// Fills the `sales` database of `scripts/ensure-services.sh` afresh with the seed's tables (as
+/// `fleet_test`; the seed's `readonly_user` may only read them).
+async fn fill_sales(source_type: &str) {
+    if source_type == "postgresql" {
+        let config = format!("host=127.0.0.1 port=5432 user={USER} password={PASSWORD} dbname=sales");
+        let (client, connection) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL's `sales` database (scripts/ensure-services.sh)");
+        let driver = tokio::spawn(connection);
+        client.batch_execute(&format!("DROP TABLE IF EXISTS orders, customers; {PG_SEED_TABLES}")).await.unwrap();
+        drop(client);
+        driver.await.unwrap().unwrap();
+    } else {
+        use mysql_async::prelude::Queryable;
+        let mut admin = maria_admin(Some("sales")).await;
+        admin.query_drop("DROP TABLE IF EXISTS orders, customers").await.unwrap();
+        for statement in MARIA_SEED_TABLES {
+            admin.query_drop(statement).await.expect("the seed's tables are made");
+        }
+        let _ = admin.disconnect().await;
+    }
+}
+
+/// `rows` wherever it is in a tool's answer.
+fn rows_in(v: &Value) -> Option<&Value> {
+    match v {
+        Value::Object(map) => map.get("rows").or_else(|| map.values().find_map(rows_in)),
+        Value::Array(items) => items.iter().find_map(rows_in),
+        _ => None,
+    }
+}
+
+/// The model of the seed's "Semantic Mappings": each question answered with the SQL the seed
+/// pairs with it, through the data source's tool, then from the first value of its rows.
+fn seed_analyst(body: &Value, _: usize) -> LlmReply {
+    let messages = body["messages"].as_array().unwrap();
+    let asked = messages.iter().rposition(|m| m["role"] == "user").unwrap();
+    let question = messages[asked]["content"].to_string();
+    let tool = body["tools"].as_array().into_iter().flatten().find_map(|t| t["function"]["name"].as_str());
+    let (sql, say) = if question.contains("signed up") {
+        ("SELECT COUNT(*) FROM customers WHERE created_at >= '2026-01-01'", "users signed up last month")
+    } else {
+        ("SELECT SUM(total_amount) FROM orders WHERE created_at >= '2026-01-14'", "in sales this week")
+    };
+    match messages[asked..].iter().find(|m| m["role"] == "tool") {
+        None => LlmReply::ToolCalls(vec![(
+            format!("call_{asked}"),
+            tool.unwrap_or("no_tool_offered").into(),
+            json!({"query": sql}).to_string(),
+        )]),
+        Some(answer) => {
+            let content = &answer["content"];
+            let parsed = content.as_str().and_then(|t| serde_json::from_str::<Value>(t).ok()).unwrap_or(content.clone());
+            let first = rows_in(&parsed).map(|rows| rows[0][0].clone()).unwrap_or(Value::Null);
+            let first = first.as_str().map_or_else(|| first.to_string(), str::to_string);
+            LlmReply::text(&format!("{first} {say}."))
+        }
+    }
+}
+
+/// A seed assistant enabling the source's tool, a room, and the seed's two questions in it:
+/// what the assistant answered to each.
+async fn ask_the_seeds_questions(fleet: &Fleet) -> Vec<String> {
+    let assistant = json!({"name": "sales_analyst", "title": "Sales Analyst",
+        "instructions": "Answer questions about sales from the sales database.",
+        "enabled_tools": ["ds.sales_database"]});
+    let (status, body) = fleet.post("/v1/agents/assistants", &assistant).await;
+    assert_eq!(status, 201, "{body}");
+    let path = format!("/v1/agents/{}/rooms", body["data"]["id"].as_str().unwrap());
+    let (status, room) = fleet.post(&path, &json!({"namespace": "user_123"})).await;
+    assert_eq!(status, 201, "{room}");
+    let room_id = room["data"]["id"].as_str().unwrap();
+    let mut answers = Vec::new();
+    for question in ["How many users signed up last month?", "What's the total sales this week?"] {
+        let path = format!("/v1/agents/rooms/{room_id}/messages");
+        let (status, sent) = fleet.post(&path, &json!({"content": question, "role": "user"})).await;
+        assert_eq!(status, 201, "{sent}");
+        fleet.wait_status(sent["data"]["execution_id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
+        let (_, page) = fleet.get(&format!("{path}?order=desc&limit=1")).await;
+        let last = &page["data"]["messages"][0];
+        assert_eq!(last["role"], "assistant", "{page}");
+        answers.push(last["content"].as_str().unwrap().to_string());
+    }
+    answers
+}
+
+/// Runs `tests/seeds/000/data-sources.sh` against `source_type` on `port`, asking the seed's
+/// questions while the source exists; checks each answer the seed shows.
+async fn run_the_seeds_examples(source_type: &str, port: u16) {
+    fill_sales(source_type).await;
+    let llm = MockLlm::start(seed_analyst).await;
+    let fleet = spawn_fleet(FleetOptions { capture_logs: true, ..llm_fleet(&llm).workers(1) }).await;
+    let mut env = seed::base_env(&fleet);
+    env.extend([("DB_TYPE", source_type.to_string()), ("DB_HOST", "127.0.0.1".into()), ("DB_PORT", port.to_string())]
+        .map(|(k, v)| (k.to_string(), v)));
+    let mut script = Running::start(seed::bash("data-sources.sh", &env));
+    script.until(Duration::from_secs(60), |l| l == "## waiting for the test").await;
+    let answers = ask_the_seeds_questions(&fleet).await;
+    script.send_line("").await;
+    assert_eq!(script.to_end(Duration::from_secs(60)).await, 0);
+    println!("the seed's data-source calls ({source_type}) printed:\n{}", script.seen.join("\n"));
+    println!("the assistant answered: {answers:?}");
+
+    let steps = steps(&script.seen);
+    let answer = |title: &str, status: u16| {
+        let step = steps.iter().find(|s| s.title == title).unwrap_or_else(|| panic!("step {title}"));
+        assert_eq!(step.status, status, "{title}: {}", step.body);
+        step.body["data"].clone()
+    };
+    let registered = answer("register a data source", 201);
+    assert!(registered["id"].as_str().unwrap().starts_with("ds_"), "{registered}");
+    assert_eq!((registered["name"].as_str(), registered["type"].as_str()), (Some("sales_database"), Some(source_type)));
+    assert_eq!(registered["status"], "connected", "{registered}");
+    // The check and the extraction are one job: the 201 comes after the check, the extraction
+    // often done by then.
+    assert!(["extracting", "ready"].contains(&registered["schema_status"].as_str().unwrap()), "{registered}");
+    assert_eq!(answer("list data sources", 200)[0]["id"], registered["id"]);
+    let source = answer("get data source", 200);
+    assert_eq!(source["schema_status"], "ready", "{source}");
+    let tables: Vec<&str> = source["tables"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(tables, ["customers", "orders"], "{source}");
+    let columns: Vec<&str> =
+        source["tables"][0]["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(columns, ["id", "email", "name", "created_at"], "{source}");
+    assert_eq!(source["tables"][0]["columns"][2]["nullable"], true, "{source}");
+    assert_eq!(answer("update data source", 200)["description"], "Updated description with more context");
+    answer("refresh schema", 202);
+    let rows = answer("execute query", 200);
+    assert_eq!(rows["columns"], json!(["id", "email", "name", "created_at"]), "{rows}");
+    assert_eq!(rows["row_count"], 2, "{rows}");
+    let emails: Vec<&Value> = rows["rows"].as_array().unwrap().iter().map(|r| &r[1]).collect();
+    assert_eq!(emails, [&json!("john@example.com"), &json!("jane@example.com")], "{rows}");
+    assert!(rows["execution_time_ms"].is_u64(), "{rows}");
+    let mapped = answer("semantic mappings", 200);
+    assert_eq!(mapped["semantic_mappings"]["orders.total_amount"]["synonyms"][0], "order total", "{mapped}");
+    answer("delete data source", 204);
+    let steps_after: Vec<&str> = steps.iter().map(|s| s.title.as_str()).collect();
+    assert_eq!(steps.iter().find(|s| s.title == "get it after the delete").unwrap().status, 404, "{steps_after:?}");
+
+    assert_eq!(answers, ["2 users signed up last month.", "1220.49 in sales this week."]);
+    let asked = llm.requests();
+    let offered = asked[0].body["tools"].to_string();
+    assert!(offered.contains("signup date") && offered.contains("order total"), "the mappings reach the model: {offered}");
+
+    let shown = format!("{}{}", script.seen.join("\n"), fleet.logs());
+    assert!(!shown.contains(SEED_PASSWORD), "the password is never shown nor logged");
+    assert!(redis_values_containing(&fleet, SEED_PASSWORD).await.is_empty(), "the password is sealed in Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_data_source_examples_run_as_written_against_postgresql() {
+    run_the_seeds_examples("postgresql", 5432).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_data_source_examples_run_as_written_against_mariadb() {
+    run_the_seeds_examples("mysql", 3306).await;
 }

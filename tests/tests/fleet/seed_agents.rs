@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use fleet_tests::llm::{LlmReply, MockLlm};
-use fleet_tests::seed::{self, Running};
+use fleet_tests::seed::{self, steps, Running};
 use fleet_tests::turn::llm_fleet;
 use fleet_tests::{spawn_fleet, wait_for, Fleet, Receiver, Reply};
 
@@ -87,37 +87,6 @@ async fn the_quick_start_runs_as_written() {
     let said: Vec<(&str, &str)> =
         listed.iter().map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
     assert_eq!(said, [("user", "Hello!"), ("assistant", REPLY)]);
-}
-
-/// A step's printed answer: its title, its body as JSON (`Null` when empty) and its status.
-#[derive(Debug)]
-struct StepAnswer {
-    title: String,
-    body: Value,
-    status: u16,
-}
-
-fn steps(lines: &[String]) -> Vec<StepAnswer> {
-    let mut steps = Vec::new();
-    let mut title = None;
-    let mut body = String::new();
-    for line in lines {
-        if let Some(t) = line.strip_prefix("## ") {
-            title = Some(t.to_string());
-            body.clear();
-        } else if let Some(status) = line.strip_prefix("=> ") {
-            let body_json = if body.trim().is_empty() { Value::Null } else { serde_json::from_str(&body).unwrap() };
-            steps.push(StepAnswer {
-                title: title.take().expect("a step"),
-                body: body_json,
-                status: status.parse().unwrap(),
-            });
-            body.clear();
-        } else {
-            body.push_str(line);
-        }
-    }
-    steps
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

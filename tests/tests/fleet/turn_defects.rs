@@ -1,5 +1,5 @@
 //! A model's tool call too large to travel as a job: it reaches the model as an error result, and
-//! its turn goes on.
+//! its turn goes on. A tool changed just before a turn is what that turn's model is offered.
 
 use std::time::Duration;
 
@@ -65,4 +65,26 @@ async fn oversized_tool_arguments_reach_the_model_as_an_error() {
     assert_eq!(received[0].json["parameters"]["query"], "small");
     let (_, dead) = fleet.get("/v1/dead-letters").await;
     assert_eq!(dead["data"], json!([]), "nothing was dead-lettered");
+}
+
+/// A tool's description changed before a message reaches the model answering it. The worker
+/// caches the registry for `FLEET_REGISTRY_CACHE`; before the fix a turn sent after a tool's
+/// change (or a data source's new semantic mappings) was offered the tool as the cache held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_new_description_reaches_the_next_turns_model() {
+    let llm = MockLlm::start(|_, _| LlmReply::text("noted")).await;
+    let search = Receiver::start(SECRET, |_, _| Reply::result(json!({}))).await;
+    let fleet = spawn_fleet(llm_fleet(&llm).env("FLEET_REGISTRY_CACHE", "600")).await;
+    let mut offered = Vec::new();
+    for (n, description) in ["the first description", "the second description"].into_iter().enumerate() {
+        let tool = json!({"description": description, "parameters": {"type": "object"},
+            "callback_url": search.url("/search"), "callback_secret": SECRET});
+        let (status, body) = fleet.request(reqwest::Method::PUT, "/v1/tools/search", Some(&tool)).await;
+        assert!(status == 200 || status == 201, "{body}");
+        let id = post_turn(&fleet, &turn_body(&format!("s_described_{n}"), "hello", &["search"])).await;
+        fleet.wait_status(&id, "succeeded", Duration::from_secs(30)).await;
+        let asked: Value = llm.requests().last().unwrap().body.clone();
+        offered.push(asked["tools"][0]["function"]["description"].clone());
+    }
+    assert_eq!(offered, [json!("the first description"), json!("the second description")]);
 }

@@ -45,7 +45,7 @@ pub(super) async fn reserve(
 ) -> Result<BudgetReservation, Outcome> {
     let (provider, model, max_tokens) = step.target(state);
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
-    let tools = if purpose == Purpose::Answer { tool_specs(&step.cx, state).await } else { vec![] };
+    let tools = if purpose == Purpose::Answer { tool_specs(step, state).await } else { vec![] };
     budget::admit(step, state, &provider, &model, estimate_tokens(&messages, &tools, max_tokens), ahead).await
 }
 
@@ -56,7 +56,7 @@ pub(super) async fn overflow(step: &ClaimedStep<'_>, state: &TurnState) -> Optio
     let fleet = &step.cx.config.llm_context_windows;
     let window = turn::context_window(state.assistant.model_config.context_window, fleet, &model)?;
     let messages: Vec<Value> = state.conversation.iter().map(Message::to_openai).collect();
-    let tools = tool_specs(&step.cx, state).await;
+    let tools = tool_specs(step, state).await;
     turn::check_context(turn::estimate_prompt_tokens(&messages, &tools), Some(window))
 }
 
@@ -79,7 +79,7 @@ pub(super) async fn call(
         temperature: Some(config.temperature.unwrap_or(turn::DEFAULT_TEMPERATURE)),
         max_tokens,
         messages: shown.messages(&state.conversation),
-        tools: if purpose == Purpose::Answer { tool_specs(cx, state).await } else { vec![] },
+        tools: if purpose == Purpose::Answer { tool_specs(step, state).await } else { vec![] },
         response_format: if purpose == Purpose::Answer { response_format(state) } else { None },
     };
     let (message_id, session) = (state.message_id.clone(), state.session_id.clone());
@@ -294,11 +294,13 @@ fn attempt_record(
 
 /// The registered, enabled tools as OpenAI function specs, then a seed 001 agent's: its tool
 /// configurations (each overridden argument hidden) and, in a step that may hand off, the
-/// transition tool.
-async fn configured_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
+/// transition tool. Each tool as it was when the step was asked for (`Cx::tool_since`): a
+/// description changed before the user's message reaches the model that answers it.
+async fn configured_specs(step: &ClaimedStep<'_>, state: &TurnState) -> Vec<Value> {
+    let (cx, since_ms) = (&step.cx, step.envelope.enqueued_at_ms);
     let mut specs = Vec::new();
     for name in &state.assistant.enabled_tools {
-        if let Ok(Some(known)) = cx.tool(name).await {
+        if let Ok(Some(known)) = cx.tool_since(name, since_ms).await {
             let tool = &known.stored;
             let name = fleet_protocol::tools::model_function_name(&tool.name);
             specs.push(json!({"type": "function", "function": {"name": name, "description": tool.description, "parameters": tool.parameters}}));
@@ -306,7 +308,7 @@ async fn configured_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
     }
     let Some(agent) = &state.agent else { return specs };
     for (name, configured) in &agent.config.tool_configurations {
-        if let Ok(Some(known)) = cx.tool(&configured.tool_name).await {
+        if let Ok(Some(known)) = cx.tool_since(&configured.tool_name, since_ms).await {
             let tool = &known.stored;
             let mut parameters = tool.parameters.clone();
             for path in configured.argument_overrides.keys() {
@@ -322,9 +324,9 @@ async fn configured_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
 
 /// Every tool the turn's answer call offers: the enabled and configured ones, then `load_image`
 /// while the session holds images.
-async fn tool_specs(cx: &Cx<'_>, state: &TurnState) -> Vec<Value> {
-    let mut specs = configured_specs(cx, state).await;
-    specs.extend(images::offered(cx, state).await);
+async fn tool_specs(step: &ClaimedStep<'_>, state: &TurnState) -> Vec<Value> {
+    let mut specs = configured_specs(step, state).await;
+    specs.extend(images::offered(&step.cx, state).await);
     specs
 }
 
