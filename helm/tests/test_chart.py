@@ -730,6 +730,24 @@ def test_egress_rules_from_values(chart):
     assert [ports(r) for r in nps["dispatcher"]["spec"]["egress"]] == [[53, 53], [5671, 5672], [6379], [4318], [8443]]
 
 
+def test_data_sources_reach_the_listed_databases_only(chart):
+    db_peer = {"ipBlock": {"cidr": "10.20.0.0/16"}}
+    values = {"config": {"dataSourceNetworks": "10.20.0.0/16"},
+              "networkPolicy": {"enabled": True, "egress": {"enabled": True, "dataSources": {"to": [db_peer]}}}}
+    docs = render(chart, values)
+    config = [c for c in find(docs, "ConfigMap") if "FLEET_DATA_SOURCE_NETWORKS" in c.get("data", {})]
+    assert config and config[0]["data"]["FLEET_DATA_SOURCE_NETWORKS"] == "10.20.0.0/16"
+    assert config[0]["data"]["FLEET_ALLOW_PRIVATE_CALLBACKS"] == "false", "callbacks stay public"
+    nps = {n["metadata"]["labels"]["app.kubernetes.io/component"]: n for n in find(docs, "NetworkPolicy")}
+    worker = nps["worker"]["spec"]["egress"]
+    assert worker[-1] == {"ports": [{"port": 5432, "protocol": "TCP"}, {"port": 3306, "protocol": "TCP"}], "to": [db_peer]}
+    assert all(r.get("to") != [db_peer] for r in nps["dispatcher"]["spec"]["egress"]), "only workers reach databases"
+    # Without a list, no rule opens the databases' ports.
+    plain = render(chart, {"networkPolicy": {"enabled": True, "egress": {"enabled": True}}})
+    worker = {n["metadata"]["labels"]["app.kubernetes.io/component"]: n for n in find(plain, "NetworkPolicy")}["worker"]
+    assert all(5432 not in [p["port"] for p in r["ports"]] for r in worker["spec"]["egress"])
+
+
 def test_ingress(full_docs):
     ing = one(full_docs, "Ingress", "dispatcher")
     assert ing["spec"]["ingressClassName"] == "nginx"

@@ -74,8 +74,8 @@ pub struct CallbackContext<'a> {
     /// The worker's MCP sessions, for a tool an MCP server lists.
     pub mcp: &'a fleet_platform::mcp::McpClients,
     pub(crate) mcp_servers: &'a crate::context::TtlCache<crate::context::McpServerEntry>,
-    /// Whether a data source may be on a private network (the operator's callback policy).
-    pub allow_private: bool,
+    /// The private networks a data source may be on (the operator's choice).
+    pub data_source_networks: &'a fleet_platform::data_sources::PrivateNetworks,
     /// The worker's tool cache: a data source's extraction rewrites its tool.
     pub(crate) tools: &'a crate::context::ToolCache,
     pub targets: &'a crate::registry::TargetCache,

@@ -20,6 +20,9 @@ pub struct WorkerConfig {
     /// model providers and tool owners answer before the fleet keeps any of it.
     pub redactor: std::sync::Arc<Redactor>,
     pub allow_private_callbacks: bool,
+    /// The private networks a data source may be on (`FLEET_DATA_SOURCE_NETWORKS`; all of them
+    /// with `FLEET_ALLOW_PRIVATE_CALLBACKS`).
+    pub data_source_networks: fleet_platform::data_sources::PrivateNetworks,
     /// Lease on an idempotency claim; renewed every third of it while the attempt runs.
     pub claim_lease: Duration,
     pub callback_timeout: Duration,
@@ -160,6 +163,7 @@ impl WorkerConfig {
             concurrency,
             secrets_key: fleet_platform::config::secrets_key(src)?,
             allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
+            data_source_networks: data_source_networks(src)?,
             claim_lease,
             callback_timeout: src.seconds("FLEET_CALLBACK_TIMEOUT", Duration::from_secs(TOOL_CALLBACK_TIMEOUT_SECS))?,
             async_poll_interval: src.seconds("FLEET_ASYNC_POLL_INTERVAL", Duration::from_secs(2))?,
@@ -257,6 +261,14 @@ fn configured_models(src: &Source, default_model: &str) -> Result<Vec<String>, C
     Ok(models)
 }
 
+/// `FLEET_DATA_SOURCE_NETWORKS`: the private networks (CIDR, comma-separated) a data source may be
+/// on without opening callbacks to them; `FLEET_ALLOW_PRIVATE_CALLBACKS` opens all of them.
+fn data_source_networks(src: &Source) -> Result<fleet_platform::data_sources::PrivateNetworks, ConfigError> {
+    let listed = fleet_platform::data_sources::PrivateNetworks::parse(&src.string("FLEET_DATA_SOURCE_NETWORKS", ""))
+        .map_err(|e| ConfigError::new("FLEET_DATA_SOURCE_NETWORKS", e))?;
+    Ok(listed.or_all(src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +282,7 @@ mod tests {
         assert_eq!(c.async_poll_limit, Duration::from_secs(300));
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:9090");
         assert!(!c.allow_private_callbacks);
+        assert_eq!(c.data_source_networks, Default::default());
         assert_eq!(c.tool_result_max_bytes, 65536);
         assert_eq!((c.history_max_messages, c.history_max_bytes), (100, 256 * 1024));
         assert_eq!(c.circuit, fleet_protocol::circuit::CircuitPolicy::default());
@@ -333,5 +346,22 @@ mod tests {
             load("FLEET_ALLOW_PRIVATE_CALLBACKS", "maybe").unwrap_err().setting,
             "FLEET_ALLOW_PRIVATE_CALLBACKS"
         );
+    }
+
+    #[test]
+    fn data_sources_reach_the_listed_private_networks() {
+        let load = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("FLEET_SECRETS_KEY", KEY)];
+            all.extend_from_slice(pairs);
+            WorkerConfig::load(&Source::from_pairs(all))
+        };
+        let c = load(&[("FLEET_DATA_SOURCE_NETWORKS", "10.20.0.0/16")]).unwrap();
+        assert!(c.data_source_networks.permits("10.20.1.2".parse().unwrap()));
+        assert!(!c.data_source_networks.permits("10.21.1.2".parse().unwrap()));
+        assert!(!c.allow_private_callbacks, "callbacks stay public");
+        let c = load(&[("FLEET_ALLOW_PRIVATE_CALLBACKS", "true")]).unwrap();
+        assert!(c.data_source_networks.permits("127.0.0.1".parse().unwrap()));
+        let e = load(&[("FLEET_DATA_SOURCE_NETWORKS", "10.0.0.0/33")]).unwrap_err();
+        assert_eq!(e.setting, "FLEET_DATA_SOURCE_NETWORKS");
     }
 }

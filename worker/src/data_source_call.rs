@@ -42,7 +42,7 @@ pub(crate) async fn attempt(
             )
         }
     };
-    let target = SourceTarget::new(connection).with_limits(found.limits).allowing_private(ctx.allow_private);
+    let target = SourceTarget::new(connection).with_limits(found.limits).on_networks(ctx.data_source_networks.clone());
     if call.parameters["operation"] == ds::EXTRACT_SCHEMA {
         let version = call.parameters["connection_version"].as_u64().unwrap_or(0);
         return extraction(ctx, sources, &found, &target, version, call_id, &call.tool_name).await;

@@ -41,6 +41,7 @@ use std::time::Duration;
 use fleet_protocol::data_sources::{QueryLimits, QueryResult, SourceConnection, SqlConnection, Table};
 use serde_json::Value;
 
+pub use address::PrivateNetworks;
 pub use error::DataSourceError;
 
 use crate::tls::ClientTls;
@@ -55,18 +56,18 @@ const MAX_SOURCES: usize = 1_024;
 
 /// A source as the client reaches it: its connection (secrets open, in memory only), its limits
 /// (`max_connections` and `connect_timeout_ms` shape its pool; the rest bound `check` and
-/// `extract_schema`) and whether private addresses are allowed (the operator's choice).
+/// `extract_schema`) and the private networks it may be on (the operator's choice).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SourceTarget {
     pub connection: SourceConnection,
     pub limits: QueryLimits,
-    pub allow_private: bool,
+    pub private: PrivateNetworks,
 }
 
 impl SourceTarget {
     /// The connection with the default limits, private addresses refused.
     pub fn new(connection: SourceConnection) -> Self {
-        SourceTarget { connection, limits: QueryLimits::default(), allow_private: false }
+        SourceTarget { connection, limits: QueryLimits::default(), private: PrivateNetworks::default() }
     }
 
     pub fn with_limits(mut self, limits: QueryLimits) -> Self {
@@ -74,8 +75,14 @@ impl SourceTarget {
         self
     }
 
+    /// Every private network allowed, or none.
     pub fn allowing_private(mut self, allow_private: bool) -> Self {
-        self.allow_private = allow_private;
+        self.private = if allow_private { PrivateNetworks::all() } else { PrivateNetworks::default() };
+        self
+    }
+
+    pub fn on_networks(mut self, private: PrivateNetworks) -> Self {
+        self.private = private;
         self
     }
 
@@ -91,7 +98,7 @@ pub(crate) struct SqlCall<'a> {
     /// The source's own limits: its connect timeout, and the statement timeout of `check` and
     /// `extract_schema`.
     pub(crate) limits: &'a QueryLimits,
-    pub(crate) allow_private: bool,
+    pub(crate) private: &'a PrivateNetworks,
     pub(crate) secrets: &'a [String],
 }
 
@@ -204,7 +211,7 @@ impl DataSources {
             &target.connection,
             target.limits.max_connections,
             target.limits.connect_timeout_ms,
-            target.allow_private,
+            &target.private,
         ));
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = entries.get(id).filter(|e| e.fingerprint == fingerprint) {
@@ -229,7 +236,7 @@ impl DataSources {
 }
 
 fn call<'a>(sql: &'a SqlConnection, target: &'a SourceTarget, secrets: &'a [String]) -> SqlCall<'a> {
-    SqlCall { sql, limits: &target.limits, allow_private: target.allow_private, secrets }
+    SqlCall { sql, limits: &target.limits, private: &target.private, secrets }
 }
 
 /// A pool made for another type under the same fingerprint: only a hash collision gets here.

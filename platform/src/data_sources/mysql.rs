@@ -237,7 +237,7 @@ async fn connect(call: &SqlCall<'_>) -> Result<MySession, DataSourceError> {
     let deadline = Duration::from_millis(call.limits.connect_timeout_ms);
     let started = Instant::now();
     let port = u16::try_from(call.sql.port).map_err(|_| DataSourceError::BadTarget("connection.port".into()))?;
-    let addrs = address::resolve(&call.sql.host, port, call.allow_private, deadline).await?;
+    let addrs = address::resolve(&call.sql.host, port, call.private, deadline).await?;
     let addr = addrs.first().ok_or_else(|| DataSourceError::Unreachable("no address".into()))?;
     let opts = OptsBuilder::default()
         .ip_or_hostname(addr.ip().to_string())

@@ -214,7 +214,7 @@ async fn connect(call: &SqlCall<'_>) -> Result<PgSession, DataSourceError> {
     let deadline = Duration::from_millis(call.limits.connect_timeout_ms);
     let started = Instant::now();
     let port = u16::try_from(call.sql.port).map_err(|_| DataSourceError::BadTarget("connection.port".into()))?;
-    let addrs = address::resolve(&call.sql.host, port, call.allow_private, deadline).await?;
+    let addrs = address::resolve(&call.sql.host, port, call.private, deadline).await?;
     let stream = address::connect(&addrs, deadline.saturating_sub(started.elapsed())).await?;
     let mut config = tokio_postgres::Config::new();
     config

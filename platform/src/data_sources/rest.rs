@@ -29,7 +29,7 @@ impl RestClient {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_millis(target.limits.connect_timeout_ms))
-            .dns_resolver(PolicyResolver::shared(target.allow_private))
+            .dns_resolver(PolicyResolver::shared(&target.private))
             .user_agent(concat!("agent-fleet/", env!("CARGO_PKG_VERSION")))
             .use_preconfigured_tls(tls.http_config())
             .build()
@@ -94,7 +94,7 @@ async fn get(
     url: url::Url,
     limits: &QueryLimits,
 ) -> Result<(u16, Vec<u8>), DataSourceError> {
-    address::check_literal(url.host(), target.allow_private)?;
+    address::check_literal(url.host(), &target.private)?;
     let timeout = Duration::from_millis(limits.statement_timeout_ms);
     let _slot = client.slots.lease(timeout).await?;
     let mut request = client.client.get(url).timeout(timeout).header(ACCEPT, "application/json");

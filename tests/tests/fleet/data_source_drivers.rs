@@ -10,7 +10,7 @@
 use std::net::TcpListener as StdListener;
 use std::time::{Duration, Instant};
 
-use fleet_platform::data_sources::{DataSourceError, DataSources, SourceTarget};
+use fleet_platform::data_sources::{DataSourceError, DataSources, PrivateNetworks, SourceTarget};
 use fleet_platform::tls::ClientTls;
 use fleet_tests::seed::{MARIA_SEED_TABLES, PG_SEED_TABLES};
 use fleet_protocol::data_sources::{Column, QueryLimits, QueryResult, SourceConnection, SourceType, Table};
@@ -365,6 +365,10 @@ async fn private_addresses_are_refused_unless_the_operator_allows_them() {
     }
     let allowed = sql_target(SourceType::Postgresql, 5432, DATABASE, None, PASSWORD);
     sources.check("ds_private", &allowed).await.unwrap();
+    // A listed network opens itself only.
+    let listed = |networks: &str| allowed.clone().on_networks(PrivateNetworks::parse(networks).unwrap());
+    sources.check("ds_listed", &listed("127.0.0.0/8")).await.unwrap();
+    assert_code(sources.check("ds_unlisted", &listed("10.0.0.0/8, ::1")).await, "private_address");
 }
 
 #[tokio::test]

@@ -379,3 +379,27 @@ async fn the_seeds_data_source_examples_run_as_written_against_postgresql() {
 async fn the_seeds_data_source_examples_run_as_written_against_mariadb() {
     run_the_seeds_examples("mysql", 3306).await;
 }
+
+/// An operator lists the databases' network: a source on it is reached while callbacks keep the
+/// private-address guard, and a source on another private address is refused naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_private_network_opens_to_data_sources_only() {
+    let pg = PgSchema::new().await;
+    let options = FleetOptions::default()
+        .env("FLEET_ALLOW_PRIVATE_CALLBACKS", "false")
+        .env("FLEET_DATA_SOURCE_NETWORKS", "127.0.0.0/8");
+    let fleet = spawn_fleet(options).await;
+    let (status, body) = fleet.post("/v1/data-sources", &postgres("listed", &pg, PASSWORD)).await;
+    assert_eq!((status, body["data"]["status"].as_str()), (201, Some("connected")), "{body}");
+    let mut unlisted = postgres("unlisted", &pg, PASSWORD);
+    unlisted["connection"]["host"] = json!("::1");
+    let (status, body) = fleet.post("/v1/data-sources", &unlisted).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (422, Some("data_source_unreachable")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("::1"), "{body}");
+
+    let tool = json!({"description": "local", "parameters": {"type": "object"},
+        "callback_url": "http://127.0.0.1:9/hook", "callback_secret": "whsec_listed_network_0001"});
+    let (status, body) = fleet.request(Method::PUT, "/v1/tools/local", Some(&tool)).await;
+    assert_eq!(status, 422, "a callback to the listed network is still refused: {body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("private"), "{body}");
+}

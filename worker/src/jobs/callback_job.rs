@@ -128,7 +128,7 @@ async fn attempt(
         store: cx.store,
         mcp: cx.mcp,
         mcp_servers: cx.mcp_servers,
-        allow_private: cx.config.allow_private_callbacks,
+        data_source_networks: &cx.config.data_source_networks,
         tools: cx.tools,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
