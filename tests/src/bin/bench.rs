@@ -22,6 +22,9 @@
 //! FLEET_BENCH_AGENT_TURNS (50 per variant; also the approval pause's turns of each kind),
 //! FLEET_BENCH_REACH_ONLY (1: only seed 002's reach, `reach.rs`: an MCP call's drain beside a
 //! callback's, and an approval pause), FLEET_BENCH_REACH_JOBS (5000 per drain),
+//! FLEET_BENCH_DATA_ONLY (1: only a data source's query, `data_sources.rs`: directly, through the
+//! API, in a turn and drained by one worker), FLEET_BENCH_DATA_QUERIES (300 of each, one at a
+//! time), FLEET_BENCH_DATA_BACKLOG (3000 for each drain),
 //! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
 //! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
 //! docs/performance.md), FLEET_BENCH_MINIMAL_BIN (a wrapper the minimal pipeline is run through,
@@ -55,6 +58,8 @@ use fleet_tests::llm::{LlmReply, MockLlm};
 
 #[path = "bench/agent.rs"]
 mod agent;
+#[path = "bench/data_sources.rs"]
+mod data_sources;
 #[path = "bench/minimal.rs"]
 mod minimal;
 #[path = "bench/reach.rs"]
@@ -476,6 +481,14 @@ async fn main() -> anyhow::Result<()> {
         reach::print(&drains, pause);
         return Ok(());
     }
+    let data_queries = setting("FLEET_BENCH_DATA_QUERIES", 300);
+    let data_backlog = setting("FLEET_BENCH_DATA_BACKLOG", 3000);
+    if std::env::var("FLEET_BENCH_DATA_ONLY").is_ok_and(|v| v == "1") {
+        let figures = data_sources::data_source_phase(&conn, data_queries, agent_turns, data_backlog).await?;
+        println!();
+        data_sources::print(&figures);
+        return Ok(());
+    }
     if std::env::var("FLEET_BENCH_TURNS_ONLY").is_ok_and(|v| v == "1") {
         let (overheads, follow_ups, hops) = turn_phase(&conn, turns).await?;
         println!();
@@ -568,6 +581,7 @@ async fn main() -> anyhow::Result<()> {
     // ---- 8. seed 002's reach: an MCP call beside a callback; an approval pause ----
     let reach_drains = reach::mcp_beside_callback(&conn, reach_jobs, workers, concurrency).await?;
     let approval_pause = reach::approval_pause(&conn, agent_turns).await?;
+    let data_figures = data_sources::data_source_phase(&conn, data_queries, agent_turns, data_backlog).await?;
 
     let _ = conn.close(200, "".into()).await;
     println!();
@@ -620,6 +634,7 @@ async fn main() -> anyhow::Result<()> {
     print_turns(overheads, follow_ups, &hops);
     agent::print(&agent_medians);
     reach::print(&reach_drains, approval_pause);
+    data_sources::print(&data_figures);
 
     // ---- 9. a provider's quota shared by two tenants' turns ----
     println!();

@@ -598,13 +598,13 @@ async fn mariadb_wrong_password_is_refused_without_the_password() {
 
 /// A small JSON API on loopback: `/v1/users` (bearer token required), a wrapped list, a large
 /// answer, a slow one, an HTML page; every request's method and URI is kept.
-struct RestApi {
-    base_url: String,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+pub(crate) struct RestApi {
+    pub(crate) base_url: String,
+    pub(crate) seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _server: tokio::task::JoinHandle<()>,
 }
 
-async fn rest_api() -> RestApi {
+pub(crate) async fn rest_api() -> RestApi {
     use axum::http::{HeaderMap, Method, StatusCode, Uri};
     use axum::response::{Html, IntoResponse, Response};
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -14,7 +14,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::data_source_drivers::{maria_admin, MariaDb, PgSchema, DATABASE, PASSWORD, USER};
+use crate::data_source_drivers::{maria_admin, rest_api, MariaDb, PgSchema, DATABASE, PASSWORD, USER};
 use fleet_tests::fleet::redis_values_containing;
 use fleet_tests::llm::{LlmReply, MockLlm};
 use fleet_tests::seed::{self, steps, Running, MARIA_SEED_TABLES, PG_SEED_TABLES};
@@ -402,4 +402,57 @@ async fn a_listed_private_network_opens_to_data_sources_only() {
     let (status, body) = fleet.request(Method::PUT, "/v1/tools/local", Some(&tool)).await;
     assert_eq!(status, 422, "a callback to the listed network is still refused: {body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("private"), "{body}");
+}
+
+/// A `rest_api` source through the API and a model: registered with its header hidden, queried
+/// with a `$1` in its path (GETs under its base URL only), a path leaving the base URL and a wrong
+/// token each a 422 naming why without the token; a turn's model asks it who is active.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_api_source_answers_the_api_and_a_model() {
+    let api = rest_api().await;
+    let llm = MockLlm::start(|body, _| {
+        let messages = body["messages"].as_array().unwrap();
+        match messages.iter().find(|m| m["role"] == "tool") {
+            None => LlmReply::ToolCalls(vec![(
+                "call_rest".into(),
+                "ds__users_api".into(),
+                json!({"query": "/users?active=$1", "parameters": ["true"]}).to_string(),
+            )]),
+            Some(told) => {
+                let told = told["content"].to_string();
+                let names: Vec<&str> = ["Ann", "Bob", "Cy"].into_iter().filter(|n| told.contains(n)).collect();
+                LlmReply::text(&format!("Active: {}.", names.join(" and ")))
+            }
+        }
+    })
+    .await;
+    let fleet = spawn_fleet(llm_fleet(&llm).workers(1)).await;
+    let token = "Bearer rest-token-55aa";
+    let source = |name: &str, token: &str| {
+        json!({"name": name, "type": "rest_api",
+            "connection": {"base_url": api.base_url, "headers": {"Authorization": token}}})
+    };
+    let (status, body) = fleet.post("/v1/data-sources", &source("users_api", token)).await;
+    assert_eq!((status, body["data"]["status"].as_str()), (201, Some("connected")), "{body}");
+    assert_eq!(body["data"]["connection"]["headers"]["Authorization"], "****", "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let shown = ready(&fleet, &id).await;
+    assert_eq!(shown["tables"], json!([]), "a REST source has no tables: {shown}");
+
+    let (status, rows) = query(&fleet, &id, "/users?active=$1", json!(["true"])).await;
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows["data"]["columns"], json!(["active", "id", "name", "email"]), "{rows}");
+    assert_eq!(rows["data"]["row_count"], 2, "{rows}");
+    let (status, refused) = query(&fleet, &id, "/../admin", json!([])).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (422, Some("bad_parameter")), "{refused}");
+    let (status, refused) = fleet.post("/v1/data-sources", &source("wrong_token", "Bearer not-the-token-99")).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (422, Some("data_source_unreachable")), "{refused}");
+    assert!(!refused.to_string().contains("not-the-token-99"), "{refused}");
+
+    let turn = post_turn(&fleet, &turn_body("s_rest", "Who is active?", &["ds.users_api"])).await;
+    let done = fleet.wait_status(&turn, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["turn"]["final_message"]["content"], "Active: Ann and Cy.", "{done}");
+    let seen = api.seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|request| request.starts_with("GET /v1")), "GETs under the base URL only: {seen:?}");
+    assert!(!seen.iter().any(|request| request.contains("admin")), "{seen:?}");
 }

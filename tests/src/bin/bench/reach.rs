@@ -67,7 +67,7 @@ async fn register_server(fleet: &BenchFleet, url: &str) -> anyhow::Result<()> {
 }
 
 /// `jobs` calls of `tool`, in batches of 1,000, before any worker runs.
-async fn enqueue(
+pub(super) async fn enqueue(
     fleet: &BenchFleet,
     tool: &str,
     jobs: usize,
@@ -135,7 +135,8 @@ pub(super) async fn approval_pause(conn: &Connection, turns: usize) -> anyhow::R
     for n in 0..turns {
         for approval in [false, true] {
             let before = llm.requests().len();
-            let elapsed = one_turn(&fleet, &format!("reach_{approval}_{n}"), approval).await?;
+            let (mode, tool) = if approval { ("approval", "guarded") } else { ("plain", "bench") };
+            let elapsed = one_turn(&fleet, &format!("reach_{approval}_{n}"), mode, tool).await?;
             let model: Duration =
                 llm.requests()[before..].iter().map(|r| r.ended.unwrap_or(r.started) - r.started).sum();
             let ms = elapsed.saturating_sub(model).as_secs_f64() * 1000.0;
@@ -150,10 +151,9 @@ pub(super) async fn approval_pause(conn: &Connection, turns: usize) -> anyhow::R
     Ok((with, without))
 }
 
-/// One turn from its POST to its `done` on the session's stream, approving its call the moment
-/// the stream asks.
-async fn one_turn(fleet: &BenchFleet, session: &str, approval: bool) -> anyhow::Result<Duration> {
-    let (mode, tool) = if approval { ("approval", "guarded") } else { ("plain", "bench") };
+/// One turn enabling `tool` (its instructions `MODE:{mode}`, for the model to read) from its POST to
+/// its `done` on the session's stream, approving a call the moment the stream asks.
+pub(super) async fn one_turn(fleet: &BenchFleet, session: &str, mode: &str, tool: &str) -> anyhow::Result<Duration> {
     let body = json!({"session_id": session, "assistant": {"id": "a", "instructions": format!("MODE:{mode}"),
         "model_config": {"model": "m"}, "enabled_tools": [tool]}, "messages": [{"role": "user", "content": "go"}]});
     let mut frames = fleet.open_stream(session).await?.bytes_stream();
