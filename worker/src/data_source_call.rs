@@ -6,7 +6,7 @@
 //! out, the password is wrong). Only a source that cannot be reached right now is tried again.
 
 use fleet_platform::data_sources::{DataSourceError, DataSources, SourceTarget};
-use fleet_platform::store::{ConnectionStatus, SchemaStatus, StoredDataSource};
+use fleet_platform::store::{ConnectionStatus, SchemaStatus, SourceUpdate, StoredDataSource};
 use fleet_protocol::data_sources::{self as ds, Table};
 use fleet_protocol::envelope::ToolCallJob;
 use fleet_protocol::external_result::{ExternalResult, InteractionError, ResultStatus};
@@ -107,12 +107,10 @@ async fn record(
     version: u64,
     outcome: Result<Vec<Table>, (bool, String)>,
 ) -> Result<(), fleet_platform::store::StoreError> {
-    for _ in 0..5 {
-        let Some(found) = ctx.store.registry().read_data_source(id).await? else { return Ok(()) };
-        if found.source.connection_version != version {
-            return Ok(());
+    let updated = ctx.store.registry().update_data_source(id, |source: &mut StoredDataSource| {
+        if source.connection_version != version {
+            return Ok::<_, fleet_platform::store::StoreError>(false);
         }
-        let mut source = found.source.clone();
         match &outcome {
             Ok(tables) => {
                 (source.status, source.schema_status, source.error) =
@@ -125,24 +123,13 @@ async fn record(
                 source.error = Some(why.clone());
             }
         }
-        source.updated_at_ms = fleet_platform::now_ms();
-        // The tool first: once the source says `ready`, its tool tells the model the schema.
-        refresh_tool(ctx, &source).await?;
-        if ctx.store.registry().write_data_source(&source, Some(&found)).await? {
-            return Ok(());
-        }
+        Ok(true)
+    });
+    if let SourceUpdate::Written(source) = updated.await? {
+        // This worker reads the tool's new description at once (others within the registry
+        // cache's ttl, or for any turn accepted after it).
+        ctx.tools.forget(&fleet_protocol::data_sources::tool_name(&source.name));
     }
-    Ok(())
-}
-
-/// The source's tool told its new schema; this worker reads it at once (others within the
-/// registry cache's ttl).
-async fn refresh_tool(
-    ctx: &CallbackContext<'_>,
-    source: &StoredDataSource,
-) -> Result<(), fleet_platform::store::StoreError> {
-    let name = ctx.store.registry().describe_data_source_tool(source).await?;
-    ctx.tools.forget(&name);
     Ok(())
 }
 

@@ -15,7 +15,9 @@ use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
 use fleet_platform::now_ms;
-use fleet_platform::store::{ConnectionStatus, DataSourceVersion, SchemaStatus, StoredDataSource, StoredTool};
+use fleet_platform::store::{
+    ConnectionStatus, DataSourceVersion, SchemaStatus, SourceUpdate, StoredDataSource, StoredTool,
+};
 use fleet_protocol::data_sources::{
     self as ds, QueryLimits, QueryResult, SemanticMapping, SourceConnection, SourceType, Table,
 };
@@ -382,24 +384,19 @@ async fn update(
     id: &str,
     change: impl Fn(&mut StoredDataSource) -> Result<(), ApiError>,
 ) -> Result<StoredDataSource, ApiError> {
-    for _ in 0..5 {
-        let found = read(state, id).await?;
-        let mut source = found.source.clone();
-        change(&mut source)?;
-        source.updated_at_ms = now_ms();
-        if state.store.registry().write_data_source(&source, Some(&found)).await? {
-            refresh_tool(state, &source).await?;
-            return Ok(source);
+    let updated = state.store.registry().update_data_source(id, |source| change(source).map(|()| true)).await?;
+    match updated {
+        SourceUpdate::Written(source) => {
+            state.tool_schemas.forget(&ds::tool_name(&source.name));
+            Ok(*source)
         }
+        SourceUpdate::Missing | SourceUpdate::Declined => Err(no_source(id)),
+        SourceUpdate::KeptChanging => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "data_source_busy",
+            format!("data source {id:?} kept changing; try again"),
+        )),
     }
-    Err(ApiError::new(StatusCode::CONFLICT, "data_source_busy", format!("data source {id:?} kept changing; try again")))
-}
-
-/// Tells the source's tool its schema and mappings, and forgets the tool's cached schema.
-async fn refresh_tool(state: &AppState, source: &StoredDataSource) -> Result<(), ApiError> {
-    let name = state.store.registry().describe_data_source_tool(source).await?;
-    state.tool_schemas.forget(&name);
-    Ok(())
 }
 
 #[utoipa::path(delete, path = "/v1/data-sources/{id}", extensions(("x-tenancy" = json!("operator"))), tag = "data-sources", security(("bearer" = ["tools:write", "operator"])),

@@ -42,7 +42,7 @@ pub use limits::{
 };
 pub use registry::{
     AssistantVersion, AssistantWrite, ConnectionStatus, DataSourceVersion, Registry, RegistryPage, RoomVersion,
-    SchemaStatus, StoredDataSource, StoredMcpServer, StoredTool, StoredWebhook, ToolVersion,
+    SchemaStatus, SourceUpdate, StoredDataSource, StoredMcpServer, StoredTool, StoredWebhook, ToolVersion,
 };
 pub use sessions::{
     CompactHistory, Opened, RoundReport, RoundState, SessionEventSubscription, SessionFinish, SessionHolders,

@@ -97,6 +97,18 @@ pub struct DataSourceVersion {
     raw: String,
 }
 
+/// What `Registry::update_data_source` did.
+#[derive(Debug)]
+pub enum SourceUpdate {
+    /// Written, as it now is.
+    Written(Box<StoredDataSource>),
+    Missing,
+    /// Its change declined.
+    Declined,
+    /// Another writer won each of the five reads.
+    KeptChanging,
+}
+
 impl Registry {
     /// Writes `source` if its entry is unchanged since `previous` was read (`None`: only if there
     /// is none); returns whether it was written.
@@ -115,6 +127,29 @@ impl Registry {
             .invoke_async(&mut self.redis.conn().await?)
             .await;
         Ok(self.redis.count(r)? == 1)
+    }
+
+    /// Reads source `id`, lets `change` edit it (or decline, answering `false`), tells its tool,
+    /// and writes it if nothing wrote it since the read, reading again up to five times. The tool
+    /// is told first, so a source that says `ready` has a tool that tells its schema.
+    pub async fn update_data_source<E: From<StoreError>>(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut StoredDataSource) -> Result<bool, E>,
+    ) -> Result<SourceUpdate, E> {
+        for _ in 0..5 {
+            let Some(found) = self.read_data_source(id).await? else { return Ok(SourceUpdate::Missing) };
+            let mut source = found.source.clone();
+            if !change(&mut source)? {
+                return Ok(SourceUpdate::Declined);
+            }
+            source.updated_at_ms = crate::now_ms();
+            self.describe_data_source_tool(&source).await?;
+            if self.write_data_source(&source, Some(&found)).await? {
+                return Ok(SourceUpdate::Written(Box::new(source)));
+            }
+        }
+        Ok(SourceUpdate::KeptChanging)
     }
 
     pub async fn read_data_source(&self, id: &str) -> Result<Option<DataSourceVersion>, StoreError> {

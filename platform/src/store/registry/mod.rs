@@ -5,7 +5,7 @@ mod data_sources;
 mod tools;
 
 pub use agents::{AssistantVersion, AssistantWrite, RegistryPage, RoomVersion};
-pub use data_sources::{ConnectionStatus, DataSourceVersion, SchemaStatus, StoredDataSource};
+pub use data_sources::{ConnectionStatus, DataSourceVersion, SchemaStatus, SourceUpdate, StoredDataSource};
 pub use tools::{StoredMcpServer, StoredTool, StoredWebhook, ToolVersion};
 
 use crate::store::client::Redis;
