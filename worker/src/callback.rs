@@ -74,6 +74,8 @@ pub struct CallbackContext<'a> {
     /// The worker's MCP sessions, for a tool an MCP server lists.
     pub mcp: &'a fleet_platform::mcp::McpClients,
     pub(crate) mcp_servers: &'a crate::context::TtlCache<crate::context::McpServerEntry>,
+    /// The data sources as this worker's queries last read them.
+    pub(crate) data_source_entries: &'a crate::context::TtlCache<crate::context::DataSourceEntry>,
     /// The private networks a data source may be on (the operator's choice).
     pub data_source_networks: &'a fleet_platform::data_sources::PrivateNetworks,
     /// The worker's tool cache: a data source's extraction rewrites its tool.

@@ -33,6 +33,8 @@ pub struct WorkerParts {
     pub(crate) mcp_servers: TtlCache<McpServerEntry>,
     /// Bounded pools to the registered data sources, one per source.
     pub data_sources: fleet_platform::data_sources::DataSources,
+    /// The registered data sources as their queries reach them (connections opened).
+    pub(crate) data_source_entries: TtlCache<DataSourceEntry>,
     pub llm: LlmClients,
     pub targets: TargetCache,
     pub(crate) tools: ToolCache,
@@ -55,6 +57,7 @@ impl WorkerParts {
             mcp: fleet_platform::mcp::McpClients::new(),
             mcp_servers: TtlCache::new(config.registry_cache_ttl),
             data_sources: fleet_platform::data_sources::DataSources::new(config.common.tls.clone()),
+            data_source_entries: TtlCache::new(config.registry_cache_ttl),
             llm: LlmClients::new(config),
             targets: TargetCache::new(config.registry_cache_ttl),
             tools: TtlCache::new(config.registry_cache_ttl),
@@ -78,6 +81,7 @@ impl WorkerParts {
             mcp: &self.mcp,
             mcp_servers: &self.mcp_servers,
             data_sources: &self.data_sources,
+            data_source_entries: &self.data_source_entries,
             llm: &self.llm,
             targets: &self.targets,
             tools: &self.tools,
@@ -101,6 +105,7 @@ pub(crate) struct Cx<'a> {
     pub mcp: &'a fleet_platform::mcp::McpClients,
     pub mcp_servers: &'a TtlCache<McpServerEntry>,
     pub data_sources: &'a fleet_platform::data_sources::DataSources,
+    pub data_source_entries: &'a TtlCache<DataSourceEntry>,
     pub llm: &'a LlmClients,
     pub targets: &'a TargetCache,
     pub tools: &'a ToolCache,
@@ -125,6 +130,11 @@ impl Cx<'_> {
 /// A registered MCP server as its calls use it: where to reach it, and whether its operator lets
 /// a call whose outcome is unknown be sent again.
 pub(crate) type McpServerEntry = std::sync::Arc<(fleet_platform::mcp::McpServerTarget, bool)>;
+
+/// A data source as its queries reach it: when (ms) it was read, as stored, and its target (the
+/// connection's secrets opened, in memory only).
+pub(crate) type DataSourceEntry =
+    std::sync::Arc<(i64, fleet_platform::store::StoredDataSource, fleet_platform::data_sources::SourceTarget)>;
 
 /// What a tool call's pipeline needs of its tool's registry entry before the attempt: its limits
 /// and its circuit breaker.

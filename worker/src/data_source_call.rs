@@ -15,41 +15,39 @@ use serde_json::json;
 
 use crate::callback::{AttemptReport, AttemptVerdict, CallbackContext};
 
+/// The job an attempt runs: its execution, when it was accepted, and the call.
+pub(crate) struct SourceJob<'a> {
+    pub(crate) execution_id: &'a str,
+    pub(crate) since_ms: i64,
+    pub(crate) call: &'a ToolCallJob,
+}
+
 /// Runs `call` against its source and judges the outcome.
 pub(crate) async fn attempt(
     ctx: &CallbackContext<'_>,
     sources: &DataSources,
-    execution_id: &str,
-    call: &ToolCallJob,
+    job: SourceJob<'_>,
     tool: &DataSourceRef,
 ) -> AttemptReport {
-    let call_id = call.parent.as_ref().map_or(execution_id, |p| p.call_id.as_str());
-    let found = match ctx.store.registry().read_data_source(&tool.source_id).await {
-        Ok(Some(found)) => found.source,
-        Ok(None) => {
-            return ended(call_id, &call.tool_name, "data_source_gone", "the data source is no longer registered")
-        }
-        Err(e) => return unsent(format!("registry unavailable: {e}")),
+    let call = job.call;
+    let call_id = call.parent.as_ref().map_or(job.execution_id, |p| p.call_id.as_str());
+    let extract = call.parameters["operation"] == ds::EXTRACT_SCHEMA;
+    // An extraction reads the source as it is now (it checks the connection it was asked about);
+    // a query may use the source as read since its job was accepted.
+    let since_ms = if extract { i64::MAX } else { job.since_ms };
+    let entry = match entry_of(ctx, &tool.source_id, since_ms).await {
+        Ok(entry) => entry,
+        Err(unread) => return unread.report(call_id, &call.tool_name),
     };
-    let connection = match found.connection.open(ctx.secrets, &StoredDataSource::connection_owner(&found.id)) {
-        Ok(connection) => connection,
-        Err(e) => {
-            return ended(
-                call_id,
-                &call.tool_name,
-                "data_source_connection",
-                &format!("its connection cannot be read: {e}"),
-            )
-        }
-    };
-    let target = SourceTarget::new(connection).with_limits(found.limits).on_networks(ctx.data_source_networks.clone());
-    if call.parameters["operation"] == ds::EXTRACT_SCHEMA {
+    let (_, found, target) = entry.as_ref();
+    if extract {
         let version = call.parameters["connection_version"].as_u64().unwrap_or(0);
-        return extraction(ctx, sources, &found, &target, version, call_id, &call.tool_name).await;
+        ctx.data_source_entries.forget(&found.id);
+        return extraction(ctx, sources, found, target, version, call_id, &call.tool_name).await;
     }
     let sql = call.parameters["query"].as_str().unwrap_or_default();
     let parameters = call.parameters["parameters"].as_array().cloned().unwrap_or_default();
-    match sources.query(&found.id, &target, sql, &parameters, &found.limits).await {
+    match sources.query(&found.id, target, sql, &parameters, &found.limits).await {
         Ok(rows) => {
             let value = serde_json::to_value(&rows).expect("rows serialise");
             let result = ExternalResult::success(call_id, &call.tool_name, value);
@@ -62,6 +60,49 @@ pub(crate) async fn attempt(
         }
         Err(e) => judged(e, call_id, &call.tool_name),
     }
+}
+
+/// Why a source could not be read.
+enum Unread {
+    Gone,
+    Registry(String),
+    Connection(String),
+}
+
+impl Unread {
+    fn report(self, call_id: &str, tool: &str) -> AttemptReport {
+        match self {
+            Unread::Gone => ended(call_id, tool, "data_source_gone", "the data source is no longer registered"),
+            Unread::Registry(e) => unsent(format!("registry unavailable: {e}")),
+            Unread::Connection(e) => {
+                ended(call_id, tool, "data_source_connection", &format!("its connection cannot be read: {e}"))
+            }
+        }
+    }
+}
+
+/// The source as read at or after `since_ms` (cached for the registry cache's ttl), its
+/// connection opened.
+async fn entry_of(
+    ctx: &CallbackContext<'_>,
+    id: &str,
+    since_ms: i64,
+) -> Result<crate::context::DataSourceEntry, Unread> {
+    if let Some(entry) = ctx.data_source_entries.get(id).filter(|e| e.0 >= since_ms) {
+        return Ok(entry);
+    }
+    let read_ms = fleet_platform::now_ms();
+    let found = match ctx.store.registry().read_data_source(id).await {
+        Ok(Some(found)) => found.source,
+        Ok(None) => return Err(Unread::Gone),
+        Err(e) => return Err(Unread::Registry(e.to_string())),
+    };
+    let owner = StoredDataSource::connection_owner(&found.id);
+    let connection = found.connection.open(ctx.secrets, &owner).map_err(|e| Unread::Connection(e.to_string()))?;
+    let target = SourceTarget::new(connection).with_limits(found.limits).on_networks(ctx.data_source_networks.clone());
+    let entry = std::sync::Arc::new((read_ms, found, target));
+    ctx.data_source_entries.put(id, entry.clone());
+    Ok(entry)
 }
 
 /// The check and extraction: the source's status and tables written back (only if its

@@ -481,10 +481,12 @@ pub(crate) async fn query(
     answered(&state, &execution, wait).await.map(Data::json)
 }
 
-/// The query's rows once its execution ends, or why not.
+/// The query's rows once its execution ends, or why not. Its record is read every 200 µs for the
+/// first 10 ms (a query usually ends within them; a read is one Redis trip), then ever less often.
 async fn answered(state: &AppState, execution: &str, wait: Duration) -> Result<QueryResult, ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut pause = Duration::from_micros(500);
+    let started = tokio::time::Instant::now();
+    let deadline = started + wait;
+    let mut pause = Duration::from_micros(200);
     loop {
         if let Some(view) = state.store.executions().get_execution(execution).await? {
             let record = &view.record;
@@ -502,7 +504,9 @@ async fn answered(state: &AppState, execution: &str, wait: Duration) -> Result<Q
             return Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, "query_pending", why));
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
+        if started.elapsed() > Duration::from_millis(10) {
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) struct Lease<'p, C> {
     pool: &'p Pool<C>,
     conn: Option<C>,
     reused: bool,
+    /// How long the reused connection sat idle.
+    idle_for: Duration,
     _slot: SemaphorePermit<'p>,
 }
 
@@ -43,9 +45,11 @@ impl<C> Pool<C> {
         let conn = {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.retain(|(_, since)| since.elapsed() < IDLE_LIFETIME);
-            idle.pop().map(|(conn, _)| conn)
+            idle.pop()
         };
-        Ok(Lease { pool: self, reused: conn.is_some(), conn, _slot: slot })
+        let idle_for = conn.as_ref().map_or(Duration::ZERO, |(_, since)| since.elapsed());
+        let conn = conn.map(|(conn, _)| conn);
+        Ok(Lease { pool: self, reused: conn.is_some(), conn, idle_for, _slot: slot })
     }
 }
 
@@ -58,6 +62,11 @@ impl<C> Lease<'_, C> {
     /// Whether the connection was reused from the pool (it may have died while idle).
     pub(crate) fn reused(&self) -> bool {
         self.reused && self.conn.is_some()
+    }
+
+    /// How long the reused connection sat idle (zero for none).
+    pub(crate) fn idle_for(&self) -> Duration {
+        self.idle_for
     }
 
     /// Puts a new connection in the lease.

@@ -22,10 +22,16 @@ use super::SqlCall;
 /// Rows asked of the portal at a time: small enough that a batch of wide rows stays small.
 const FETCH_ROWS: u64 = 100;
 
-/// An open session: the client, and the task that drives its connection (ended with it).
+/// A pooled session idle longer than this is asked whether it lives before it is used: one that
+/// went back to the pool a moment ago is alive, or its driver saw its end (`is_closed`).
+const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// An open session: the client, the task that drives its connection (ended with it), and the
+/// statement timeout it was opened with (its default for every statement).
 pub(crate) struct PgSession {
     client: Client,
     driver: JoinHandle<()>,
+    statement_timeout_ms: u64,
 }
 
 impl Drop for PgSession {
@@ -94,7 +100,9 @@ pub(crate) async fn query(
     let outcome = tokio::time::timeout(super::deadline(call.limits, limits), async {
         let tx = open(&mut lease, call, limits).await?;
         let read = read(&tx, sql, params, limits).await.map_err(|e| failure(&e, call, limits))??;
-        tx.rollback().await.map_err(|e| failure(&e, call, limits))?;
+        // Dropped, not awaited: its ROLLBACK is sent at once and its answer not waited for; the
+        // session's next transaction queues behind it on the same connection.
+        drop(tx);
         Ok(read)
     })
     .await;
@@ -185,7 +193,7 @@ async fn open<'l>(
     if lease.conn().is_some_and(|s| s.client.is_closed()) {
         lease.take();
     }
-    if lease.reused() {
+    if lease.reused() && lease.idle_for() > CHECK_AFTER_IDLE {
         let alive = match lease.conn() {
             Some(session) => session.client.check_connection().await.is_ok(),
             None => false,
@@ -198,12 +206,18 @@ async fn open<'l>(
         lease.fill(connect(call).await?);
     }
     let session = lease.conn().ok_or_else(|| DataSourceError::ConnectionLost("no session".into()))?;
-    begin(&mut session.client, limits).await.map_err(|e| failure(&e, call, limits))
+    begin(session, limits).await.map_err(|e| failure(&e, call, limits))
 }
 
-async fn begin<'c>(client: &'c mut Client, limits: &QueryLimits) -> Result<Transaction<'c>, tokio_postgres::Error> {
-    let tx = client.build_transaction().read_only(true).start().await?;
-    tx.batch_execute(&format!("SET LOCAL statement_timeout = {}", limits.statement_timeout_ms)).await?;
+/// A read-only transaction; the statement timeout set in it only when it is not the session's.
+/// (A statement that changes the session's own settings is undone with the transaction, which is
+/// always rolled back.)
+async fn begin<'c>(session: &'c mut PgSession, limits: &QueryLimits) -> Result<Transaction<'c>, tokio_postgres::Error> {
+    let own = session.statement_timeout_ms == limits.statement_timeout_ms;
+    let tx = session.client.build_transaction().read_only(true).start().await?;
+    if !own {
+        tx.batch_execute(&format!("SET LOCAL statement_timeout = {}", limits.statement_timeout_ms)).await?;
+    }
     Ok(tx)
 }
 
@@ -222,7 +236,10 @@ async fn connect(call: &SqlCall<'_>) -> Result<PgSession, DataSourceError> {
         .password(&call.sql.password)
         .dbname(&call.sql.database)
         .application_name("agent-fleet")
-        .options("-c default_transaction_read_only=on");
+        .options(format!(
+            "-c default_transaction_read_only=on -c statement_timeout={}",
+            call.limits.statement_timeout_ms
+        ));
     let login = config.connect_raw(stream, NoTls);
     let (client, connection) = match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), login).await {
         Ok(Ok(opened)) => opened,
@@ -234,7 +251,7 @@ async fn connect(call: &SqlCall<'_>) -> Result<PgSession, DataSourceError> {
         // The connection's end is seen by the client (`is_closed`): its error has no reader.
         let _ = connection.await;
     });
-    let session = PgSession { client, driver };
+    let session = PgSession { client, driver, statement_timeout_ms: call.limits.statement_timeout_ms };
     if let Some(schema) = &call.sql.schema {
         let set = format!("SET search_path TO \"{}\"", schema.replace('"', "\"\""));
         session.client.batch_execute(&set).await.map_err(|e| failure(&e, call, call.limits))?;

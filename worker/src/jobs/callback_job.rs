@@ -129,6 +129,7 @@ async fn attempt(
         mcp: cx.mcp,
         mcp_servers: cx.mcp_servers,
         data_source_networks: &cx.config.data_source_networks,
+        data_source_entries: cx.data_source_entries,
         tools: cx.tools,
         targets: cx.targets,
         callback_timeout: cx.config.callback_timeout,
@@ -146,7 +147,12 @@ async fn attempt(
                 crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, tool).await
             }
             (Some(ToolExecution::DataSource(source)), Job::ToolCall(call)) => {
-                crate::data_source_call::attempt(&ctx, cx.data_sources, &envelope.execution_id, call, source).await
+                let job = crate::data_source_call::SourceJob {
+                    execution_id: &envelope.execution_id,
+                    since_ms: envelope.enqueued_at_ms,
+                    call,
+                };
+                crate::data_source_call::attempt(&ctx, cx.data_sources, job, source).await
             }
             _ => callback::attempt(&ctx, &envelope.execution_id, &envelope.job, envelope.poll.as_ref()).await,
         }

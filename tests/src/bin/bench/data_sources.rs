@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use fleet_tests::llm::{LlmReply, MockLlm};
 
-use super::{median, reach, row, BenchFleet, Receiver};
+use super::{cpu_seconds, median, reach, row, BenchFleet, Receiver};
 
 /// The query every path runs; `$1` is `"a"`.
 const SQL: &str = "SELECT id, email, name, created_at FROM customers WHERE email > $1 ORDER BY email LIMIT 10";
@@ -36,6 +36,8 @@ pub(super) struct DataFigures {
     turn_callback_ms: Vec<f64>,
     direct_qps: Vec<f64>,
     fleet_qps: Vec<f64>,
+    /// The worker's CPU per query in its drain (µs).
+    fleet_cpu_us: Vec<f64>,
 }
 
 /// A schema of the bench's own holding the seed's tables, dropped at the end.
@@ -116,7 +118,9 @@ pub(super) async fn data_source_phase(
         let (query_turns, callback_turns) = turn_times(&fleet, &llm, turns).await?;
         figures.turn_query_ms.push(query_turns);
         figures.turn_callback_ms.push(callback_turns);
-        figures.fleet_qps.push(drain(&mut fleet, backlog).await?);
+        let (rate, cpu) = drain(&mut fleet, backlog).await?;
+        figures.fleet_qps.push(rate);
+        figures.fleet_cpu_us.push(cpu);
         figures.direct_qps.push(direct_rate(&schema.name, backlog).await?);
         fleet.stop(conn).await;
     }
@@ -179,8 +183,8 @@ async fn turn_times(fleet: &BenchFleet, llm: &MockLlm, turns: usize) -> anyhow::
 }
 
 /// The worker stopped, `backlog` calls of the source's tool enqueued, one new worker started:
-/// jobs/s from its first finished call to its last.
-async fn drain(fleet: &mut BenchFleet, backlog: usize) -> anyhow::Result<f64> {
+/// jobs/s from its first finished call to its last, and its CPU per call (µs) meanwhile.
+async fn drain(fleet: &mut BenchFleet, backlog: usize) -> anyhow::Result<(f64, f64)> {
     for mut worker in fleet.workers.drain(..) {
         let _ = worker.kill();
         let _ = worker.wait();
@@ -188,6 +192,7 @@ async fn drain(fleet: &mut BenchFleet, backlog: usize) -> anyhow::Result<f64> {
     let parameters = json!({"query": SQL, "parameters": ["a"]});
     reach::enqueue(fleet, "ds.bench", backlog, |_| parameters.clone()).await?;
     let port = fleet.spawn_worker()?;
+    let pid = fleet.workers.last().map(std::process::Child::id).unwrap_or_default();
     let metrics = format!("http://127.0.0.1:{port}/metrics");
     let finished = || async {
         let text = match fleet.http.get(&metrics).send().await {
@@ -213,11 +218,12 @@ async fn drain(fleet: &mut BenchFleet, backlog: usize) -> anyhow::Result<f64> {
         let (ok, other) = finished().await;
         anyhow::ensure!(other == 0, "{other} of the source's calls did not succeed");
         if ok >= 1 && first.is_none() {
-            first = Some((Instant::now(), ok));
+            first = Some((Instant::now(), ok, cpu_seconds(pid)));
         }
         if ok >= backlog {
-            let (at, done) = first.unwrap_or((Instant::now(), 0));
-            return Ok((backlog - done) as f64 / at.elapsed().as_secs_f64().max(1e-9));
+            let (at, done, cpu) = first.unwrap_or((Instant::now(), 0, 0.0));
+            let calls = (backlog - done).max(1) as f64;
+            return Ok((calls / at.elapsed().as_secs_f64().max(1e-9), 1e6 * (cpu_seconds(pid) - cpu) / calls));
         }
         anyhow::ensure!(Instant::now() < deadline, "the backlog did not drain: {ok} of {backlog}");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -291,5 +297,12 @@ pub(super) fn print(f: &DataFigures) {
         format!("{fleet_qps:.0}"),
         ">= 0.8× direct",
         format!("{:.2}×", fleet_qps / direct_qps),
+    );
+    let cpu = median(f.fleet_cpu_us.clone());
+    row(
+        &format!("data source: the worker's CPU per query (µs; {})", spread(&f.fleet_cpu_us, 0)),
+        format!("{cpu:.0}"),
+        "",
+        "".into(),
     );
 }
