@@ -25,6 +25,8 @@
 //! FLEET_BENCH_DATA_ONLY (1: only a data source's query, `data_sources.rs`: directly, through the
 //! API, in a turn and drained by one worker), FLEET_BENCH_DATA_QUERIES (300 of each, one at a
 //! time), FLEET_BENCH_DATA_BACKLOG (3000 for each drain),
+//! FLEET_BENCH_STARTUP_ONLY (1: only how soon a new dispatcher answers its first 202 and a new
+//! worker takes its first job from a waiting backlog, `startup.rs`),
 //! FLEET_BENCH_HOLD_SECS (with FLEET_BENCH_DRAIN_ONLY: the fleet is kept running this long after
 //! its drain, so that a worker run under `valgrind --tool=callgrind` can be dumped; see
 //! docs/performance.md), FLEET_BENCH_MINIMAL_BIN (a wrapper the minimal pipeline is run through,
@@ -64,6 +66,8 @@ mod data_sources;
 mod minimal;
 #[path = "bench/reach.rs"]
 mod reach;
+#[path = "bench/startup.rs"]
+mod startup;
 use fleet_tests::{amqp_url, free_port, redis_url};
 
 /// The bench tool's callback secret.
@@ -483,6 +487,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let data_queries = setting("FLEET_BENCH_DATA_QUERIES", 300);
     let data_backlog = setting("FLEET_BENCH_DATA_BACKLOG", 3000);
+    if std::env::var("FLEET_BENCH_STARTUP_ONLY").is_ok_and(|v| v == "1") {
+        let startups = startup::startup_phase(&conn).await?;
+        println!();
+        startup::print(&startups);
+        return Ok(());
+    }
     if std::env::var("FLEET_BENCH_DATA_ONLY").is_ok_and(|v| v == "1") {
         let figures = data_sources::data_source_phase(&conn, data_queries, agent_turns, data_backlog).await?;
         println!();
@@ -582,6 +592,7 @@ async fn main() -> anyhow::Result<()> {
     let reach_drains = reach::mcp_beside_callback(&conn, reach_jobs, workers, concurrency).await?;
     let approval_pause = reach::approval_pause(&conn, agent_turns).await?;
     let data_figures = data_sources::data_source_phase(&conn, data_queries, agent_turns, data_backlog).await?;
+    let startups = startup::startup_phase(&conn).await?;
 
     let _ = conn.close(200, "".into()).await;
     println!();
@@ -635,6 +646,7 @@ async fn main() -> anyhow::Result<()> {
     agent::print(&agent_medians);
     reach::print(&reach_drains, approval_pause);
     data_sources::print(&data_figures);
+    startup::print(&startups);
 
     // ---- 9. a provider's quota shared by two tenants' turns ----
     println!();
