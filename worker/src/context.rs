@@ -224,6 +224,30 @@ impl Cx<'_> {
         Ok(tool)
     }
 
+    /// The tools `names` name, in order, for work that started at `since_ms` (as `tool_since`):
+    /// those whose cached read is older are read together, in one round trip.
+    pub(crate) async fn tools_since(
+        &self,
+        names: &[&str],
+        since_ms: i64,
+    ) -> Result<Vec<Option<std::sync::Arc<KnownTool>>>, StoreError> {
+        let mut found: Vec<Option<Option<std::sync::Arc<KnownTool>>>> = names
+            .iter()
+            .map(|name| self.tools.get(name).filter(|(read, _)| *read >= since_ms).map(|(_, tool)| tool))
+            .collect();
+        let stale: Vec<&str> = names.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(n, _)| *n).collect();
+        if !stale.is_empty() {
+            let read_ms = fleet_platform::now_ms();
+            let mut read = self.store.registry().get_tools(&stale).await?.into_iter();
+            for (name, slot) in names.iter().zip(found.iter_mut()).filter(|(_, f)| f.is_none()) {
+                let tool = read.next().flatten().map(|t| std::sync::Arc::new(KnownTool::new(t)));
+                self.tools.put(name, (read_ms, tool.clone()));
+                *slot = Some(tool);
+            }
+        }
+        Ok(found.into_iter().map(Option::flatten).collect())
+    }
+
     /// A tool's policies: a tool no longer registered has none; its attempt fails on its own.
     pub(crate) async fn policies_of(&self, tool: &str) -> Result<ToolPolicies, StoreError> {
         let tool = self.tool(tool).await?;

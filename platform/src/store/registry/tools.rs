@@ -269,6 +269,29 @@ impl Registry {
         Ok(self.read_tool(name).await?.map(|v| v.tool))
     }
 
+    /// The tools `names` name, in order (`None`: not registered), in one round trip.
+    pub async fn get_tools(&self, names: &[&str]) -> Result<Vec<Option<StoredTool>>, StoreError> {
+        if names.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut pipe = redis::pipe();
+        for name in names {
+            pipe.get(self.redis.keys.tool(name));
+        }
+        let r: Result<Vec<Option<String>>, _> = pipe.query_async(&mut self.redis.conn().await?).await;
+        let read = self.redis.count(r)?;
+        names
+            .iter()
+            .zip(read)
+            .map(|(name, raw)| match raw {
+                Some(raw) => {
+                    serde_json::from_str(&raw).map(Some).map_err(|e| StoreError::Corrupt(format!("tool {name}: {e}")))
+                }
+                None => Ok(None),
+            })
+            .collect()
+    }
+
     /// A tool with what a conditional write needs.
     pub async fn read_tool(&self, name: &str) -> Result<Option<ToolVersion>, StoreError> {
         let read = self.redis.read_json(self.redis.keys.tool(name), &format!("tool {name}")).await?;

@@ -294,21 +294,24 @@ fn attempt_record(
 
 /// The registered, enabled tools as OpenAI function specs, then a seed 001 agent's: its tool
 /// configurations (each overridden argument hidden) and, in a step that may hand off, the
-/// transition tool. Each tool as it was when the step was asked for (`Cx::tool_since`): a
-/// description changed before the user's message reaches the model that answers it.
+/// transition tool. Each tool as it was when the step was asked for (`Cx::tools_since`, one read
+/// for all): a description changed before the user's message reaches the model that answers it.
 async fn configured_specs(step: &ClaimedStep<'_>, state: &TurnState) -> Vec<Value> {
-    let (cx, since_ms) = (&step.cx, step.envelope.enqueued_at_ms);
+    let configured: Vec<(&String, &_)> =
+        state.agent.as_ref().map(|a| a.config.tool_configurations.iter().collect()).unwrap_or_default();
+    let mut names: Vec<&str> = state.assistant.enabled_tools.iter().map(String::as_str).collect();
+    names.extend(configured.iter().map(|(_, c)| c.tool_name.as_str()));
+    let known = step.cx.tools_since(&names, step.envelope.enqueued_at_ms).await.unwrap_or_default();
+    let (enabled, of_configured) = known.split_at(state.assistant.enabled_tools.len().min(known.len()));
     let mut specs = Vec::new();
-    for name in &state.assistant.enabled_tools {
-        if let Ok(Some(known)) = cx.tool_since(name, since_ms).await {
-            let tool = &known.stored;
-            let name = fleet_protocol::tools::model_function_name(&tool.name);
-            specs.push(json!({"type": "function", "function": {"name": name, "description": tool.description, "parameters": tool.parameters}}));
-        }
+    for known in enabled.iter().flatten() {
+        let tool = &known.stored;
+        let name = fleet_protocol::tools::model_function_name(&tool.name);
+        specs.push(json!({"type": "function", "function": {"name": name, "description": tool.description, "parameters": tool.parameters}}));
     }
     let Some(agent) = &state.agent else { return specs };
-    for (name, configured) in &agent.config.tool_configurations {
-        if let Ok(Some(known)) = cx.tool_since(&configured.tool_name, since_ms).await {
+    for ((name, configured), known) in configured.iter().zip(of_configured) {
+        if let Some(known) = known {
             let tool = &known.stored;
             let mut parameters = tool.parameters.clone();
             for path in configured.argument_overrides.keys() {
