@@ -155,6 +155,7 @@ impl WorkerConfig {
         let llm_api_key = src.get("FLEET_LLM_API_KEY").map(str::to_string);
         let llm_providers = provider_endpoints(src, &common, llm_base_url, llm_api_key)?;
         let redactor = std::sync::Arc::new(Redactor::new(configured_secrets(src, &common, &llm_providers)));
+        let allow_private_callbacks = src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?;
         let config = WorkerConfig {
             llm_providers,
             redactor,
@@ -162,8 +163,8 @@ impl WorkerConfig {
             http_addr: socket_addr(src, "FLEET_WORKER_HTTP_ADDR", "127.0.0.1:9090")?,
             concurrency,
             secrets_key: fleet_platform::config::secrets_key(src)?,
-            allow_private_callbacks: src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?,
-            data_source_networks: data_source_networks(src)?,
+            allow_private_callbacks,
+            data_source_networks: data_source_networks(src, allow_private_callbacks)?,
             claim_lease,
             callback_timeout: src.seconds("FLEET_CALLBACK_TIMEOUT", Duration::from_secs(TOOL_CALLBACK_TIMEOUT_SECS))?,
             async_poll_interval: src.seconds("FLEET_ASYNC_POLL_INTERVAL", Duration::from_secs(2))?,
@@ -262,11 +263,11 @@ fn configured_models(src: &Source, default_model: &str) -> Result<Vec<String>, C
 }
 
 /// `FLEET_DATA_SOURCE_NETWORKS`: the private networks (CIDR, comma-separated) a data source may be
-/// on without opening callbacks to them; `FLEET_ALLOW_PRIVATE_CALLBACKS` opens all of them.
-fn data_source_networks(src: &Source) -> Result<fleet_platform::data_sources::PrivateNetworks, ConfigError> {
+/// on without opening callbacks to them; `FLEET_ALLOW_PRIVATE_CALLBACKS` (`all`) opens all of them.
+fn data_source_networks(src: &Source, all: bool) -> Result<fleet_platform::data_sources::PrivateNetworks, ConfigError> {
     let listed = fleet_platform::data_sources::PrivateNetworks::parse(&src.string("FLEET_DATA_SOURCE_NETWORKS", ""))
         .map_err(|e| ConfigError::new("FLEET_DATA_SOURCE_NETWORKS", e))?;
-    Ok(listed.or_all(src.flag("FLEET_ALLOW_PRIVATE_CALLBACKS", false)?))
+    Ok(listed.or_all(all))
 }
 
 #[cfg(test)]

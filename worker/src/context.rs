@@ -204,18 +204,7 @@ pub(crate) type SubscriberCache = TtlCache<(i64, std::sync::Arc<Vec<StoredWebhoo
 impl Cx<'_> {
     /// A registered tool (cached).
     pub(crate) async fn tool(&self, name: &str) -> Result<Option<std::sync::Arc<KnownTool>>, StoreError> {
-        self.tool_since(name, i64::MIN).await
-    }
-
-    /// A registered tool for work that started at `since_ms`: a read kept from before then is read
-    /// again, so what the tool became before the work started (a new description, a data
-    /// source's new mappings) is what the work sees.
-    pub(crate) async fn tool_since(
-        &self,
-        name: &str,
-        since_ms: i64,
-    ) -> Result<Option<std::sync::Arc<KnownTool>>, StoreError> {
-        if let Some((_, tool)) = self.tools.get(name).filter(|(read, _)| *read >= since_ms) {
+        if let Some((_, tool)) = self.tools.get(name) {
             return Ok(tool);
         }
         let read_ms = fleet_platform::now_ms();
@@ -224,8 +213,10 @@ impl Cx<'_> {
         Ok(tool)
     }
 
-    /// The tools `names` name, in order, for work that started at `since_ms` (as `tool_since`):
-    /// those whose cached read is older are read together, in one round trip.
+    /// The tools `names` name, in order, for work that started at `since_ms`: a read kept from
+    /// before then is read again, so what a tool became before the work started (a new
+    /// description, a data source's new mappings) is what the work sees. The stale ones are read
+    /// together, in one round trip.
     pub(crate) async fn tools_since(
         &self,
         names: &[&str],

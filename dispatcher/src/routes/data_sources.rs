@@ -481,8 +481,9 @@ pub(crate) async fn query(
     answered(&state, &execution, wait).await.map(Data::json)
 }
 
-/// The query's rows once its execution ends, or why not. Its record is read every 200 µs for the
-/// first 10 ms (a query usually ends within them; a read is one Redis trip), then ever less often.
+/// The query's rows once its execution ends, or why not. Its record is read at each of the
+/// timer's ticks (1 ms: a 200 µs sleep ends at the next) for the first 10 ms (a query usually ends
+/// within them; a read is one Redis trip), then ever less often.
 async fn answered(state: &AppState, execution: &str, wait: Duration) -> Result<QueryResult, ApiError> {
     let started = tokio::time::Instant::now();
     let deadline = started + wait;

@@ -47,6 +47,31 @@ fn column(name: &str, r#type: &str, nullable: bool) -> Column {
     Column { name: name.into(), r#type: r#type.into(), nullable }
 }
 
+/// The seed's `customers` and `orders` as a schema extraction reads them, with the server's names
+/// for a timestamp and a decimal.
+fn seed_tables(time: &str, money: &str) -> Vec<Table> {
+    vec![
+        Table {
+            name: "customers".into(),
+            columns: vec![
+                column("id", "uuid", false),
+                column("email", "varchar", false),
+                column("name", "varchar", true),
+                column("created_at", time, false),
+            ],
+        },
+        Table {
+            name: "orders".into(),
+            columns: vec![
+                column("id", "uuid", false),
+                column("customer_id", "uuid", false),
+                column("total_amount", money, false),
+                column("created_at", time, false),
+            ],
+        },
+    ]
+}
+
 /// The seed's customers as the query answers them: id, email, name, created_at.
 fn seed_customers_after_2026() -> Vec<Vec<Value>> {
     vec![
@@ -153,26 +178,7 @@ impl Drop for PgSchema {
 async fn postgres_schema_is_extracted_as_the_seed_shows_it() {
     let db = PgSchema::new().await;
     let tables = sources().extract_schema("ds_pg", &db.target()).await.unwrap();
-    let expected = vec![
-        Table {
-            name: "customers".into(),
-            columns: vec![
-                column("id", "uuid", false),
-                column("email", "varchar", false),
-                column("name", "varchar", true),
-                column("created_at", "timestamp", false),
-            ],
-        },
-        Table {
-            name: "orders".into(),
-            columns: vec![
-                column("id", "uuid", false),
-                column("customer_id", "uuid", false),
-                column("total_amount", "numeric", false),
-                column("created_at", "timestamp", false),
-            ],
-        },
-    ];
+    let expected = seed_tables("timestamp", "numeric");
     assert_eq!(tables, expected);
     // Without a schema named, every schema but the system's is read, each table qualified.
     let everywhere = sql_target(SourceType::Postgresql, 5432, DATABASE, None, PASSWORD);
@@ -472,27 +478,7 @@ impl Drop for MariaDb {
 async fn mariadb_schema_is_extracted_from_the_connections_database() {
     let db = MariaDb::new().await;
     let tables = sources().extract_schema("ds_my", &db.target()).await.unwrap();
-    let expected = vec![
-        Table {
-            name: "customers".into(),
-            columns: vec![
-                column("id", "uuid", false),
-                column("email", "varchar", false),
-                column("name", "varchar", true),
-                column("created_at", "datetime", false),
-            ],
-        },
-        Table {
-            name: "orders".into(),
-            columns: vec![
-                column("id", "uuid", false),
-                column("customer_id", "uuid", false),
-                column("total_amount", "decimal", false),
-                column("created_at", "datetime", false),
-            ],
-        },
-    ];
-    assert_eq!(tables, expected);
+    assert_eq!(tables, seed_tables("datetime", "decimal"));
 }
 
 #[tokio::test]
