@@ -73,10 +73,13 @@ impl Proxy {
                     let Ok(outbound) = TcpStream::connect(upstream).await else { return };
                     let (ri, wi) = inbound.into_split();
                     let (ro, wo) = outbound.into_split();
+                    // The cut first: a connection cut while its bytes were held never passes them on,
+                    // however late this task runs after the cut (and after a thaw that follows it).
                     tokio::select! {
+                        biased;
+                        _ = token.cancelled() => {}
                         _ = pump(ri, wo, frozen, Side::Requests(requests.clone())) => {}
                         _ = pump(ro, wi, frozen_replies, Side::Replies(requests)) => {}
-                        _ = token.cancelled() => {}
                     }
                 });
             }
