@@ -234,6 +234,35 @@ impl ExternalResult {
         ExternalResult::ended(call_id, source, ResultStatus::Cancelled, error)
     }
 
+    /// Passes every text and JSON value of the result through `scrub`, in place (a text as a JSON
+    /// string): a redaction without turning the whole result into JSON and back. Destructured
+    /// whole, so a field added later cannot be passed over.
+    pub fn scrub_with(&mut self, scrub: impl Fn(&mut Value)) {
+        let text = |s: &mut String| {
+            let mut value = Value::String(std::mem::take(s));
+            scrub(&mut value);
+            *s = match value {
+                Value::String(clean) => clean,
+                other => other.to_string(),
+            };
+        };
+        let ExternalResult { call_id, source, status: _, content, structured_content, references, error, metadata } =
+            self;
+        text(call_id);
+        text(source);
+        for value in [content, structured_content, metadata].into_iter().flatten() {
+            scrub(value);
+        }
+        for ResultReference { uri, media_type, digest } in references {
+            text(uri);
+            media_type.iter_mut().chain(digest.iter_mut()).for_each(text);
+        }
+        if let Some(InteractionError { code, message, retryable: _ }) = error {
+            text(code);
+            text(message);
+        }
+    }
+
     pub fn is_success(&self) -> bool {
         self.status == ResultStatus::Success
     }
@@ -310,6 +339,31 @@ fn head(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scrub_in_place_reaches_what_a_scrub_of_its_json_reaches() {
+        const SECRET: &str = "s3cr3t-VALUE-42";
+        let redactor = crate::redact::Redactor::new([SECRET]);
+        let mut result = ExternalResult {
+            call_id: format!("c-{SECRET}"),
+            source: format!("srv:{SECRET}"),
+            status: ResultStatus::Failed,
+            content: Some(json!([{"text": SECRET}])),
+            structured_content: Some(json!({SECRET: [SECRET]})),
+            references: vec![ResultReference {
+                uri: format!("https://x/{SECRET}"),
+                media_type: Some(SECRET.into()),
+                digest: Some(SECRET.into()),
+            }],
+            error: Some(InteractionError { code: SECRET.into(), message: SECRET.into(), retryable: Some(true) }),
+            metadata: Some(json!({"k": SECRET})),
+        };
+        let mut whole = serde_json::to_value(&result).unwrap();
+        redactor.redact_json(None, &mut whole);
+        result.scrub_with(|v| redactor.redact_json(None, v));
+        assert_eq!(serde_json::to_value(&result).unwrap(), whole);
+        assert!(!whole.to_string().contains(SECRET));
+    }
 
     #[test]
     fn a_failed_status_is_a_failure_bare_or_not() {

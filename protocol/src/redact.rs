@@ -4,6 +4,8 @@
 
 use std::borrow::Cow;
 
+use aho_corasick::AhoCorasick;
+
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
 
@@ -41,8 +43,11 @@ const MIN_NAMED_VALUE_LEN: usize = 4;
 /// [`REDACTED`]. Built once from the configuration; its `Debug` never shows a secret.
 #[derive(Clone, Default)]
 pub struct Redactor {
-    /// Longest first, so a run of overlapping secrets is found whole.
+    /// Longest first (the longest is reported by `longest`).
     secrets: Vec<String>,
+    /// Every secret in one automaton, built once: a text is scanned once for all of them, with
+    /// overlapping matches reported, so a run of overlapping secrets is found whole.
+    finder: Option<AhoCorasick>,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -59,7 +64,9 @@ impl Redactor {
             secrets.into_iter().map(|s| s.as_ref().trim().to_string()).filter(|s| s.len() >= MIN_SECRET_LEN).collect();
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
-        Redactor { secrets }
+        // An automaton that cannot be built (past its size limits) leaves the scan secret by secret.
+        let finder = (!secrets.is_empty()).then(|| AhoCorasick::new(&secrets).ok()).flatten();
+        Redactor { secrets, finder }
     }
 
     /// `text` without its secrets: every occurrence of a configured secret, the credential after
@@ -130,11 +137,14 @@ impl Redactor {
     }
 
     fn secret_spans(&self, text: &str) -> Vec<(usize, usize)> {
-        let mut spans = Vec::new();
-        for secret in &self.secrets {
-            spans.extend(text.match_indices(secret.as_str()).map(|(at, s)| (at, at + s.len())));
+        match &self.finder {
+            Some(finder) => finder.find_overlapping_iter(text).map(|m| (m.start(), m.end())).collect(),
+            None => self
+                .secrets
+                .iter()
+                .flat_map(|secret| text.match_indices(secret.as_str()).map(|(at, s)| (at, at + s.len())))
+                .collect(),
         }
-        spans
     }
 
     /// A redactor for a stream of pieces (a model's content tokens): see [`StreamRedactor`].
@@ -323,6 +333,30 @@ mod tests {
         assert_eq!(r.redact("<abcdefgh12345xyz>"), "<[redacted]>");
         let nested = Redactor::new(["outer-secret-value", "secret-v"]);
         assert_eq!(nested.redact("an outer-secret-value and a secret-v"), "an [redacted] and a [redacted]");
+    }
+
+    proptest::proptest! {
+        /// The automaton finds what a scan secret by secret finds: every occurrence, overlapping
+        /// ones included.
+        #[test]
+        fn one_scan_finds_what_a_scan_per_secret_finds(
+            secrets in proptest::collection::vec("[ab]{8,10}", 1..4),
+            text in "[ab ]{0,40}",
+        ) {
+            let r = Redactor::new(&secrets);
+            let mut found = r.secret_spans(&text);
+            let mut each: Vec<(usize, usize)> = r
+                .secrets
+                .iter()
+                .flat_map(|s| {
+                    let text = &text;
+                    (0..text.len()).filter(move |at| text[*at..].starts_with(s.as_str())).map(move |at| (at, at + s.len()))
+                })
+                .collect();
+            found.sort_unstable();
+            each.sort_unstable();
+            proptest::prop_assert_eq!(found, each);
+        }
     }
 
     #[test]

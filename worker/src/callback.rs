@@ -148,11 +148,7 @@ pub async fn attempt(
                 result.call_id = execution_id.to_string();
                 result.source = call.tool_name.clone();
             }
-            let mut shown = serde_json::to_value(&**result).expect("a result serialises");
-            scrub_json(&mut shown);
-            if let Ok(scrubbed) = serde_json::from_value(shown) {
-                **result = scrubbed;
-            }
+            result.scrub_with(scrub_json);
         }
         _ => {}
     }

@@ -47,11 +47,7 @@ pub(crate) async fn attempt(
     let mut report = judge(answer, &called, tool.hints.repeatable() || retry_unknown);
     report.error = report.error.map(|e| sanitize_error(&ctx.redactor.redact_with(None, &e)));
     if let AttemptVerdict::Structured(result) = &mut report.verdict {
-        let mut value = serde_json::to_value(&**result).expect("a result serialises");
-        ctx.redactor.redact_json(None, &mut value);
-        if let Ok(redacted) = serde_json::from_value(value) {
-            **result = redacted;
-        }
+        result.scrub_with(|value| ctx.redactor.redact_json(None, value));
     }
     report
 }
