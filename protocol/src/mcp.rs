@@ -240,11 +240,23 @@ pub fn call_result(call_id: &str, server: &str, tool: &str, answer: &Value) -> E
 /// `result` checked against the tool's `outputSchema`, when it has one: MCP has a tool with one
 /// answer structured content that conforms, so a success without it, or with content that does
 /// not conform, becomes `failed` with `MCP_OUTPUT_INVALID` (its content kept for the record).
-pub fn checked_output(tool: &McpTool, mut result: ExternalResult) -> ExternalResult {
-    let Some(schema) = tool.output_schema.as_ref().filter(|_| result.is_success()) else {
+pub fn checked_output(tool: &McpTool, result: ExternalResult) -> ExternalResult {
+    match &tool.output_schema {
+        Some(schema) => checked_against(ToolSchema::compile_at(schema, "outputSchema").as_ref(), result),
+        None => result,
+    }
+}
+
+/// [`checked_output`] with the `outputSchema` compiled once by the caller (its error: the schema
+/// itself is unusable, which fails every success too).
+pub fn checked_against<E: std::fmt::Display>(
+    schema: Result<&ToolSchema, &E>,
+    mut result: ExternalResult,
+) -> ExternalResult {
+    if !result.is_success() {
         return result;
-    };
-    let problem = match (&result.structured_content, ToolSchema::compile_at(schema, "outputSchema")) {
+    }
+    let problem = match (&result.structured_content, schema) {
         (_, Err(e)) => Some(e.to_string()),
         (None, Ok(_)) => Some("the tool answered no structuredContent".to_string()),
         (Some(data), Ok(schema)) => schema.check_at(data, "structuredContent").err().map(|e| e.to_string()),

@@ -2,6 +2,8 @@
 //! order lookup and the bench's MCP tool, so neither needs Python or Node. Its one tool,
 //! `lookup_order`, answers `{order_id, status}` as structured content at once, as cheaply as the
 //! bench's callback receiver answers, so a bench comparing the two measures the fleet's paths.
+//! Started [`RustMcpServer::with_total`], it also lists `order_total`, whose `outputSchema` it keeps
+//! only for the order `good`: a server breaking its own tool's contract.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,10 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 /// The one tool's name.
 pub const TOOL: &str = "lookup_order";
+/// The tool with an `outputSchema` (`{total: number}`), answered as `{"total": "n/a"}` but for `good`.
+pub const TOTAL_TOOL: &str = "order_total";
 
 #[derive(Clone)]
 struct Orders {
     calls: Arc<AtomicU64>,
+    with_total: bool,
 }
 
 impl ServerHandler for Orders {
@@ -40,7 +45,21 @@ impl ServerHandler for Orders {
         let Value::Object(schema) = schema else { unreachable!("an object literal") };
         let mut tool = Tool::new(TOOL, "Looks an order up by its id: its status.", schema);
         tool.annotations = Some(ToolAnnotations::from_raw(None, Some(true), Some(false), Some(true), Some(false)));
-        Ok(ListToolsResult::with_all_items(vec![tool]))
+        let mut tools = vec![tool];
+        if self.with_total {
+            let Value::Object(input) = json!({"type": "object", "properties": {"order_id": {"type": "string"}}}) else {
+                unreachable!("an object literal")
+            };
+            let Value::Object(output) = json!({"type": "object", "properties": {"total": {"type": "number"}},
+                "required": ["total"]})
+            else {
+                unreachable!("an object literal")
+            };
+            let mut total = Tool::new(TOTAL_TOOL, "An order's total.", input);
+            total.output_schema = Some(Arc::new(output));
+            tools.push(total);
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -50,6 +69,12 @@ impl ServerHandler for Orders {
     ) -> Result<CallToolResponse, ErrorData> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let order = request.arguments.as_ref().and_then(|a| a.get("order_id")).cloned().unwrap_or(Value::Null);
+        if request.name == TOTAL_TOOL {
+            let total = if order == "good" { json!({"total": 12.5}) } else { json!({"total": "n/a"}) };
+            let mut result = CallToolResult::success(vec![ContentBlock::text(total.to_string())]);
+            result.structured_content = Some(total);
+            return Ok(result.into());
+        }
         let found = json!({"order_id": order, "status": "shipped"});
         let mut result = CallToolResult::success(vec![ContentBlock::text(format!("order {order}: shipped"))]);
         result.structured_content = Some(found);
@@ -68,9 +93,18 @@ pub struct RustMcpServer {
 
 impl RustMcpServer {
     pub async fn start() -> std::io::Result<Self> {
+        Self::serve(false).await
+    }
+
+    /// The server listing `order_total` too (see the module's head).
+    pub async fn with_total() -> std::io::Result<Self> {
+        Self::serve(true).await
+    }
+
+    async fn serve(with_total: bool) -> std::io::Result<Self> {
         let stop = CancellationToken::new();
         let calls = Arc::new(AtomicU64::new(0));
-        let orders = Orders { calls: calls.clone() };
+        let orders = Orders { calls: calls.clone(), with_total };
         let config =
             StreamableHttpServerConfig::default().with_json_response(true).with_cancellation_token(stop.child_token());
         let service: StreamableHttpService<Orders, LocalSessionManager> =

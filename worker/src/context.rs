@@ -184,11 +184,22 @@ pub(crate) type ToolCache = TtlCache<(i64, Option<std::sync::Arc<KnownTool>>)>;
 pub(crate) struct KnownTool {
     pub(crate) stored: StoredTool,
     schema: std::sync::OnceLock<Option<ToolSchema>>,
+    output: std::sync::OnceLock<Option<Result<ToolSchema, String>>>,
 }
 
 impl KnownTool {
     pub(crate) fn new(stored: StoredTool) -> Self {
-        KnownTool { stored, schema: std::sync::OnceLock::new() }
+        KnownTool { stored, schema: std::sync::OnceLock::new(), output: std::sync::OnceLock::new() }
+    }
+
+    /// Its compiled `output_schema`, when it has one (`Err`: why it does not compile), compiled
+    /// once per read of the tool rather than once per call.
+    pub(crate) fn output_schema(&self) -> Option<Result<&ToolSchema, &String>> {
+        let compiled = self.output.get_or_init(|| {
+            let schema = self.stored.output_schema.as_ref()?;
+            Some(ToolSchema::compile_at(schema, "outputSchema").map_err(|e| e.to_string()))
+        });
+        compiled.as_ref().map(Result::as_ref)
     }
 
     /// Its compiled parameters schema; `None` when the stored one does not compile (one stored

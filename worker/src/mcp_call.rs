@@ -6,7 +6,9 @@
 use fleet_platform::mcp::{CallAnswer, McpClients};
 use fleet_protocol::envelope::ToolCallJob;
 use fleet_protocol::external_result::{ExternalResult, InteractionError, ResultStatus};
+use fleet_protocol::mcp::checked_against;
 use fleet_protocol::sanitize::sanitize_error;
+use fleet_protocol::schema::ToolSchema;
 use fleet_protocol::tools::McpToolRef;
 
 use crate::callback::{AttemptReport, AttemptVerdict, CallbackContext};
@@ -24,14 +26,17 @@ struct Called<'a> {
     source: String,
 }
 
-/// Calls `tool` for `call` and judges the answer. Its error is sanitised; what comes back passes
-/// the worker's redactor.
+/// The tool called and its compiled `outputSchema`, when it has one (`Err`: it does not compile).
+pub(crate) type CalledTool<'a> = (&'a McpToolRef, Option<Result<&'a ToolSchema, &'a String>>);
+
+/// Calls `tool` for `call` and judges the answer, a success checked against the tool's
+/// `outputSchema`. Its error is sanitised; what comes back passes the worker's redactor.
 pub(crate) async fn attempt(
     ctx: &CallbackContext<'_>,
     clients: &McpClients,
     execution_id: &str,
     call: &ToolCallJob,
-    tool: &McpToolRef,
+    (tool, output_schema): CalledTool<'_>,
 ) -> AttemptReport {
     let called = Called {
         call_id: call.parent.as_ref().map_or(execution_id, |p| p.call_id.as_str()),
@@ -44,6 +49,10 @@ pub(crate) async fn attempt(
     let (target, retry_unknown) = (&server.0, server.1);
     let arguments = call.parameters.as_object().cloned().unwrap_or_default();
     let answer = clients.call_tool(target, &tool.tool, arguments, called.call_id, ctx.callback_timeout).await;
+    let answer = match (answer, output_schema) {
+        (CallAnswer::Answered(result), Some(schema)) => CallAnswer::Answered(checked_against(schema, result)),
+        (answer, _) => answer,
+    };
     let mut report = judge(answer, &called, tool.hints.repeatable() || retry_unknown);
     report.error = report.error.map(|e| sanitize_error(&ctx.redactor.redact_with(None, &e)));
     if let AttemptVerdict::Structured(result) = &mut report.verdict {

@@ -276,3 +276,30 @@ async fn a_typescript_sdk_servers_tools_run_as_jobs() {
     assert!(by_id("call_fail").as_str().unwrap().contains("failed: error NOT_FOUND"), "{}", by_id("call_fail"));
     assert_eq!(server.count("tools/call").await, 2, "each call sent once");
 }
+
+/// A tool with an `outputSchema` promises structured content that conforms (MCP: servers MUST,
+/// clients SHOULD check): an answer that breaks it ends the call `failed` with
+/// `MCP_OUTPUT_INVALID`, its content kept for the record; one that keeps it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_breaking_its_tools_output_schema_fails_the_call() {
+    let server = fleet_tests::rust_mcp::RustMcpServer::with_total().await.unwrap();
+    let fleet = spawn_fleet(FleetOptions::default()).await;
+    let (status, body) = fleet.post("/v1/mcp_servers", &json!({"name": "orders", "url": server.url})).await;
+    assert_eq!(status, 201, "{body}");
+    let tool = fleet.get("/v1/tools/orders.order_total").await.1;
+    assert_eq!(tool["data"]["output_schema"]["required"], json!(["total"]), "{tool}");
+
+    let good = fleet.call_tool("orders.order_total", json!({"order_id": "good"})).await;
+    let done = fleet.wait_status(&good, "succeeded", Duration::from_secs(20)).await;
+    assert_eq!(done["external_result"]["structuredContent"], json!({"total": 12.5}), "{done}");
+
+    let bad = fleet.call_tool("orders.order_total", json!({"order_id": "o-1"})).await;
+    let ended = fleet.wait_status(&bad, "failed", Duration::from_secs(20)).await;
+    let result = &ended["external_result"];
+    assert_eq!(result["status"], "failed", "{ended}");
+    assert_eq!(result["error"]["code"], "MCP_OUTPUT_INVALID", "{ended}");
+    assert_eq!(result["structuredContent"], json!({"total": "n/a"}), "its content kept: {ended}");
+    assert_eq!(ended["attempts"].as_array().map(Vec::len), Some(1), "not retried: {ended}");
+    assert_eq!(server.calls(), 2);
+    server.stop().await;
+}

@@ -20,7 +20,7 @@ use super::claim::{self, Claim, Mode};
 use super::parent::{self, Parent};
 use super::{approval, circuit, limits};
 use crate::callback::{self, AttemptReport, AttemptVerdict, CallbackContext};
-use crate::context::Cx;
+use crate::context::{Cx, KnownTool};
 use crate::outcome::{Failure, Finished, HeldClaim, Outcome};
 use crate::publish::retrying_redis;
 
@@ -59,7 +59,7 @@ async fn pipeline(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>)
     cx.metrics.jobs_started.with_label_values(&[kind]).inc();
     let clock = Instant::now();
     let runner = runner(cx, envelope).await;
-    let report = attempt(cx, envelope, held, &admission, runner.as_ref()).await;
+    let report = attempt(cx, envelope, held, &admission, runner.as_deref()).await;
     limits::release(cx, admission).await;
     let record = attempt_record(cx, envelope, &report, started_ms, clock);
     circuit::after_attempt(cx, envelope, gate, &report, &record, held).await?;
@@ -103,13 +103,13 @@ async fn begin(cx: &Cx<'_>, envelope: &Envelope, parent: Option<&Parent<'_>>, he
     }
 }
 
-/// What runs a tool call other than a signed POST: its tool is an MCP server's or a data source's
+/// The tool of a call that runs other than as a signed POST: an MCP server's or a data source's
 /// (read from the worker's cache).
-async fn runner(cx: &Cx<'_>, envelope: &Envelope) -> Option<ToolExecution> {
+async fn runner(cx: &Cx<'_>, envelope: &Envelope) -> Option<std::sync::Arc<KnownTool>> {
     let Job::ToolCall(call) = &envelope.job else { return None };
     let tool = cx.tool(&call.tool_name).await.ok().flatten()?;
     match &tool.stored.execution {
-        e @ (ToolExecution::Mcp(_) | ToolExecution::DataSource(_)) => Some(e.clone()),
+        ToolExecution::Mcp(_) | ToolExecution::DataSource(_) => Some(tool),
         ToolExecution::Callback | ToolExecution::Client => None,
     }
 }
@@ -122,7 +122,7 @@ async fn attempt(
     envelope: &Envelope,
     held: HeldClaim,
     admission: &limits::ToolAdmission,
-    runner: Option<&ToolExecution>,
+    runner: Option<&KnownTool>,
 ) -> AttemptReport {
     let ctx = CallbackContext {
         store: cx.store,
@@ -142,11 +142,12 @@ async fn attempt(
     // again in each of their futures (the compiler does not overlap an awaited argument with the
     // future awaiting it), and the attempt is the largest part of a callback job.
     let sent = std::pin::pin!(async {
-        match (runner, &envelope.job) {
-            (Some(ToolExecution::Mcp(tool)), Job::ToolCall(call)) => {
-                crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, tool).await
+        match (runner.map(|known| (known, &known.stored.execution)), &envelope.job) {
+            (Some((known, ToolExecution::Mcp(tool))), Job::ToolCall(call)) => {
+                let output = known.output_schema();
+                crate::mcp_call::attempt(&ctx, cx.mcp, &envelope.execution_id, call, (tool, output)).await
             }
-            (Some(ToolExecution::DataSource(source)), Job::ToolCall(call)) => {
+            (Some((_, ToolExecution::DataSource(source))), Job::ToolCall(call)) => {
                 let job = crate::data_source_call::SourceJob {
                     execution_id: &envelope.execution_id,
                     since_ms: envelope.enqueued_at_ms,
