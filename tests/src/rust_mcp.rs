@@ -40,21 +40,15 @@ impl ServerHandler for Orders {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let schema = json!({"type": "object", "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"]});
-        let Value::Object(schema) = schema else { unreachable!("an object literal") };
+        let schema = object(json!({"type": "object", "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"]}));
         let mut tool = Tool::new(TOOL, "Looks an order up by its id: its status.", schema);
         tool.annotations = Some(ToolAnnotations::from_raw(None, Some(true), Some(false), Some(true), Some(false)));
         let mut tools = vec![tool];
         if self.with_total {
-            let Value::Object(input) = json!({"type": "object", "properties": {"order_id": {"type": "string"}}}) else {
-                unreachable!("an object literal")
-            };
-            let Value::Object(output) = json!({"type": "object", "properties": {"total": {"type": "number"}},
-                "required": ["total"]})
-            else {
-                unreachable!("an object literal")
-            };
+            let input = object(json!({"type": "object", "properties": {"order_id": {"type": "string"}}}));
+            let output =
+                object(json!({"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}));
             let mut total = Tool::new(TOTAL_TOOL, "An order's total.", input);
             total.output_schema = Some(Arc::new(output));
             tools.push(total);
@@ -79,6 +73,14 @@ impl ServerHandler for Orders {
         let mut result = CallToolResult::success(vec![ContentBlock::text(format!("order {order}: shipped"))]);
         result.structured_content = Some(found);
         Ok(result.into())
+    }
+}
+
+/// A schema written as a JSON object literal, as rmcp's tools hold it.
+fn object(literal: Value) -> serde_json::Map<String, Value> {
+    match literal {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
     }
 }
 
